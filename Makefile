@@ -1,0 +1,26 @@
+# The two commands of the README. Each creates .venv from nothing on first use.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test test-all bench clean
+
+$(BIN)/pixelrl: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $(BIN)/pixelrl
+
+demo: $(BIN)/pixelrl
+	$(BIN)/pixelrl demo
+
+test: $(BIN)/pixelrl
+	$(BIN)/python -m pytest -q
+
+test-all: $(BIN)/pixelrl
+	$(BIN)/python -m pytest -q -m "slow or not slow"
+
+bench: $(BIN)/pixelrl
+	$(BIN)/python benchmarks/bench_flow_grpo.py
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,93 @@
+"""Advantage estimators for the GRPO family (pure tensor functions)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from pixelrl.core.registry import Registry
+
+ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator", "algorithm.adv_estimator")
+
+
+def group_index(group_ids) -> torch.Tensor:
+    """Map arbitrary group labels (uids, ints) to dense ints 0..G-1, in order of appearance."""
+    if isinstance(group_ids, torch.Tensor):
+        labels = group_ids.tolist()
+    else:
+        labels = list(group_ids)
+    dense: dict = {}
+    return torch.tensor([dense.setdefault(g, len(dense)) for g in labels], dtype=torch.long)
+
+
+def group_advantages(
+    rewards: torch.Tensor,
+    group_ids,
+    *,
+    norm_by_std: bool = True,
+    global_std: bool = True,
+    eps: float = 1e-4,
+) -> torch.Tensor:
+    """A_i = (r_i - mean of i's group) / (std + eps).
+
+    std is the population std (ddof 0, as in the reference Flow-GRPO code) of the whole batch
+    (`global_std`) or of i's group. `norm_by_std=False` is Dr.GRPO (no division). A sample
+    alone in its group gets exactly 0.
+    """
+    r = rewards.detach().to(torch.float64).reshape(-1)
+    idx = group_index(group_ids).to(r.device)
+    if idx.numel() != r.numel():
+        raise ValueError(f"{r.numel()} rewards but {idx.numel()} group ids")
+    num_groups = int(idx.max()) + 1 if idx.numel() else 0
+    counts = torch.zeros(num_groups, dtype=r.dtype, device=r.device).index_add_(0, idx, torch.ones_like(r))
+    means = torch.zeros(num_groups, dtype=r.dtype, device=r.device).index_add_(0, idx, r) / counts
+    centred = r - means[idx]
+    if norm_by_std:
+        if global_std:
+            std = r.std(unbiased=False) if r.numel() > 1 else torch.zeros((), dtype=r.dtype)
+        else:
+            var = torch.zeros(num_groups, dtype=r.dtype, device=r.device).index_add_(0, idx, centred**2) / counts
+            std = var.sqrt()[idx]
+        centred = centred / (std + eps)
+    centred = torch.where(counts[idx] > 1, centred, torch.zeros_like(centred))
+    return centred.to(rewards.dtype if rewards.is_floating_point() else torch.float32)
+
+
+def group_reward_stats(rewards: torch.Tensor, group_ids) -> dict[str, float]:
+    """Diagnostics: fraction of groups whose rewards are all equal, mean group std, group size."""
+    r = rewards.detach().to(torch.float64).reshape(-1)
+    idx = group_index(group_ids)
+    num_groups = int(idx.max()) + 1
+    stds, sizes = [], []
+    for g in range(num_groups):
+        member = r[idx == g]
+        sizes.append(member.numel())
+        stds.append(float(member.std(unbiased=False)) if member.numel() > 1 else 0.0)
+    return {
+        "zero_std_ratio": sum(s == 0.0 for s in stds) / num_groups,
+        "std_mean": sum(stds) / num_groups,
+        "group_size": sum(sizes) / num_groups,
+    }
+
+
+@ADVANTAGE_ESTIMATORS.register("grpo", "flow_grpo")
+def grpo_estimator(rewards: torch.Tensor, group_ids: Sequence, *, norm_by_std: bool = True,
+                   global_std: bool = True, eps: float = 1e-4) -> torch.Tensor:
+    return group_advantages(rewards, group_ids, norm_by_std=norm_by_std, global_std=global_std, eps=eps)
+
+
+@ADVANTAGE_ESTIMATORS.register("dr_grpo")
+def dr_grpo_estimator(rewards: torch.Tensor, group_ids: Sequence, *, global_std: bool = True,
+                      eps: float = 1e-4, **_ignored) -> torch.Tensor:
+    """Dr.GRPO: group-centred rewards without the std division."""
+    return group_advantages(rewards, group_ids, norm_by_std=False, global_std=global_std, eps=eps)
+
+
+# Estimators that compare samples of the same prompt: they need rollout.n > 1.
+grpo_estimator.needs_groups = True
+dr_grpo_estimator.needs_groups = True
+
+
+def get_advantage_estimator(name: str):
+    return ADVANTAGE_ESTIMATORS.get(name)

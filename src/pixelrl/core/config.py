@@ -1,0 +1,108 @@
+"""Configuration dataclasses: the single source of truth for every option and its default.
+
+Leaf names follow verl / verl-omni where the meaning is the same (`rollout.n`,
+`actor.ppo_mini_batch_size`, `diffusion_loss.clip_ratio`, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ModelConfig:
+    path: str = ""  # local diffusers pipeline folder
+    type: str = "sd3"
+    device: str = "cpu"
+    dtype: str = "float32"  # denoiser compute dtype; scheduler / log-prob math is always float32
+    max_sequence_length: int = 256  # T5 tokens (or zero tokens when the folder has no T5)
+    lora_rank: int = 32  # 0 = full fine-tuning of the denoiser
+    lora_alpha: float = 64.0
+    lora_target_modules: list[str] | None = None  # None = the adapter's defaults
+    lora_init: str = "gaussian"
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class RolloutConfig:
+    n: int = 8  # images per prompt (the group size)
+    seed: int = 42  # per-step rollout seed = seed + global_step - 1
+    num_steps: int = 10
+    resolution: int = 512
+    guidance_scale: float = 4.5
+    negative_prompt: str = ""
+    noise_level: float = 0.7
+    sde_type: str = "sde"  # sde | cps | dance_sde
+    sde_window_size: int = 0  # 0 = full window (steps 0 .. N-2)
+    sde_window_range: list[int] | None = None  # [r0, r1) for the random window
+    logprob_reduction: str = "mean"
+    micro_batch_size: int = 16  # samples per denoiser forward during rollout
+
+
+@dataclass
+class ActorConfig:
+    lr: float = 3e-4
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 1e-4
+    adam_eps: float = 1e-8
+    warmup_steps: int = 0
+    max_grad_norm: float = 1.0
+    ppo_epochs: int = 1
+    ppo_mini_batch_size: int = 0  # samples per optimizer step; 0 = the whole batch
+    ppo_micro_batch_size: int = 4  # samples per forward/backward
+    shuffle: bool = True
+    max_consecutive_nonfinite: int = 3  # skipped updates in a row before the run stops
+
+
+@dataclass
+class DiffusionLossConfig:
+    name: str = "flow_grpo"
+    clip_ratio: float = 1e-4
+    adv_clip_max: float = 5.0
+    kl_coef: float = 0.0  # beta of the KL to the reference policy
+    kl_type: str = "reference"  # reference | exact
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = "grpo"
+    norm_adv_by_std_in_grpo: bool = True
+    global_std: bool = True
+    rollout_correction: str = "bypass"  # bypass | decoupled
+
+
+@dataclass
+class EngineConfig:
+    """Everything a `PolicyEngine` needs: one model, its sampler and its optimizer."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    diffusion_loss: DiffusionLossConfig = field(default_factory=DiffusionLossConfig)
+    seed: int = 0  # seeds LoRA init and mini-batch shuffling
+
+
+@dataclass
+class RewardConfig:
+    # Each entry: {name: <registered reward>, weight: float, options: {...}}.
+    functions: list[dict] = field(default_factory=lambda: [{"name": "jpeg_compressibility", "weight": 1.0}])
+
+
+@dataclass
+class DataConfig:
+    train_batch_size: int = 8  # prompts per step (each repeated rollout.n times)
+    prompts: list[str] = field(default_factory=list)  # inline prompts (used when no file is given)
+
+
+@dataclass
+class TrainerConfig:
+    total_training_steps: int = 10
+    run_dir: str = "runs/default"
+
+
+@dataclass
+class PixelRLConfig(EngineConfig):
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)

@@ -1,0 +1,35 @@
+"""Error types. Each message names the thing at fault, the value seen, and the fix."""
+
+
+class PixelRLError(Exception):
+    """Base class for every error pixelrl raises on bad input."""
+
+
+class ConfigError(PixelRLError, ValueError):
+    """A configuration value is unknown, of the wrong type, or impossible in combination."""
+
+    def __init__(self, field: str, value, fix: str):
+        self.field, self.value, self.fix = field, value, fix
+        super().__init__(f"config field `{field}` = {value!r}: {fix}")
+
+
+class MissingBatchKeysError(PixelRLError, KeyError):
+    """A loss or estimator needs batch keys that the batch does not carry."""
+
+    def __init__(self, consumer: str, missing, available):
+        self.consumer, self.missing, self.available = consumer, sorted(missing), sorted(available)
+        super().__init__(
+            f"{consumer} needs batch keys {self.missing} that are missing; "
+            f"available keys: {self.available}"
+        )
+
+    def __str__(self) -> str:  # KeyError would otherwise print the repr of the message
+        return self.args[0]
+
+
+class RewardError(PixelRLError, ValueError):
+    """A reward function returned something other than finite float tensors of shape [B]."""
+
+
+class ModelFolderError(PixelRLError, FileNotFoundError):
+    """A model folder is missing or does not hold a loadable pipeline."""

@@ -1,0 +1,41 @@
+"""A tiny name -> object registry, shared by losses, advantage estimators and rewards."""
+
+from __future__ import annotations
+
+from typing import Callable, Generic, TypeVar
+
+from pixelrl.core.errors import ConfigError
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    def __init__(self, kind: str, config_field: str):
+        # `config_field` is the config key users set to choose an entry; errors name it.
+        self.kind = kind
+        self.config_field = config_field
+        self._entries: dict[str, T] = {}
+
+    def register(self, name: str, *aliases: str) -> Callable[[T], T]:
+        def decorator(obj: T) -> T:
+            for key in (name, *aliases):
+                if key in self._entries and self._entries[key] is not obj:
+                    raise ValueError(f"{self.kind} `{key}` is already registered")
+                self._entries[key] = obj
+            return obj
+
+        return decorator
+
+    def get(self, name: str) -> T:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise ConfigError(
+                self.config_field, name, f"unknown {self.kind}; choose one of {sorted(self._entries)}"
+            ) from None
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._entries

@@ -1,0 +1,110 @@
+"""The small interface every text-to-image adapter implements.
+
+Sampling and training code only talk to this interface, so SD3.5, FLUX, Qwen-Image and the
+shipped tiny model share one rollout loop and one update step.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass
+class PromptEmbeds:
+    """Text conditioning for a batch: sequence embeddings and (for SD3/FLUX) pooled vectors."""
+
+    embeds: torch.Tensor  # [B, L, D]
+    pooled: torch.Tensor | None = None  # [B, P]
+
+    def __len__(self) -> int:
+        return self.embeds.shape[0]
+
+    @staticmethod
+    def cat(parts: list["PromptEmbeds"]) -> "PromptEmbeds":
+        pooled = None if parts[0].pooled is None else torch.cat([p.pooled for p in parts])
+        return PromptEmbeds(torch.cat([p.embeds for p in parts]), pooled)
+
+
+class DiffusionModel(ABC):
+    """A flow-matching text-to-image model: denoiser, text encoders, scheduler, decoder."""
+
+    transformer: nn.Module  # the denoiser; the only module that is ever trained
+    scheduler: object  # a diffusers FlowMatchEulerDiscreteScheduler (or compatible)
+    device: torch.device
+    dtype: torch.dtype  # compute dtype of the denoiser
+    default_lora_targets: tuple[str, ...] = ()
+
+    def __init__(self, prompt_cache_size: int = 4096):
+        self._prompt_cache: OrderedDict[str, PromptEmbeds] = OrderedDict()
+        self._prompt_cache_size = prompt_cache_size
+
+    # --- text -----------------------------------------------------------------------------
+    @abstractmethod
+    def _encode_uncached(self, prompts: list[str]) -> PromptEmbeds:
+        """Run the frozen text encoders on `prompts` (no grad)."""
+
+    def encode_prompts(self, prompts: list[str]) -> PromptEmbeds:
+        """Embeddings for `prompts`, encoding each distinct string once and caching it (LRU)."""
+        missing = list(dict.fromkeys(p for p in prompts if p not in self._prompt_cache))
+        if missing:
+            with torch.no_grad():
+                fresh = self._encode_uncached(missing)
+            for i, p in enumerate(missing):
+                pooled = None if fresh.pooled is None else fresh.pooled[i : i + 1]
+                self._prompt_cache[p] = PromptEmbeds(fresh.embeds[i : i + 1], pooled)
+        parts = []
+        for p in prompts:
+            self._prompt_cache.move_to_end(p)
+            parts.append(self._prompt_cache[p])
+        while len(self._prompt_cache) > self._prompt_cache_size:
+            self._prompt_cache.popitem(last=False)
+        return PromptEmbeds.cat(parts)
+
+    # --- denoiser -------------------------------------------------------------------------
+    @abstractmethod
+    def _forward(self, latents: torch.Tensor, sigmas: torch.Tensor, text: PromptEmbeds) -> torch.Tensor:
+        """One denoiser forward: latents in model dtype, sigmas [B] in [0, 1]; returns velocity."""
+
+    def predict_velocity(
+        self,
+        latents: torch.Tensor,
+        sigmas: torch.Tensor,
+        text: PromptEmbeds,
+        *,
+        guidance_scale: float = 1.0,
+        negative: PromptEmbeds | None = None,
+    ) -> torch.Tensor:
+        """Velocity in float32. With guidance > 1 both branches run in ONE batched forward:
+        v = v_uncond + w (v_cond - v_uncond)."""
+        x = latents.to(self.dtype)
+        sig = sigmas.to(device=latents.device, dtype=torch.float32).expand(latents.shape[0])
+        if guidance_scale == 1.0 or negative is None:
+            return self._forward(x, sig, text).float()
+        both = PromptEmbeds.cat([negative, text])
+        v = self._forward(torch.cat([x, x]), torch.cat([sig, sig]), both).float()
+        v_uncond, v_cond = v.chunk(2)
+        return v_uncond + guidance_scale * (v_cond - v_uncond)
+
+    # --- images ---------------------------------------------------------------------------
+    @abstractmethod
+    def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
+        """Per-sample latent shape for an image of this resolution."""
+
+    @abstractmethod
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Latents -> uint8 images [B, H, W, 3] on CPU."""
+
+    # --- training helpers -----------------------------------------------------------------
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.transformer.parameters() if p.requires_grad]
+
+
+def to_uint8_images(pixels: torch.Tensor) -> torch.Tensor:
+    """[-1, 1] channel-first float images -> uint8 [B, H, W, 3] (rounded, clamped)."""
+    x = ((pixels.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    return x.permute(0, 2, 3, 1).contiguous().cpu()

@@ -1,0 +1,158 @@
+"""Stable Diffusion 3 / 3.5 family adapter over diffusers components.
+
+Loads any local SD3-layout pipeline folder (transformer, scheduler, optional vae, two CLIP text
+encoders, optional T5) and reproduces the diffusers prompt encoding: penultimate CLIP hidden
+states concatenated on features, zero-padded to the joint width, followed by the T5 tokens
+(or zeros of the same width when T5 is absent).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from pixelrl.core.errors import ModelFolderError
+from pixelrl.models.base import DiffusionModel, PromptEmbeds, to_uint8_images
+
+# Attention projections of the joint transformer blocks (image and text streams).
+SD3_LORA_TARGETS = (
+    "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
+    "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out",
+)
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in _DTYPES:
+        from pixelrl.core.errors import ConfigError
+
+        raise ConfigError("model.dtype", name, f"choose one of {sorted(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def check_pipeline_folder(path: str | Path, required=("transformer", "scheduler")) -> Path:
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise ModelFolderError(
+            f"model folder `{folder}` does not exist: set model.path to a local diffusers pipeline folder "
+            f"(e.g. one saved by `StableDiffusion3Pipeline.save_pretrained`)"
+        )
+    missing = [name for name in required if not (folder / name / "config.json").is_file()
+               and not (folder / name / "scheduler_config.json").is_file()]
+    if missing:
+        raise ModelFolderError(
+            f"model folder `{folder}` lacks the component folder(s) {missing} (each needs its config file): "
+            f"point model.path at the root of a diffusers pipeline folder"
+        )
+    return folder
+
+
+class SD3Model(DiffusionModel):
+    default_lora_targets = SD3_LORA_TARGETS
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: str | torch.dtype = "float32",
+        max_sequence_length: int = 256,
+        prompt_cache_size: int = 4096,
+    ):
+        super().__init__(prompt_cache_size)
+        from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
+        from transformers import CLIPTextModelWithProjection, CLIPTokenizer
+
+        folder = check_pipeline_folder(path)
+        self.path = folder
+        self.device = torch.device(device)
+        self.dtype = resolve_dtype(dtype)
+        self.max_sequence_length = int(max_sequence_length)
+
+        self.transformer = SD3Transformer2DModel.from_pretrained(folder / "transformer", torch_dtype=self.dtype)
+        self.transformer.to(self.device)
+        self.scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(folder / "scheduler")
+        self.vae = None
+        if (folder / "vae" / "config.json").is_file():
+            self.vae = AutoencoderKL.from_pretrained(folder / "vae", torch_dtype=self.dtype).to(self.device)
+            self.vae.requires_grad_(False).eval()
+
+        self.clip_encoders, self.clip_tokenizers = [], []
+        for suffix in ("", "_2"):
+            if (folder / f"text_encoder{suffix}" / "config.json").is_file():
+                enc = CLIPTextModelWithProjection.from_pretrained(folder / f"text_encoder{suffix}", torch_dtype=self.dtype)
+                self.clip_encoders.append(enc.to(self.device).requires_grad_(False).eval())
+                self.clip_tokenizers.append(CLIPTokenizer.from_pretrained(folder / f"tokenizer{suffix}"))
+        if not self.clip_encoders:
+            raise ModelFolderError(f"model folder `{folder}` has no text_encoder/: an SD3 pipeline needs its CLIP encoders")
+        self.t5_encoder = self.t5_tokenizer = None
+        if (folder / "text_encoder_3" / "config.json").is_file():
+            from transformers import AutoTokenizer, T5EncoderModel
+
+            self.t5_encoder = T5EncoderModel.from_pretrained(folder / "text_encoder_3", torch_dtype=self.dtype)
+            self.t5_encoder.to(self.device).requires_grad_(False).eval()
+            self.t5_tokenizer = AutoTokenizer.from_pretrained(folder / "tokenizer_3")
+        self.transformer.requires_grad_(False)
+        cfg = self.transformer.config
+        self.joint_dim = cfg.joint_attention_dim
+        self.patch_size = cfg.patch_size
+        self.in_channels = cfg.in_channels
+        self.vae_scale = 2 ** (len(self.vae.config.block_out_channels) - 1) if self.vae is not None else 1
+
+    # --- text -----------------------------------------------------------------------------
+    def _encode_uncached(self, prompts: list[str]) -> PromptEmbeds:
+        seqs, pooled = [], []
+        for tok, enc in zip(self.clip_tokenizers, self.clip_encoders):
+            ids = tok(prompts, padding="max_length", max_length=tok.model_max_length,
+                      truncation=True, return_tensors="pt").input_ids.to(self.device)
+            out = enc(ids, output_hidden_states=True)
+            pooled.append(out[0])
+            seqs.append(out.hidden_states[-2])
+        clip_seq = torch.cat(seqs, dim=-1)
+        clip_seq = torch.nn.functional.pad(clip_seq, (0, self.joint_dim - clip_seq.shape[-1]))
+        if self.t5_encoder is not None:
+            ids = self.t5_tokenizer(prompts, padding="max_length", max_length=self.max_sequence_length,
+                                    truncation=True, return_tensors="pt").input_ids.to(self.device)
+            t5_seq = self.t5_encoder(ids)[0]
+        else:
+            t5_seq = clip_seq.new_zeros(len(prompts), self.max_sequence_length, self.joint_dim)
+        embeds = torch.cat([clip_seq, t5_seq.to(clip_seq.dtype)], dim=1)
+        return PromptEmbeds(embeds.to(self.dtype), torch.cat(pooled, dim=-1).to(self.dtype))
+
+    # --- denoiser -------------------------------------------------------------------------
+    def _forward(self, latents, sigmas, text: PromptEmbeds):
+        return self.transformer(
+            hidden_states=latents,
+            timestep=(sigmas * 1000).to(self.dtype),
+            encoder_hidden_states=text.embeds.to(self.device, self.dtype),
+            pooled_projections=text.pooled.to(self.device, self.dtype),
+            return_dict=False,
+        )[0]
+
+    # --- images ---------------------------------------------------------------------------
+    def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
+        unit = self.vae_scale * self.patch_size
+        if height % unit or width % unit:
+            from pixelrl.core.errors import ConfigError
+
+            raise ConfigError("rollout.resolution", (height, width), f"height and width must be multiples of {unit}")
+        return (self.in_channels, height // self.vae_scale, width // self.vae_scale)
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        if self.vae is None:  # pixel-space model: latents are images in [-1, 1]
+            return to_uint8_images(latents)
+        cfg = self.vae.config
+        z = latents.to(self.dtype) / cfg.scaling_factor + (cfg.shift_factor or 0.0)
+        return to_uint8_images(self.vae.decode(z, return_dict=False)[0])
+
+
+def read_model_index(path: str | Path) -> dict:
+    index = Path(path) / "model_index.json"
+    return json.loads(index.read_text()) if index.is_file() else {}

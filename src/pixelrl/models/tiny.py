@@ -1,0 +1,137 @@
+"""Offline builders for tiny SD3-family pipelines (random weights) and their tokenizers.
+
+Nothing here touches the network: the tokenizer is a byte-level BPE trained on the spot with
+`tokenizers`, and every model is built from a small config. Tests and benchmarks use these
+folders exactly as they would use a real SD3.5 folder.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+BOS, EOS = "<|startoftext|>", "<|endoftext|>"
+
+# Enough English to tokenise typical test prompts into whole words.
+_DEFAULT_WORDS = (
+    "a an the of on in to and with photo picture image painting drawing small big large tiny red green "
+    "blue yellow orange purple pink white black brown gray cyan magenta circle circles square squares "
+    "triangle triangles star stars cat dog car tree house flower sky sea mountain city street left right "
+    "above below next one two three four five six seven eight nine ten sign that says text word"
+).split()
+
+
+def build_clip_tokenizer(words: Iterable[str] = _DEFAULT_WORDS, *, max_length: int = 32, vocab_size: int = 1000):
+    """A CLIP-style tokenizer (byte-level BPE with `</w>` word ends) trained on `words`."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import CLIPTokenizer
+
+    words = list(words)
+    bpe = Tokenizer(models.BPE(unk_token=EOS, end_of_word_suffix="</w>"))
+    # Same word splitting as CLIPTokenizer (whitespace removed before the byte-level map), so the
+    # learned merges build whole words.
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[BOS, EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        end_of_word_suffix="</w>",
+        show_progress=False,
+    )
+    bpe.train_from_iterator([" ".join(words)] * 4, trainer=trainer)
+    vocab = bpe.get_vocab()
+    # Single characters at the end of a word are `c</w>`: make sure every one exists.
+    for ch in pre_tokenizers.ByteLevel.alphabet():
+        vocab.setdefault(ch + "</w>", len(vocab))
+    state = json.loads(bpe.to_str())
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in state["model"]["merges"]]
+    return CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=max_length)
+
+
+def tiny_clip_encoder(tokenizer, *, hidden: int = 32, layers: int = 2, heads: int = 2, projection: int = 32, seed: int = 0):
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
+
+    torch.manual_seed(seed)
+    config = CLIPTextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        max_position_embeddings=tokenizer.model_max_length,
+        projection_dim=projection,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return CLIPTextModelWithProjection(config)
+
+
+def build_tiny_sd3(
+    path: str | Path,
+    *,
+    resolution: int = 32,
+    with_vae: bool = True,
+    num_layers: int = 2,
+    heads: int = 2,
+    head_dim: int = 16,
+    patch_size: int = 2,
+    shift: float = 3.0,
+    seed: int = 0,
+) -> Path:
+    """Write a tiny random SD3 pipeline folder (diffusers layout) to `path`; returns the path.
+
+    The folder has no T5 encoder; diffusers loads it with
+    `StableDiffusion3Pipeline.from_pretrained(path, text_encoder_3=None, tokenizer_3=None)`.
+
+    With `with_vae` the VAE halves the resolution into 4 latent channels (SD3 uses 16 and a
+    factor of 8; the code path is the same). Without it the model works in RGB pixel space.
+    """
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+
+    path = Path(path)
+    clip_dim = 32
+    tok1 = build_clip_tokenizer()
+    tok2 = build_clip_tokenizer()
+    enc1 = tiny_clip_encoder(tok1, projection=clip_dim, seed=seed + 1)
+    enc2 = tiny_clip_encoder(tok2, projection=clip_dim, seed=seed + 2)
+
+    vae = None
+    latent_channels, latent_size = 3, resolution
+    if with_vae:
+        torch.manual_seed(seed + 3)
+        vae = AutoencoderKL(
+            in_channels=3, out_channels=3,
+            down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+            block_out_channels=(8, 16), layers_per_block=1, latent_channels=4, norm_num_groups=4,
+            sample_size=resolution, scaling_factor=1.5305, shift_factor=0.0609,
+        )
+        latent_channels, latent_size = 4, resolution // 2
+
+    torch.manual_seed(seed)
+    transformer = SD3Transformer2DModel(
+        sample_size=latent_size,
+        patch_size=patch_size,
+        in_channels=latent_channels,
+        out_channels=latent_channels,
+        num_layers=num_layers,
+        attention_head_dim=head_dim,
+        num_attention_heads=heads,
+        joint_attention_dim=2 * clip_dim,
+        caption_projection_dim=heads * head_dim,
+        pooled_projection_dim=2 * clip_dim,
+        pos_embed_max_size=max(latent_size // patch_size, 8),
+    )
+    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=shift)
+    pipe = StableDiffusion3Pipeline(
+        transformer=transformer, scheduler=scheduler, vae=vae,
+        text_encoder=enc1, tokenizer=tok1, text_encoder_2=enc2, tokenizer_2=tok2,
+        text_encoder_3=None, tokenizer_3=None,
+    )
+    pipe.save_pretrained(path, safe_serialization=True)
+    return path

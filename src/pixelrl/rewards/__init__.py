@@ -1,0 +1,7 @@
+"""Reward functions: `fn(images_uint8 [B,H,W,3], prompts, metadata) -> dict[str, Tensor[B]]`."""
+
+from pixelrl.rewards import jpeg  # noqa: F401  (registers the JPEG rewards)
+from pixelrl.rewards.multi import RewardSpec, WeightedReward
+from pixelrl.rewards.registry import REWARDS, check_reward_output, get_reward, register_reward
+
+__all__ = ["REWARDS", "RewardSpec", "WeightedReward", "check_reward_output", "get_reward", "register_reward"]

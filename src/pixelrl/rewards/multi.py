@@ -1,0 +1,57 @@
+"""Several rewards scored together and combined with weights."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from pixelrl.core.errors import ConfigError
+from pixelrl.rewards.registry import RewardFn, check_reward_output, get_reward
+
+
+@dataclass
+class RewardSpec:
+    name: str
+    weight: float = 1.0
+    options: dict = field(default_factory=dict)
+
+
+class WeightedReward:
+    """Scores every component reward and adds `overall` = sum_k w_k r_k.
+
+    Each component's outputs are checked (shape [B], finite tensors) and named after it. A
+    component that returns several keys contributes the one named like itself, or its only key.
+    """
+
+    def __init__(self, specs: list[RewardSpec]):
+        if not specs:
+            raise ConfigError("reward.functions", specs, "list at least one reward, e.g. [{name: jpeg_compressibility}]")
+        self.specs = specs
+        self.functions: list[RewardFn] = [get_reward(s.name, **s.options) for s in specs]
+
+    def __call__(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> dict[str, torch.Tensor]:
+        batch = images.shape[0]
+        scores: dict[str, torch.Tensor] = {}
+        overall = torch.zeros(batch)
+        for spec, fn in zip(self.specs, self.functions):
+            out = check_reward_output(spec.name, fn(images, prompts, metadata), batch)
+            main_key = spec.name if spec.name in out else (next(iter(out)) if len(out) == 1 else None)
+            if main_key is None:
+                raise ConfigError(
+                    f"reward `{spec.name}`", sorted(out),
+                    f"returns several keys and none is named `{spec.name}`: name its main score after the reward",
+                )
+            for key, value in out.items():
+                scores[key if key != main_key else spec.name] = value
+            overall = overall + spec.weight * out[main_key]
+        scores["overall"] = overall
+        return scores
+
+    @property
+    def component_names(self) -> list[str]:
+        return [s.name for s in self.specs]
+
+    @property
+    def weights(self) -> list[float]:
+        return [s.weight for s in self.specs]

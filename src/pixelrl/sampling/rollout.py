@@ -1,0 +1,131 @@
+"""The rollout loop: denoise from per-sample noise, stochastic only inside the window.
+
+Only the window is stored: latents x_start .. x_end (W + 1), the W log-probs, the W sigma
+pairs and, when a loss needs them, the W step means. Everything a trainer needs to re-score a
+transition later is in `SamplingSettings` plus those tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from pixelrl.core.seeding import randn_per_sample, sample_generators
+from pixelrl.models.base import DiffusionModel, PromptEmbeds
+from pixelrl.sampling.sde import StepOutput, sde_step
+from pixelrl.sampling.windows import Window
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    noise_level: float = 0.7
+    sde_type: str = "sde"
+    guidance_scale: float = 4.5
+    logprob_reduction: str = "mean"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class RolloutOutput:
+    images: torch.Tensor  # uint8 [B, H, W, 3]
+    latents: torch.Tensor  # [B, W + 1, *latent]: x at window steps start .. end
+    log_probs: torch.Tensor  # [B, W]
+    sigmas: torch.Tensor  # [B, W]
+    sigmas_next: torch.Tensor  # [B, W]
+    means: torch.Tensor | None  # [B, W, *latent] when requested
+    final_latents: torch.Tensor  # [B, *latent], the clean sample before decoding
+
+
+def step_with_log_prob(
+    model: DiffusionModel,
+    text: PromptEmbeds,
+    negative: PromptEmbeds | None,
+    x: torch.Tensor,
+    sigma: torch.Tensor,
+    sigma_next: torch.Tensor,
+    settings: SamplingSettings,
+    *,
+    sigma_max_next: float,
+    x_next: torch.Tensor | None = None,
+    generators: list[torch.Generator] | None = None,
+    noise_level: float | None = None,
+) -> StepOutput:
+    """Velocity forward plus one `sde_step`: samples x_next, or re-scores the given one.
+
+    Rollout and training both call this, so a stored transition is re-scored with exactly
+    the computation that produced it.
+    """
+    v = model.predict_velocity(
+        x, sigma, text, guidance_scale=settings.guidance_scale, negative=negative
+    )
+    return sde_step(
+        x, v, sigma, sigma_next,
+        noise_level=settings.noise_level if noise_level is None else noise_level,
+        sde_type=settings.sde_type,
+        prev_sample=x_next,
+        generator=generators,
+        sigma_max_next=sigma_max_next,
+        logprob_reduction=settings.logprob_reduction,
+    )
+
+
+@torch.no_grad()
+def rollout(
+    model: DiffusionModel,
+    prompts: list[str],
+    seeds: list[int],
+    *,
+    sigmas: torch.Tensor,
+    window: Window,
+    settings: SamplingSettings,
+    height: int,
+    width: int,
+    negative_prompt: str = "",
+    store_means: bool = False,
+) -> RolloutOutput:
+    """Sample one image per (prompt, seed). Sample i's initial noise and SDE noise come from a
+    generator seeded with seeds[i], so its image does not depend on its batch neighbours."""
+    if len(prompts) != len(seeds):
+        raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+    device = model.device
+    num_steps = sigmas.shape[0] - 1
+    if window.end > num_steps - 1:
+        raise ValueError(f"window {window} reaches the final step of a {num_steps}-step schedule")
+    batch = len(prompts)
+    text = model.encode_prompts(prompts)
+    negative = model.encode_prompts([negative_prompt] * batch) if settings.guidance_scale != 1.0 else None
+    generators = sample_generators(seeds, device=device)
+    x = randn_per_sample(model.latent_shape(height, width), generators, device)
+    sigma_max_next = float(sigmas[1])
+
+    latents, log_probs, means = [], [], []
+    for i in range(num_steps):
+        sigma = sigmas[i].to(device).expand(batch)
+        sigma_next = sigmas[i + 1].to(device).expand(batch)
+        stochastic = i in window
+        if i == window.start:
+            latents.append(x)
+        out = step_with_log_prob(
+            model, text, negative, x, sigma, sigma_next, settings,
+            sigma_max_next=sigma_max_next, generators=generators,
+            noise_level=None if stochastic else 0.0,
+        )
+        x = out.prev_sample
+        if stochastic:
+            latents.append(x)
+            log_probs.append(out.log_prob)
+            if store_means:
+                means.append(out.mean)
+    steps = torch.tensor(window.steps(), dtype=torch.long)
+    return RolloutOutput(
+        images=model.decode(x),
+        latents=torch.stack(latents, dim=1),
+        log_probs=torch.stack(log_probs, dim=1),
+        sigmas=sigmas[steps].unsqueeze(0).expand(batch, -1).clone(),
+        sigmas_next=sigmas[steps + 1].unsqueeze(0).expand(batch, -1).clone(),
+        means=torch.stack(means, dim=1) if store_means else None,
+        final_latents=x,
+    )

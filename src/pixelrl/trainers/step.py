@@ -1,0 +1,105 @@
+"""One policy-gradient step as data, shared by every controller (in-process or Ray).
+
+`actor` is anything with `rollout(prompts, seeds, window=...)`, `score(batch, policy)` and
+`update(batch)`: a `PolicyEngine` in one process, or a worker group that shards the batch.
+The controller never runs a model forward itself.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from contextlib import contextmanager
+
+import torch
+
+from pixelrl.algos.advantages import get_advantage_estimator, group_reward_stats
+from pixelrl.core.batch import Batch
+from pixelrl.sampling.windows import choose_window
+
+# Sample seeds live in disjoint ranges per step: seed_i = step_seed * SEED_STRIDE + i, so two
+# steps never reuse a noise seed.
+SEED_STRIDE = 1 << 20
+
+
+def step_seed(rollout_seed: int, global_step: int) -> int:
+    """Per-step rollout seed (verl convention): rollout.seed + global_step - 1."""
+    return rollout_seed + global_step - 1
+
+
+def expand_prompts(prompts: list[str], metadata: list[dict], n: int, seed: int, uids=None) -> Batch:
+    """Give each prompt a uid, repeat it n times (groups stay contiguous), seed each sample."""
+    uids = uids or [uuid.uuid4().hex for _ in prompts]
+    base = Batch(values={"prompts": list(prompts), "metadata": list(metadata), "uids": list(uids)})
+    batch = base.repeat_interleave(n)
+    batch["seeds"] = [seed * SEED_STRIDE + i for i in range(len(batch))]
+    return batch
+
+
+def compute_advantages(rewards: torch.Tensor, uids: list, algo_cfg) -> torch.Tensor:
+    estimator = get_advantage_estimator(algo_cfg.adv_estimator)
+    return estimator(rewards, uids, norm_by_std=algo_cfg.norm_adv_by_std_in_grpo, global_std=algo_cfg.global_std)
+
+
+class PhaseTimer:
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
+    v = values.float()
+    return {f"{prefix}/mean": float(v.mean()), f"{prefix}/max": float(v.max()), f"{prefix}/min": float(v.min())}
+
+
+def policy_gradient_step(actor, reward_fn, prompts: list[str], metadata: list[dict], global_step: int, cfg,
+                         uids=None) -> tuple[Batch, dict[str, float]]:
+    """generate -> reward -> (re-score old) -> (reference) -> advantages -> update."""
+    timer = PhaseTimer()
+    seed = step_seed(cfg.rollout.seed, global_step)
+    samples = expand_prompts(prompts, metadata, cfg.rollout.n, seed, uids)
+    window = choose_window(cfg.rollout.num_steps, cfg.rollout.sde_window_size, cfg.rollout.sde_window_range, seed)
+
+    with timer.phase("gen"):
+        batch = actor.rollout(samples["prompts"], samples["seeds"], window=window)
+        batch.update(Batch(values={"metadata": samples["metadata"], "uids": samples["uids"]}))
+    with timer.phase("reward"):
+        scores = reward_fn(batch["images"], batch["prompts"], batch["metadata"])
+        rewards = scores["overall"]
+        batch["rewards"] = rewards
+    if cfg.algorithm.rollout_correction == "decoupled":
+        with timer.phase("old_log_prob"):
+            batch.update(actor.score(batch, "old"))
+    if cfg.diffusion_loss.kl_coef > 0:
+        with timer.phase("ref"):
+            batch.update(actor.score(batch, "reference"))
+    with timer.phase("adv"):
+        batch["advantages"] = compute_advantages(rewards, batch["uids"], cfg.algorithm)
+    with timer.phase("update_actor"):
+        actor_metrics = actor.update(batch)
+
+    num_images = len(batch)
+    metrics: dict[str, float] = {}
+    metrics.update(_stats("critic/rewards", rewards))
+    for name, values in scores.items():
+        if name != "overall":
+            metrics[f"critic/rewards/{name}/mean"] = float(values.mean())
+    stats = group_reward_stats(rewards, batch["uids"])
+    metrics.update({f"critic/rewards/{k}": v for k, v in stats.items()})
+    metrics.update(_stats("critic/advantages", batch["advantages"]))
+    metrics.update({f"actor/{k}": v for k, v in actor_metrics.items()})
+    total = sum(timer.seconds.values())
+    for name, secs in timer.seconds.items():
+        metrics[f"timing_s/{name}"] = secs
+        metrics[f"timing_per_image_ms/{name}"] = 1000 * secs / num_images
+    metrics["timing_s/step"] = total
+    metrics["perf/throughput"] = num_images / total
+    metrics["training/window_start"] = window.start
+    return batch, metrics

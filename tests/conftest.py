@@ -1,0 +1,57 @@
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session")
+def tiny_sd3_path(tmp_path_factory):
+    """A tiny random SD3 pipeline with a VAE (latent space), built offline once per session."""
+    from pixelrl.models import build_tiny_sd3
+
+    return build_tiny_sd3(tmp_path_factory.mktemp("tiny_sd3") / "pipe", resolution=32, with_vae=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_pixel_path(tmp_path_factory):
+    """A tiny random SD3 pipeline working directly in RGB pixel space (no VAE)."""
+    from pixelrl.models import build_tiny_sd3
+
+    return build_tiny_sd3(tmp_path_factory.mktemp("tiny_pixel") / "pipe", resolution=32, with_vae=False)
+
+
+def tiny_config(path, **overrides):
+    """A small Flow-GRPO config on a tiny model; keyword overrides use `section__field`."""
+    from pixelrl.core.config import PixelRLConfig
+
+    cfg = PixelRLConfig()
+    cfg.model.path = str(path)
+    cfg.model.max_sequence_length = 0
+    cfg.model.lora_rank, cfg.model.lora_alpha = 8, 16
+    cfg.rollout.resolution = 32
+    cfg.rollout.n = 4
+    cfg.rollout.num_steps = 6
+    cfg.rollout.guidance_scale = 1.0
+    cfg.actor.lr = 1e-2
+    for key, value in overrides.items():
+        section, name = key.split("__")
+        setattr(getattr(cfg, section), name, value)
+    return cfg
+
+
+@pytest.fixture
+def make_engine():
+    from pixelrl.engine import PolicyEngine
+    from pixelrl.models import load_model
+
+    def build(path, **overrides):
+        cfg = tiny_config(path, **overrides)
+        model = load_model(cfg.model.type, cfg.model.path, max_sequence_length=cfg.model.max_sequence_length)
+        return PolicyEngine(model, cfg), cfg
+
+    return build

@@ -1,0 +1,91 @@
+import pytest
+import torch
+
+from pixelrl.core.errors import ModelFolderError
+from pixelrl.models import SD3Model, load_model
+from pixelrl.models.lora import adapters_disabled, add_lora, lora_state_dict
+
+
+def test_tiny_folder_loads_in_diffusers_and_prompt_encoding_matches_it(tiny_sd3_path):
+    from diffusers import StableDiffusion3Pipeline
+
+    pipe = StableDiffusion3Pipeline.from_pretrained(tiny_sd3_path, text_encoder_3=None, tokenizer_3=None)
+    prompts = ["a red circle", "two blue squares on the left"]
+    ref_embeds, _, ref_pooled, _ = pipe.encode_prompt(
+        prompts, prompts, prompts, do_classifier_free_guidance=False, max_sequence_length=8
+    )
+    model = SD3Model(tiny_sd3_path, max_sequence_length=8)
+    ours = model.encode_prompts(prompts)
+    assert torch.allclose(ours.embeds, ref_embeds, atol=1e-6)
+    assert torch.allclose(ours.pooled, ref_pooled, atol=1e-6)
+    # and the pipeline samples from it
+    image = pipe("a red circle", num_inference_steps=2, height=32, width=32, output_type="np",
+                 max_sequence_length=8).images
+    assert image.shape == (1, 32, 32, 3)
+
+
+def test_prompt_cache_encodes_each_string_once(tiny_sd3_path):
+    model = SD3Model(tiny_sd3_path, max_sequence_length=0)
+    calls = []
+    original = model._encode_uncached
+    model._encode_uncached = lambda prompts: calls.append(list(prompts)) or original(prompts)
+    first = model.encode_prompts(["a", "b", "a"])
+    second = model.encode_prompts(["b", "c"])
+    assert calls == [["a", "b"], ["c"]]
+    assert torch.equal(first.embeds[0], first.embeds[2]) and torch.equal(first.embeds[1], second.embeds[0])
+
+
+def test_cfg_is_one_batched_forward_and_combines_branches(tiny_sd3_path):
+    model = SD3Model(tiny_sd3_path, max_sequence_length=0)
+    batch_sizes = []
+    hook = model.transformer.register_forward_pre_hook(
+        lambda mod, args, kwargs: batch_sizes.append(kwargs["hidden_states"].shape[0]), with_kwargs=True
+    )
+    x = torch.randn(3, *model.latent_shape(32, 32), generator=torch.Generator().manual_seed(0))
+    sigma = torch.tensor(0.7)
+    text = model.encode_prompts(["a red circle", "a cat", "a dog"])
+    neg = model.encode_prompts([""] * 3)
+    guided = model.predict_velocity(x, sigma, text, guidance_scale=4.0, negative=neg)
+    assert batch_sizes == [6]
+    hook.remove()
+    v_cond = model.predict_velocity(x, sigma, text)
+    v_uncond = model.predict_velocity(x, sigma, neg)
+    assert torch.allclose(guided, v_uncond + 4.0 * (v_cond - v_uncond), atol=1e-5)
+
+
+def test_decode_gives_uint8_images(tiny_sd3_path, tiny_pixel_path):
+    for path in (tiny_sd3_path, tiny_pixel_path):
+        model = SD3Model(path, max_sequence_length=0)
+        x = torch.randn(2, *model.latent_shape(32, 32))
+        images = model.decode(x)
+        assert images.dtype == torch.uint8 and images.shape == (2, 32, 32, 3)
+    assert SD3Model(tiny_sd3_path, max_sequence_length=0).latent_shape(32, 32) == (4, 16, 16)
+    assert SD3Model(tiny_pixel_path, max_sequence_length=0).latent_shape(32, 32) == (3, 32, 32)
+
+
+def test_missing_model_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(ModelFolderError, match="does not exist: set model.path"):
+        load_model("sd3", tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelFolderError, match=r"lacks the component folder\(s\) \['transformer', 'scheduler'\]"):
+        load_model("sd3", tmp_path / "empty")
+
+
+def test_lora_trains_only_adapters_and_disabling_gives_the_base_model(tiny_sd3_path):
+    model = SD3Model(tiny_sd3_path, max_sequence_length=0)
+    x = torch.randn(2, *model.latent_shape(32, 32))
+    text = model.encode_prompts(["a", "b"])
+    base = model.predict_velocity(x, torch.tensor(0.5), text)
+    add_lora(model.transformer, rank=4, alpha=8, target_modules=model.default_lora_targets)
+    names = [n for n, p in model.transformer.named_parameters() if p.requires_grad]
+    assert names and all("lora_" in n for n in names)
+    with torch.no_grad():
+        for n, p in model.transformer.named_parameters():
+            if "lora_B" in n:
+                p.fill_(0.05)
+    adapted = model.predict_velocity(x, torch.tensor(0.5), text)
+    assert not torch.allclose(adapted, base)
+    with adapters_disabled(model.transformer):
+        assert torch.equal(model.predict_velocity(x, torch.tensor(0.5), text), base)
+    state = lora_state_dict(model.transformer)
+    assert state and all("lora" in k for k in state)

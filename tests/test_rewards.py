@@ -1,0 +1,63 @@
+import pytest
+import torch
+
+from pixelrl.core.errors import RewardError
+from pixelrl.rewards import RewardSpec, WeightedReward, check_reward_output, get_reward, register_reward
+
+
+def _images(smooth: bool, n: int = 2) -> torch.Tensor:
+    if smooth:
+        return torch.full((n, 32, 32, 3), 128, dtype=torch.uint8)
+    return torch.randint(0, 256, (n, 32, 32, 3), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+
+
+def test_jpeg_rewards_order_flat_and_noisy_images():
+    flat, noisy = _images(True), _images(False)
+    comp = get_reward("jpeg_compressibility")
+    incomp = get_reward("jpeg_incompressibility")
+    assert (comp(flat, [], [])["jpeg_compressibility"] > comp(noisy, [], [])["jpeg_compressibility"]).all()
+    sizes = incomp(noisy, [], [])["jpeg_incompressibility"]
+    assert torch.allclose(comp(noisy, [], [])["jpeg_compressibility"], -sizes)
+    # a 32x32 RGB noise image at quality 95 takes a few kB; a flat one well under one
+    assert (sizes > 1.5).all() and (incomp(flat, [], [])["jpeg_incompressibility"] < 1.0).all()
+    scaled = get_reward("jpeg_compressibility", scale=1 / 500)(noisy, [], [])["jpeg_compressibility"]
+    assert torch.allclose(scaled, -sizes / 500)
+
+
+def test_weighted_multi_reward():
+    @register_reward("test_const")
+    def const(value: float = 1.0):
+        return lambda images, prompts, metadata: {"test_const": torch.full((images.shape[0],), value)}
+
+    reward = WeightedReward([RewardSpec("test_const", 0.5, {"value": 2.0}),
+                             RewardSpec("jpeg_incompressibility", 2.0)])
+    out = reward(_images(False), ["p", "q"], [{}, {}])
+    assert torch.allclose(out["overall"], 0.5 * 2.0 + 2.0 * out["jpeg_incompressibility"])
+    assert set(out) == {"test_const", "jpeg_incompressibility", "overall"}
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ([1.0, 2.0], "returned a list .* torch.Tensor"),
+        (torch.ones(3), r"shape \(3,\) .* expected \[2\]"),
+        (torch.tensor([1.0, float("nan")]), r"non-finite .* positions \[1\]"),
+    ],
+)
+def test_bad_reward_output_names_the_reward(bad, message):
+    with pytest.raises(RewardError, match=f"reward `my_reward`.*{message}"):
+        check_reward_output("my_reward", {"score": bad}, 2)
+
+
+def test_bad_reward_inside_a_multi_reward_names_it():
+    @register_reward("test_broken")
+    def broken():
+        return lambda images, prompts, metadata: {"test_broken": torch.ones(images.shape[0], 2)}
+
+    with pytest.raises(RewardError, match="reward `test_broken`"):
+        WeightedReward([RewardSpec("test_broken")])(_images(True), ["a", "b"], [{}, {}])
+
+
+def test_unknown_reward_option_is_named():
+    with pytest.raises(Exception, match="qualty"):
+        get_reward("jpeg_compressibility", qualty=90)
