@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-all bench clean
+.PHONY: demo test bench clean
 
 $(BIN)/pixelrl: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,9 +15,6 @@ demo: $(BIN)/pixelrl
 
 test: $(BIN)/pixelrl
 	$(BIN)/python -m pytest -q
-
-test-all: $(BIN)/pixelrl
-	$(BIN)/python -m pytest -q -m "slow or not slow"
 
 bench: $(BIN)/pixelrl
 	$(BIN)/python benchmarks/bench_flow_grpo.py

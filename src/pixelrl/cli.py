@@ -12,19 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-
-def _quiet_libraries() -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
-    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    from diffusers.utils import logging as dlog
-    from transformers.utils import logging as tlog
-
-    dlog.disable_progress_bar()
-    dlog.set_verbosity_error()
-    tlog.disable_progress_bar()
-    tlog.set_verbosity_error()
+from pixelrl.core.quiet import quiet_libraries
 
 
 DEMO_PROMPTS = [
@@ -101,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(func=cmd_build_tiny)
     args = parser.parse_args(argv)
-    _quiet_libraries()
+    quiet_libraries()
     from pixelrl.core.errors import PixelRLError
 
     try:

@@ -1,0 +1,128 @@
+"""Flow-GRPO throughput on the tiny SD3 model, one process (no Ray).
+
+Prints, per configuration: images/s for rollout and for a full iteration, seconds per phase,
+denoiser forwards (with and without grad) per iteration, and peak RSS. Each configuration runs
+in its own subprocess so that peak RSS belongs to it alone.
+
+    python benchmarks/bench_flow_grpo.py                 # the default sweep
+    python benchmarks/bench_flow_grpo.py --prompts 4 --n 4 --steps 10 --iters 3   # one config
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+SWEEP = [  # (prompts per step, images per prompt, sampling steps, window size; 0 = full)
+    (2, 4, 10, 0),
+    (4, 4, 10, 0),
+    (8, 4, 10, 0),
+    (4, 4, 6, 0),
+    (4, 4, 20, 0),
+    (4, 4, 10, 2),
+]
+
+
+def run_one(args) -> dict:
+    import torch
+
+    from pixelrl.core.config import PixelRLConfig
+    from pixelrl.models import build_tiny_sd3
+    from pixelrl.rewards import RewardSpec, WeightedReward
+    from pixelrl.trainers.in_process import build_engine
+    from pixelrl.trainers.step import policy_gradient_step
+
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = build_tiny_sd3(os.path.join(tmp, "tiny"), resolution=args.resolution, with_vae=not args.no_vae)
+        cfg = PixelRLConfig(seed=0)
+        cfg.model.path, cfg.model.max_sequence_length = str(path), 0
+        cfg.model.lora_rank, cfg.model.lora_alpha = 8, 16
+        cfg.rollout.resolution, cfg.rollout.n, cfg.rollout.num_steps = args.resolution, args.n, args.steps
+        cfg.rollout.guidance_scale = args.cfg
+        cfg.rollout.sde_window_size = args.window
+        cfg.rollout.micro_batch_size = args.prompts * args.n
+        cfg.actor.ppo_micro_batch_size = args.micro
+        engine = build_engine(cfg)
+        reward = WeightedReward([RewardSpec("jpeg_compressibility")])
+        counts = {"fwd_nograd": 0, "fwd_grad": 0}
+
+        def count(module, args_, kwargs):
+            counts["fwd_grad" if torch.is_grad_enabled() else "fwd_nograd"] += 1
+
+        engine.model.transformer.register_forward_pre_hook(count, with_kwargs=True)
+        prompts = [f"a red circle number {i}" for i in range(args.prompts)]
+        policy_gradient_step(engine, reward, prompts, [{}] * args.prompts, 1, cfg)  # warm-up
+        phases: dict[str, float] = {}
+        total_time = 0.0
+        counts = {k: 0 for k in counts}
+        for it in range(args.iters):
+            start = time.perf_counter()
+            _, metrics = policy_gradient_step(engine, reward, prompts, [{}] * args.prompts, it + 2, cfg)
+            total_time += time.perf_counter() - start
+            for key, value in metrics.items():
+                if key.startswith("timing_s/") and key != "timing_s/step":
+                    phases[key[9:]] = phases.get(key[9:], 0.0) + value / args.iters
+        images = args.prompts * args.n
+        return {
+            "prompts": args.prompts, "n": args.n, "steps": args.steps, "window": args.window or args.steps - 1,
+            "images_per_iter": images,
+            "rollout_img_s": images / phases["gen"],
+            "iter_img_s": images * args.iters / total_time,
+            "s_per_iter": total_time / args.iters,
+            "phases_s": {k: round(v, 3) for k, v in phases.items()},
+            "fwd_nograd_per_iter": counts["fwd_nograd"] / args.iters,
+            "fwd_grad_per_iter": counts["fwd_grad"] / args.iters,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int)
+    parser.add_argument("--n", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--window", type=int, default=0)
+    parser.add_argument("--iters", type=int, default=3)
+    parser.add_argument("--micro", type=int, default=8, help="actor.ppo_micro_batch_size")
+    parser.add_argument("--cfg", type=float, default=1.0, help="guidance scale (>1 doubles the batch per forward)")
+    parser.add_argument("--resolution", type=int, default=32)
+    parser.add_argument("--no-vae", action="store_true")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", action="store_true", help="print one JSON line (used by the sweep)")
+    args = parser.parse_args()
+    from pixelrl.core.quiet import quiet_libraries
+
+    quiet_libraries()
+    if args.prompts is not None:
+        result = run_one(args)
+        print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+        return
+
+    common = ["--iters", str(args.iters), "--micro", str(args.micro), "--cfg", str(args.cfg),
+              "--resolution", str(args.resolution), "--threads", str(args.threads)] + (["--no-vae"] if args.no_vae else [])
+    print(f"# tiny SD3 ({'pixel space' if args.no_vae else 'VAE'}), {args.resolution}px, LoRA r8, CFG {args.cfg}, "
+          f"micro-batch {args.micro}, {args.threads} threads, {args.iters} timed iterations after 1 warm-up")
+    header = ("| prompts x n | steps | window | rollout img/s | iteration img/s | s/iter | gen s | reward s "
+              "| update s | fwd no-grad/iter | fwd+bwd/iter | peak RSS MB |")
+    print(header)
+    print("|---" * (header.count("|") - 1) + "|")
+    for prompts, n, steps, window in SWEEP:
+        cmd = [sys.executable, __file__, "--json", "--prompts", str(prompts), "--n", str(n), "--steps", str(steps),
+               "--window", str(window)] + common
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+        r = json.loads(out)
+        p = r["phases_s"]
+        print(f"| {prompts} x {n} | {steps} | {r['window']} | {r['rollout_img_s']:.1f} | {r['iter_img_s']:.1f} "
+              f"| {r['s_per_iter']:.2f} | {p['gen']:.2f} | {p['reward']:.3f} | {p['update_actor']:.2f} "
+              f"| {r['fwd_nograd_per_iter']:.0f} | {r['fwd_grad_per_iter']:.0f} | {r['peak_rss_mb']:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
