@@ -24,6 +24,35 @@ def test_tiny_folder_loads_in_diffusers_and_prompt_encoding_matches_it(tiny_sd3_
     assert image.shape == (1, 32, 32, 3)
 
 
+def test_t5_folder_encoding_matches_diffusers(tmp_path):
+    from diffusers import StableDiffusion3Pipeline
+
+    from pixelrl.models import build_tiny_sd3
+
+    path = build_tiny_sd3(tmp_path / "with_t5", with_t5=True)
+    pipe = StableDiffusion3Pipeline.from_pretrained(path)
+    prompts = ["a red circle", "three green stars above a tree"]
+    ref_embeds, _, ref_pooled, _ = pipe.encode_prompt(
+        prompts, prompts, prompts, do_classifier_free_guidance=False, max_sequence_length=12
+    )
+    model = SD3Model(path, max_sequence_length=12)
+    ours = model.encode_prompts(prompts)
+    assert model.t5_encoder is not None and ours.embeds.shape[1] == 32 + 12
+    assert torch.allclose(ours.embeds, ref_embeds, atol=1e-6)
+    assert torch.allclose(ours.pooled, ref_pooled, atol=1e-6)
+
+
+def test_bfloat16_denoiser_keeps_the_step_math_in_float32(tiny_sd3_path):
+    from pixelrl.sampling import SamplingSettings, Window, rollout, sigmas_from_scheduler
+
+    model = SD3Model(tiny_sd3_path, dtype="bfloat16", max_sequence_length=0)
+    assert next(model.transformer.parameters()).dtype == torch.bfloat16
+    out = rollout(model, ["a cat"], [0], sigmas=sigmas_from_scheduler(model.scheduler, 4), window=Window(0, 2),
+                  settings=SamplingSettings(guidance_scale=2.0), height=32, width=32)
+    assert out.latents.dtype == torch.float32 and out.log_probs.dtype == torch.float32
+    assert torch.isfinite(out.log_probs).all()
+
+
 def test_prompt_cache_encodes_each_string_once(tiny_sd3_path):
     model = SD3Model(tiny_sd3_path, max_sequence_length=0)
     calls = []

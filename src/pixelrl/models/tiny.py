@@ -72,11 +72,22 @@ def tiny_clip_encoder(tokenizer, *, hidden: int = 32, layers: int = 2, heads: in
     return CLIPTextModelWithProjection(config)
 
 
+def build_t5_tokenizer(words: Iterable[str] = _DEFAULT_WORDS, *, max_length: int = 32):
+    """A T5-style Unigram tokenizer whose pieces are the given words plus single characters."""
+    from transformers import T5Tokenizer
+
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
+    pieces += [("\u2581" + w, -1.0) for w in dict.fromkeys(words)]
+    pieces += [(c, -5.0) for c in "abcdefghijklmnopqrstuvwxyz0123456789\u2581"]
+    return T5Tokenizer(vocab=pieces, extra_ids=0, model_max_length=max_length)
+
+
 def build_tiny_sd3(
     path: str | Path,
     *,
     resolution: int = 32,
     with_vae: bool = True,
+    with_t5: bool = False,
     num_layers: int = 2,
     heads: int = 2,
     head_dim: int = 16,
@@ -86,9 +97,10 @@ def build_tiny_sd3(
 ) -> Path:
     """Write a tiny random SD3 pipeline folder (diffusers layout) to `path`; returns the path.
 
-    The folder has no T5 encoder; diffusers loads it with
+    Without T5, diffusers loads the folder with
     `StableDiffusion3Pipeline.from_pretrained(path, text_encoder_3=None, tokenizer_3=None)`.
 
+    `with_t5` adds a tiny T5 encoder (text_encoder_3) as in the full SD3.5 layout.
     With `with_vae` the VAE halves the resolution into 4 latent channels (SD3 uses 16 and a
     factor of 8; the code path is the same). Without it the model works in RGB pixel space.
     """
@@ -100,6 +112,16 @@ def build_tiny_sd3(
     tok2 = build_clip_tokenizer()
     enc1 = tiny_clip_encoder(tok1, projection=clip_dim, seed=seed + 1)
     enc2 = tiny_clip_encoder(tok2, projection=clip_dim, seed=seed + 2)
+
+    t5, t5_tok = None, None
+    if with_t5:
+        from transformers import T5Config, T5EncoderModel
+
+        torch.manual_seed(seed + 4)
+        t5_tok = build_t5_tokenizer()
+        t5 = T5EncoderModel(T5Config(vocab_size=len(t5_tok), d_model=2 * clip_dim, d_kv=8, d_ff=64,
+                                     num_layers=1, num_heads=4, pad_token_id=t5_tok.pad_token_id,
+                                     eos_token_id=t5_tok.eos_token_id))
 
     vae = None
     latent_channels, latent_size = 3, resolution
@@ -131,7 +153,7 @@ def build_tiny_sd3(
     pipe = StableDiffusion3Pipeline(
         transformer=transformer, scheduler=scheduler, vae=vae,
         text_encoder=enc1, tokenizer=tok1, text_encoder_2=enc2, tokenizer_2=tok2,
-        text_encoder_3=None, tokenizer_3=None,
+        text_encoder_3=t5, tokenizer_3=t5_tok,
     )
     pipe.save_pretrained(path, safe_serialization=True)
     return path
