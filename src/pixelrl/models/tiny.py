@@ -53,7 +53,8 @@ def build_clip_tokenizer(words: Iterable[str] = _DEFAULT_WORDS, *, max_length: i
     return CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=max_length)
 
 
-def tiny_clip_encoder(tokenizer, *, hidden: int = 32, layers: int = 2, heads: int = 2, projection: int = 32, seed: int = 0):
+def tiny_clip_encoder(tokenizer, *, hidden: int = 32, layers: int = 2, heads: int = 2, projection: int = 32,
+                      seed: int = 0):
     from transformers import CLIPTextConfig, CLIPTextModelWithProjection
 
     torch.manual_seed(seed)
@@ -88,6 +89,10 @@ def build_tiny_sd3(
     resolution: int = 32,
     with_vae: bool = True,
     with_t5: bool = False,
+    words: Iterable[str] | None = None,
+    text_hidden: int = 32,
+    text_layers: int = 2,
+    text_max_length: int = 32,
     num_layers: int = 2,
     heads: int = 2,
     head_dim: int = 16,
@@ -100,6 +105,8 @@ def build_tiny_sd3(
     Without T5, diffusers loads the folder with
     `StableDiffusion3Pipeline.from_pretrained(path, text_encoder_3=None, tokenizer_3=None)`.
 
+    `words` is the tokenizer's training vocabulary (whole words become single tokens);
+    each of the two CLIP encoders has width `text_hidden` and `text_layers` layers.
     `with_t5` adds a tiny T5 encoder (text_encoder_3) as in the full SD3.5 layout.
     With `with_vae` the VAE halves the resolution into 4 latent channels (SD3 uses 16 and a
     factor of 8; the code path is the same). Without it the model works in RGB pixel space.
@@ -107,11 +114,12 @@ def build_tiny_sd3(
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
 
     path = Path(path)
-    clip_dim = 32
-    tok1 = build_clip_tokenizer()
-    tok2 = build_clip_tokenizer()
-    enc1 = tiny_clip_encoder(tok1, projection=clip_dim, seed=seed + 1)
-    enc2 = tiny_clip_encoder(tok2, projection=clip_dim, seed=seed + 2)
+    clip_dim = text_hidden
+    words = list(words) if words is not None else list(_DEFAULT_WORDS)
+    tok1 = build_clip_tokenizer(words, max_length=text_max_length)
+    tok2 = build_clip_tokenizer(words, max_length=text_max_length)
+    enc1 = tiny_clip_encoder(tok1, hidden=clip_dim, layers=text_layers, projection=clip_dim, seed=seed + 1)
+    enc2 = tiny_clip_encoder(tok2, hidden=clip_dim, layers=text_layers, projection=clip_dim, seed=seed + 2)
 
     t5, t5_tok = None, None
     if with_t5:

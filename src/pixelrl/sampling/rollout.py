@@ -106,7 +106,7 @@ def rollout(
         sigma = sigmas[i].to(device).expand(batch)
         sigma_next = sigmas[i + 1].to(device).expand(batch)
         stochastic = i in window
-        if i == window.start:
+        if i == window.start and window.size:
             latents.append(x)
         out = step_with_log_prob(
             model, text, negative, x, sigma, sigma_next, settings,
@@ -120,12 +120,16 @@ def rollout(
             if store_means:
                 means.append(out.mean)
     steps = torch.tensor(window.steps(), dtype=torch.long)
+    if window.size:
+        stored_latents, stored_log_probs = torch.stack(latents, dim=1), torch.stack(log_probs, dim=1)
+    else:  # a deterministic (ODE) sample: nothing to store
+        stored_latents, stored_log_probs = x.new_zeros(batch, 0, *x.shape[1:]), x.new_zeros(batch, 0)
     return RolloutOutput(
         images=model.decode(x),
-        latents=torch.stack(latents, dim=1),
-        log_probs=torch.stack(log_probs, dim=1),
+        latents=stored_latents,
+        log_probs=stored_log_probs,
         sigmas=sigmas[steps].unsqueeze(0).expand(batch, -1).clone(),
         sigmas_next=sigmas[steps + 1].unsqueeze(0).expand(batch, -1).clone(),
-        means=torch.stack(means, dim=1) if store_means else None,
+        means=torch.stack(means, dim=1) if store_means and means else None,
         final_latents=x,
     )

@@ -1,0 +1,154 @@
+"""Flow-matching pretraining of the shipped shapes model on rendered (image, caption) pairs.
+
+Rectified flow: x_t = (1 - t) x0 + t eps with logit-normal t, target v = eps - x0. The
+denoiser and both tiny CLIP text encoders train jointly; captions are dropped 10% of the time
+(replaced by "", the negative prompt) so that classifier-free guidance works. An EMA of the
+weights is what gets evaluated and saved.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from pixelrl.data.shapes import evaluation_items, prompt_splits, render, vocabulary
+from pixelrl.engine.evaluate import evaluate_geneval, format_table
+from pixelrl.models.base import DiffusionModel
+from pixelrl.models.sd3 import SD3Model
+from pixelrl.models.tiny import build_tiny_sd3
+from pixelrl.rewards.shapes import CATEGORIES
+
+# The shipped architecture (see the model card): pixel space 32 x 32 RGB, patch 4.
+SHAPES_ARCH = dict(resolution=32, with_vae=False, text_hidden=64, text_layers=2, text_max_length=16,
+                   num_layers=6, heads=4, head_dim=32, patch_size=4, shift=3.0)
+
+
+def flow_matching_loss(model: DiffusionModel, x0: torch.Tensor, text, generator: torch.Generator) -> torch.Tensor:
+    """mean((v_theta(x_t, t) - (eps - x0))^2) with t ~ logit-normal(0, 1)."""
+    t = torch.sigmoid(torch.randn(x0.shape[0], generator=generator))
+    eps = torch.randn(x0.shape, generator=generator)
+    t_ = t.view(-1, *([1] * (x0.ndim - 1)))
+    x_t = (1 - t_) * x0 + t_ * eps
+    v = model.predict_velocity(x_t, t, text)
+    return ((v - (eps - x0)) ** 2).mean()
+
+
+def images_to_model_space(images: torch.Tensor) -> torch.Tensor:
+    """uint8 [B, H, W, 3] -> float [-1, 1] [B, 3, H, W] (the pixel-space model's latents)."""
+    return images.permute(0, 3, 1, 2).float() / 127.5 - 1.0
+
+
+class ShapesStream:
+    """An endless stream of (caption, image) pairs from the train prompts, categories uniform."""
+
+    def __init__(self, seed: int, caption_dropout: float = 0.1):
+        by_cat: dict[str, list[dict]] = {}
+        for item in prompt_splits()["train"]:
+            by_cat.setdefault(item["category"], []).append(item)
+        self.by_cat = by_cat
+        self.rng = random.Random(seed)
+        self.caption_dropout = caption_dropout
+
+    def batch(self, size: int) -> tuple[list[str], torch.Tensor]:
+        captions, images = [], []
+        for _ in range(size):
+            item = self.rng.choice(self.by_cat[self.rng.choice(CATEGORIES)])
+            images.append(torch.from_numpy(render(item["metadata"], self.rng.randrange(1 << 30))))
+            captions.append("" if self.rng.random() < self.caption_dropout else item["prompt"])
+        return captions, torch.stack(images)
+
+
+def _trainable_modules(model: SD3Model) -> list[torch.nn.Module]:
+    return [model.transformer, *model.clip_encoders]
+
+
+def save_pipeline(model: SD3Model, template: Path, out: Path) -> None:
+    """Write `model`'s weights into a copy of the pipeline folder `template` (atomic rename)."""
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(template, tmp)
+    model.transformer.save_pretrained(tmp / "transformer", safe_serialization=True)
+    for suffix, enc in zip(("", "_2"), model.clip_encoders):
+        enc.save_pretrained(tmp / f"text_encoder{suffix}", safe_serialization=True)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+
+
+def pretrain_shapes(out_dir: str | Path, *, minutes: float = 60.0, seed: int = 0, batch_size: int = 64,
+                    lr: float = 1e-3, warmup: int = 200, ema_decay: float = 0.999, eval_every_minutes: float = 10.0,
+                    eval_per_category: int = 32, log=print) -> Path:
+    """Train for `minutes` of wall-clock time; evaluate and save the EMA weights periodically.
+    Returns the folder of the final EMA pipeline."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    init = out / "init"
+    if not (init / "model_index.json").is_file():
+        build_tiny_sd3(init, words=vocabulary(), seed=seed, **SHAPES_ARCH)
+    torch.manual_seed(seed)
+    model = SD3Model(init, max_sequence_length=0)
+    ema_model = SD3Model(init, max_sequence_length=0)
+    params = [p for m in _trainable_modules(model) for p in m.parameters()]
+    ema_params = [p for m in _trainable_modules(ema_model) for p in m.parameters()]
+    for p in params:
+        p.requires_grad_(True)
+    for m in _trainable_modules(model):
+        m.train()
+    n_params = {type(m).__name__: sum(p.numel() for p in m.parameters()) for m in _trainable_modules(model)}
+    log(f"parameters: {n_params}")
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
+    stream = ShapesStream(seed)
+    gen = torch.Generator().manual_seed(seed)
+    val_items = evaluation_items("val", per_category=eval_per_category)
+    log_file = (out / "pretrain_log.jsonl").open("a")
+    start = time.time()
+    next_eval = eval_every_minutes
+    step = 0
+    while True:
+        elapsed = (time.time() - start) / 60
+        if elapsed >= next_eval or elapsed >= minutes:
+            for m in _trainable_modules(ema_model):
+                m.eval()
+            ema_model._prompt_cache.clear()
+            result = evaluate_geneval(ema_model, val_items, num_steps=10, guidance_scale=4.0)
+            record = {"minutes": round(elapsed, 1), "step": step, "val_strict": result["strict"],
+                      "val_overall": result["overall"], "val_overall_partial": result["overall_partial"]}
+            log(json.dumps(record))
+            log_file.write(json.dumps(record) + "\n")
+            log_file.flush()
+            save_pipeline(ema_model, init, out / "checkpoints" / f"minute_{int(round(elapsed)):03d}")
+            next_eval += eval_every_minutes
+            if elapsed >= minutes:
+                break
+        captions, images = stream.batch(batch_size)
+        text = model._encode_uncached(captions)  # with grad: the text encoders train too
+        loss = flow_matching_loss(model, images_to_model_space(images), text, gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        step += 1
+        decay = min(ema_decay, (1 + step) / (10 + step))
+        with torch.no_grad():
+            torch._foreach_lerp_(ema_params, params, 1 - decay)
+        if step % 100 == 0:
+            record = {"step": step, "minutes": round((time.time() - start) / 60, 2), "loss": float(loss),
+                      "grad_norm": float(grad_norm)}
+            log_file.write(json.dumps(record) + "\n")
+            log_file.flush()
+            if step % 500 == 0:
+                log(json.dumps(record))
+            if not math.isfinite(float(loss)):
+                raise FloatingPointError(f"pretraining loss became {float(loss)} at step {step}")
+    final = out / "final"
+    save_pipeline(ema_model, init, final)
+    test = evaluate_geneval(ema_model, evaluation_items("test"), num_steps=10, guidance_scale=4.0)
+    log(format_table(test, f"EMA after {minutes:.0f} min (test)"))
+    return final
