@@ -6,7 +6,8 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# PIXELRL_TEST_THREADS lets a developer keep a core free for a background job.
+torch.set_num_threads(int(os.environ.get("PIXELRL_TEST_THREADS", max(1, min(2, os.cpu_count() or 1)))))
 
 
 @pytest.fixture(scope="session")

@@ -80,10 +80,11 @@ def save_pipeline(model: SD3Model, template: Path, out: Path) -> None:
     tmp.rename(out)
 
 
-def pretrain_shapes(out_dir: str | Path, *, minutes: float = 60.0, seed: int = 0, batch_size: int = 64,
-                    lr: float = 1e-3, warmup: int = 200, ema_decay: float = 0.999, eval_every_minutes: float = 10.0,
+def pretrain_shapes(out_dir: str | Path, *, steps: int = 9000, seed: int = 0, batch_size: int = 64,
+                    lr: float = 1e-3, warmup: int = 200, ema_decay: float = 0.999, eval_every: int = 1500,
                     eval_per_category: int = 32, log=print) -> Path:
-    """Train for `minutes` of wall-clock time; evaluate and save the EMA weights periodically.
+    """Train for `steps` optimizer steps (a step budget, so a seed reproduces the run);
+    evaluate on the validation items and save the EMA weights every `eval_every` steps.
     Returns the folder of the final EMA pipeline."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -108,11 +109,10 @@ def pretrain_shapes(out_dir: str | Path, *, minutes: float = 60.0, seed: int = 0
     val_items = evaluation_items("val", per_category=eval_per_category)
     log_file = (out / "pretrain_log.jsonl").open("a")
     start = time.time()
-    next_eval = eval_every_minutes
     step = 0
     while True:
         elapsed = (time.time() - start) / 60
-        if elapsed >= next_eval or elapsed >= minutes:
+        if step % eval_every == 0 and step > 0 or step == steps:
             for m in _trainable_modules(ema_model):
                 m.eval()
             ema_model._prompt_cache.clear()
@@ -122,9 +122,8 @@ def pretrain_shapes(out_dir: str | Path, *, minutes: float = 60.0, seed: int = 0
             log(json.dumps(record))
             log_file.write(json.dumps(record) + "\n")
             log_file.flush()
-            save_pipeline(ema_model, init, out / "checkpoints" / f"minute_{int(round(elapsed)):03d}")
-            next_eval += eval_every_minutes
-            if elapsed >= minutes:
+            save_pipeline(ema_model, init, out / "checkpoints" / f"step_{step:06d}")
+            if step >= steps:
                 break
         captions, images = stream.batch(batch_size)
         text = model._encode_uncached(captions)  # with grad: the text encoders train too
@@ -139,7 +138,7 @@ def pretrain_shapes(out_dir: str | Path, *, minutes: float = 60.0, seed: int = 0
         with torch.no_grad():
             torch._foreach_lerp_(ema_params, params, 1 - decay)
         if step % 100 == 0:
-            record = {"step": step, "minutes": round((time.time() - start) / 60, 2), "loss": float(loss),
+            record = {"step": step, "minutes": round((time.time() - start) / 60, 2), "loss": float(loss.detach()),
                       "grad_norm": float(grad_norm)}
             log_file.write(json.dumps(record) + "\n")
             log_file.flush()
@@ -150,5 +149,5 @@ def pretrain_shapes(out_dir: str | Path, *, minutes: float = 60.0, seed: int = 0
     final = out / "final"
     save_pipeline(ema_model, init, final)
     test = evaluate_geneval(ema_model, evaluation_items("test"), num_steps=10, guidance_scale=4.0)
-    log(format_table(test, f"EMA after {minutes:.0f} min (test)"))
+    log(format_table(test, f"EMA after {steps} steps (test)"))
     return final

@@ -24,32 +24,50 @@ _DEFAULT_WORDS = (
 ).split()
 
 
-def build_clip_tokenizer(words: Iterable[str] = _DEFAULT_WORDS, *, max_length: int = 32, vocab_size: int = 1000):
-    """A CLIP-style tokenizer (byte-level BPE with `</w>` word ends) trained on `words`."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+def _train_bpe(words: list[str]) -> list[tuple[str, str]]:
+    """Deterministic BPE merges that make every word in `words` a single token.
+
+    Classic BPE training (most frequent adjacent pair first; ties broken by the pair's text),
+    so BPE inference replays exactly these merges on a training word. Written out because the
+    `tokenizers` trainer breaks ties in a run-dependent order, which would make token ids (and
+    so every tiny model built from them) differ between runs.
+    """
+    from collections import Counter
+
+    segments = {w: tuple(w[:-1]) + (w[-1] + "</w>",) for w in dict.fromkeys(words) if w}
+    merges: list[tuple[str, str]] = []
+    while True:
+        pairs = Counter(p for seg in segments.values() for p in zip(seg, seg[1:]))
+        if not pairs:
+            return merges
+        best = max(pairs.items(), key=lambda kv: (kv[1], tuple(-ord(c) for c in kv[0][0] + " " + kv[0][1])))[0]
+        merges.append(best)
+        for word, seg in segments.items():
+            merged, i = [], 0
+            while i < len(seg):
+                if i + 1 < len(seg) and (seg[i], seg[i + 1]) == best:
+                    merged.append(seg[i] + seg[i + 1])
+                    i += 2
+                else:
+                    merged.append(seg[i])
+                    i += 1
+            segments[word] = tuple(merged)
+
+
+def build_clip_tokenizer(words: Iterable[str] = _DEFAULT_WORDS, *, max_length: int = 32):
+    """A CLIP-style tokenizer (byte-level BPE with `</w>` word ends) in which every word of
+    `words` (lowercase ASCII) is one token; other text falls back to characters."""
+    from tokenizers import pre_tokenizers
     from transformers import CLIPTokenizer
 
-    words = list(words)
-    bpe = Tokenizer(models.BPE(unk_token=EOS, end_of_word_suffix="</w>"))
-    # Same word splitting as CLIPTokenizer (whitespace removed before the byte-level map), so the
-    # learned merges build whole words.
-    bpe.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.ByteLevel(add_prefix_space=False)]
-    )
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=[BOS, EOS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        end_of_word_suffix="</w>",
-        show_progress=False,
-    )
-    bpe.train_from_iterator([" ".join(words)] * 4, trainer=trainer)
-    vocab = bpe.get_vocab()
-    # Single characters at the end of a word are `c</w>`: make sure every one exists.
-    for ch in pre_tokenizers.ByteLevel.alphabet():
+    words = sorted({w.lower() for w in words})
+    vocab: dict[str, int] = {BOS: 0, EOS: 1}
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab.setdefault(ch, len(vocab))
         vocab.setdefault(ch + "</w>", len(vocab))
-    state = json.loads(bpe.to_str())
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in state["model"]["merges"]]
+    merges = _train_bpe(words)
+    for left, right in merges:
+        vocab.setdefault(left + right, len(vocab))
     return CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=max_length)
 
 

@@ -1,10 +1,11 @@
 """`shapes_geneval`: a GenEval-style detector for the procedural shapes world.
 
 The world: 1 to 4 flat shapes (circle, square, triangle) in 6 saturated colours on black.
-The detector segments pixels by colour (hue of bright pixels), takes connected components per
-colour, classifies each component's shape by how much of its bounding box it fills (square
-1.0, circle pi/4, triangle 1/2), and checks the prompt's requirements: counts, colours and
-relative positions.
+The detector segments pixels by colour (hue of bright, saturated pixels), takes connected
+components per colour, and classifies each component by its soft IoU with the ideal circle,
+square and triangle filling the same box; a component that matches none (IoU < 0.6) is an
+`unknown` blob. It then checks the prompt's requirements: counts, colours and relative
+positions.
 
 Prompt metadata (what the prompt asks for), JSON-friendly:
     {"category": "position",
@@ -41,6 +42,7 @@ _PALETTE_HUES = {name: colorsys.rgb_to_hsv(*(c / 255 for c in rgb))[0] for name,
 FOREGROUND_VALUE = 0.25  # a pixel is part of an object when its brightest channel exceeds this
 MIN_SATURATION = 0.35
 MIN_AREA = 6  # components smaller than this (in pixels at 32 px) are specks, not objects
+MIN_SHAPE_IOU = 0.6  # below this a component is an `unknown` blob, not a shape
 POSITION_MARGIN = 0.06  # fraction of the image width a centroid must clear to count as left/right/above/below
 
 
@@ -52,6 +54,7 @@ class Detection:
     cx: float  # centroid, in pixels
     cy: float
     fill: float  # covered area / soft bounding-box area
+    iou: float  # soft IoU with the best-matching ideal shape
 
 
 def _hue_distance(a: float, b: float) -> float:
@@ -75,20 +78,37 @@ def colour_map(image: np.ndarray) -> np.ndarray:
     return np.where(foreground, nearest, -1)
 
 
-def classify_shape(fill: float, drop: float) -> str:
-    """Shape from two scale-free features of the soft (anti-aliased) mask.
+def ideal_coverage(shape: str, left: float, top: float, side_w: float, side_h: float, size: int) -> np.ndarray:
+    """Anti-aliased coverage [size, size] of an ideal shape filling the box (the renderer's
+    shapes: a disc, a square, an upward isosceles triangle)."""
+    ss = 4
+    ys, xs = np.mgrid[0:size * ss, 0:size * ss]
+    u = ((xs + 0.5) / ss - left) / side_w  # box coordinates in [0, 1]
+    v = ((ys + 0.5) / ss - top) / side_h
+    if shape == "circle":
+        inside = (u - 0.5) ** 2 + (v - 0.5) ** 2 <= 0.25
+    elif shape == "square":
+        inside = (u >= 0) & (u <= 1) & (v >= 0) & (v <= 1)
+    else:
+        inside = (v >= 0) & (v <= 1) & (np.abs(u - 0.5) <= v / 2)
+    return inside.reshape(size, ss, size, ss).mean(axis=(1, 3))
 
-    `fill`: covered area / (soft width x soft height): square 1, circle pi/4, triangle 1/2.
-    `drop`: how far the centroid sits below the box centre, in box heights: an upward
-    triangle puts 2/3 of its mass in the lower half (1/6), circles and squares 0.
+
+def classify_shape(coverage: np.ndarray, left: float, top: float, width: float, height: float) -> tuple[str, float]:
+    """Best-matching ideal shape and its soft IoU with the component's coverage.
+
+    A component that matches no shape well (a blob, two merged objects, a smear) is `unknown`:
+    it is an object, but of no requested shape.
     """
-    # Thresholds sit midway between the measured ranges on renders (circle fill 0.75-0.85,
-    # square 0.99-1.0, triangle 0.54-0.64).
-    if fill < 0.69 or drop > 0.09:
-        return "triangle"
-    if fill >= 0.92:
-        return "square"
-    return "circle"
+    best, best_iou = "unknown", 0.0
+    for shape in SHAPES:
+        ideal = ideal_coverage(shape, left, top, width, height, coverage.shape[0])
+        iou = float(np.minimum(coverage, ideal).sum() / max(np.maximum(coverage, ideal).sum(), 1e-6))
+        if iou > best_iou:
+            best, best_iou = shape, iou
+    if best_iou < MIN_SHAPE_IOU:
+        return "unknown", best_iou
+    return best, best_iou
 
 
 def detect(image: np.ndarray, min_area: int | None = None) -> list[Detection]:
@@ -115,15 +135,17 @@ def detect(image: np.ndarray, min_area: int | None = None) -> list[Detection]:
             solid = np.percentile(value[member], 90)
             coverage = np.where(member, np.clip(value / max(solid, 1e-6), 0, 1), 0.0)
             area = float(coverage.sum())
-            width = float(coverage.max(axis=0).sum())
-            height = float(coverage.max(axis=1).sum())
-            cx = float((coverage.sum(axis=0) * np.arange(size)).sum() / area)
-            cy = float((coverage.sum(axis=1) * np.arange(size)).sum() / area)
-            fill = area / max(width * height, 1e-6)
-            top = ys.min() - 0.5 + (1 - coverage[ys.min()].max())  # sub-pixel top edge
-            bottom = ys.max() + 0.5 - (1 - coverage[ys.max()].max())
-            drop = (cy - (top + bottom) / 2) / max(bottom - top, 1e-6)
-            found.append(Detection(classify_shape(fill, drop), colour, len(xs), cx, cy, fill))
+            # Sub-pixel box: the outermost rows/columns count by how much of them is covered.
+            col, row = coverage.max(axis=0), coverage.max(axis=1)
+            left = xs.min() + (1 - col[xs.min()])
+            right = xs.max() + col[xs.max()]
+            top = ys.min() + (1 - row[ys.min()])
+            bottom = ys.max() + row[ys.max()]
+            width, height = max(right - left, 1e-3), max(bottom - top, 1e-3)
+            cx = float((coverage.sum(axis=0) * (np.arange(size) + 0.5)).sum() / area)
+            cy = float((coverage.sum(axis=1) * (np.arange(size) + 0.5)).sum() / area)
+            shape, iou = classify_shape(coverage, left, top, width, height)
+            found.append(Detection(shape, colour, len(xs), cx, cy, area / (width * height), iou))
     return found
 
 
