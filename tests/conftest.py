@@ -56,3 +56,30 @@ def make_engine():
         return PolicyEngine(model, cfg), cfg
 
     return build
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray cluster for the tests that need it (started lazily, stopped at the end)."""
+    import ray
+
+    ray.init(num_cpus=max(2, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False,
+             ignore_reinit_error=True)
+    yield
+    ray.shutdown()
+
+
+def train_cli(tmp_path, model_path, *overrides, config="flow_grpo_tiny"):
+    """Run `pixelrl train` in-process; returns (exit code, run folder)."""
+    from pixelrl.cli import main
+
+    args = ["train", "--config-name", config, f"model.path={model_path}", f"trainer.default_local_dir={tmp_path}",
+            "trainer.num_cpus_per_worker=1", *overrides]
+    code = main(args)
+    return code, tmp_path / "pixelrl" / "flow_grpo_tiny"
+
+
+def read_metrics(run_dir):
+    import json
+
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -1,7 +1,9 @@
 """`pixelrl` command line.
 
-    pixelrl demo         a short Flow-GRPO run on a tiny model with the JPEG reward
-    pixelrl build-tiny   write a tiny random SD3 pipeline folder (offline)
+    pixelrl train [--config-name NAME] [key=value ...]   train (Ray, or trainer.backend=local)
+    pixelrl export CHECKPOINT OUT [--adapter-only]      a diffusers pipeline (or adapter) folder
+    pixelrl demo                                        a short Flow-GRPO run on a tiny model
+    pixelrl build-tiny PATH                             write a tiny random SD3 pipeline folder
 """
 
 from __future__ import annotations
@@ -65,6 +67,35 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def cmd_train(args) -> int:
+    from pixelrl.core.config_loading import load_config
+    from pixelrl.trainers.policy_gradient import PolicyGradientTrainer
+
+    cfg = load_config(args.config_name, args.overrides)
+    result = PolicyGradientTrainer(cfg).fit()
+    history = result["history"]
+    if history:
+        first, last = history[0], history[-1]
+        print(f"done: {len(history)} steps, reward {first['critic/rewards/mean']:.4f} -> "
+              f"{last['critic/rewards/mean']:.4f}; run folder {result['run_dir']}")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from pixelrl.core.config_loading import from_yaml_text
+    from pixelrl.models.export import export_checkpoint
+
+    ckpt = Path(args.checkpoint)
+    if not (ckpt / "config.yaml").is_file():
+        from pixelrl.core.errors import ConfigError
+
+        raise ConfigError("checkpoint", str(ckpt), "give a global_step_N checkpoint folder (it holds config.yaml)")
+    cfg = from_yaml_text((ckpt / "config.yaml").read_text())
+    out = export_checkpoint(ckpt / "actor", args.base_model or cfg.model.path, args.out, adapter_only=args.adapter_only)
+    print(f"exported {'adapter' if args.adapter_only else 'pipeline'} to {out}")
+    return 0
+
+
 def cmd_build_tiny(args) -> int:
     from pixelrl.models import build_tiny_sd3
 
@@ -77,6 +108,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pixelrl", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="train with a config and dotted overrides")
+    train.add_argument("--config-name", default=None, help="a config in configs/ or a YAML path")
+    train.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rollout.n=8")
+    train.set_defaults(func=cmd_train)
+    export = sub.add_parser("export", help="export a checkpoint for diffusers")
+    export.add_argument("checkpoint", help="a <run>/checkpoints/global_step_N folder")
+    export.add_argument("out")
+    export.add_argument("--adapter-only", action="store_true", help="write only the LoRA adapter")
+    export.add_argument("--base-model", default=None, help="base pipeline folder (default: the run's model.path)")
+    export.set_defaults(func=cmd_export)
     demo = sub.add_parser("demo", help="short Flow-GRPO run on a tiny model with the JPEG reward")
     demo.add_argument("--steps", type=int, default=20)
     demo.add_argument("--seed", type=int, default=0)
@@ -97,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     except PixelRLError as err:
         print(f"pixelrl: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("pixelrl: interrupted; the last complete checkpoint is intact", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

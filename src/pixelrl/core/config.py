@@ -86,18 +86,54 @@ class EngineConfig:
 class RewardConfig:
     # Each entry: {name: <registered reward>, weight: float, options: {...}}.
     functions: list[dict] = field(default_factory=lambda: [{"name": "jpeg_compressibility", "weight": 1.0}])
+    placement: str = "colocated"  # colocated (shares the actor's resources) | pool (its own resources)
+    num_workers: int = 1
+    num_cpus: float = 1.0  # per reward worker when placement = pool
 
 
 @dataclass
 class DataConfig:
+    train_files: list[str] = field(default_factory=list)  # jsonl / parquet / txt
+    val_files: list[str] = field(default_factory=list)
+    prompts: list[str] = field(default_factory=list)  # inline prompts, used when no train file is given
+    prompt_key: str = "prompt"
     train_batch_size: int = 8  # prompts per step (each repeated rollout.n times)
-    prompts: list[str] = field(default_factory=list)  # inline prompts (used when no file is given)
+    val_batch_size: int = 0  # 0 = the whole validation set in one batch
+    shuffle: bool = True
+    seed: int = 1
+
+
+@dataclass
+class ValKwargs:
+    n: int = 1  # images per validation prompt
+    num_steps: int = 10
+    noise_level: float = 0.0  # 0 = deterministic ODE sampling
+    guidance_scale: float | None = None  # None = rollout.guidance_scale
 
 
 @dataclass
 class TrainerConfig:
-    total_training_steps: int = 10
-    run_dir: str = "runs/default"
+    project_name: str = "pixelrl"
+    experiment_name: str = "default"
+    default_local_dir: str = "runs"  # the run folder is <default_local_dir>/<project>/<experiment>
+    total_epochs: int = 1
+    total_training_steps: int = 0  # 0 = len(train loader) x total_epochs
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])  # + tensorboard, wandb
+    save_freq: int = 0  # 0 = only at the last step; -1 = never
+    test_freq: int = 0  # 0 = only at the last step; -1 = never
+    val_before_train: bool = False
+    resume_mode: str = "auto"  # auto | disable | <path to a global_step_N folder>
+    max_ckpt_to_keep: int = 0  # 0 = keep all
+    rollout_data_dir: str = ""  # dump each step's rollouts (JSONL + images) here when set
+    validation_data_dir: str = ""  # dump validation generations here when set ("" = <run>/validation)
+    log_image_grid_every: int = 0  # write a sample grid every N steps (0 = at validation only)
+    backend: str = "ray"  # ray | local (one in-process worker, no Ray: for debugging)
+    n_workers: int = 1  # actor workers (one per GPU; on CPU each takes num_cpus_per_worker cores)
+    nnodes: int = 1
+    num_cpus_per_worker: int = 1
+    strategy: str = "ddp"  # ddp | fsdp2
+    ray_address: str = ""  # "" = $RAY_ADDRESS or a local cluster; "auto" joins a running one
+    ray_init_timeout_s: float = 120.0
 
 
 @dataclass
@@ -106,3 +142,4 @@ class PixelRLConfig(EngineConfig):
     reward: RewardConfig = field(default_factory=RewardConfig)
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    val_kwargs: ValKwargs = field(default_factory=ValKwargs)

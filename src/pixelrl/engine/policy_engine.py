@@ -54,17 +54,9 @@ class PolicyEngine:
                 self._frozen_reference = copy.deepcopy(model.transformer).requires_grad_(False).eval()
         if mcfg.gradient_checkpointing:
             model.transformer.enable_gradient_checkpointing()
-        params = model.trainable_parameters()
-        if not params:
+        if not model.trainable_parameters():
             raise ConfigError("model.lora_target_modules", mcfg.lora_target_modules, "no parameter is trainable")
-        acfg = cfg.actor
-        self.optimizer = torch.optim.AdamW(
-            params, lr=acfg.lr, betas=tuple(acfg.betas), weight_decay=acfg.weight_decay, eps=acfg.adam_eps
-        )
-        warmup = max(int(acfg.warmup_steps), 0)
-        self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
-        )
+        self.rebuild_optimizer()
         # Counts optimizer steps; a batch remembers the version that sampled it, so the engine
         # knows when the current weights ARE the rollout policy.
         self.policy_version = 0
@@ -73,6 +65,21 @@ class PolicyEngine:
         # Hook for distributed data parallelism: called with the trainable parameters after
         # the backward passes of a mini-batch, before clipping (gloo/NCCL all-reduce).
         self.grad_sync = None
+        # Ranks sharing each optimizer step; `actor.ppo_mini_batch_size` counts images over all.
+        self.data_parallel_size = 1
+
+    def rebuild_optimizer(self) -> None:
+        """(Re)create AdamW and its schedule over the current trainable parameters (again after
+        FSDP2 turns them into sharded DTensors)."""
+        acfg = self.cfg.actor
+        self.optimizer = torch.optim.AdamW(
+            self.model.trainable_parameters(), lr=acfg.lr, betas=tuple(acfg.betas),
+            weight_decay=acfg.weight_decay, eps=acfg.adam_eps,
+        )
+        warmup = max(int(acfg.warmup_steps), 0)
+        self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
+        )
 
     # ------------------------------------------------------------------ rollout
     @property
@@ -183,6 +190,18 @@ class PolicyEngine:
         if self.kl is not None:
             require_keys("loss `kl` (diffusion_loss.kl_coef > 0)", self.kl.batch_keys, batch.keys())
 
+    def trainable_names(self) -> list[str]:
+        return [n for n, p in self.model.transformer.named_parameters() if p.requires_grad]
+
+    def counters(self) -> dict:
+        return {"policy_version": self.policy_version, "update_calls": self.update_calls,
+                "nonfinite_in_a_row": self.nonfinite_in_a_row}
+
+    def set_counters(self, state: dict) -> None:
+        self.policy_version = int(state["policy_version"])
+        self.update_calls = int(state["update_calls"])
+        self.nonfinite_in_a_row = int(state["nonfinite_in_a_row"])
+
     def update(self, batch: Batch) -> dict[str, float]:
         """PPO-style update: inner epochs x mini-batches; each mini-batch accumulates gradients
         over its micro-batches and every trained window step, then clips and steps AdamW.
@@ -200,7 +219,7 @@ class PolicyEngine:
         rollout_version = batch.info.get("policy_version", -1)
         old_key = "old_log_probs" if "old_log_probs" in batch else "log_probs"
         num_samples = len(batch)
-        mini_size = acfg.ppo_mini_batch_size or num_samples
+        mini_size = (acfg.ppo_mini_batch_size // self.data_parallel_size) or num_samples
         micro_size = max(1, acfg.ppo_micro_batch_size)
         num_steps = batch["sigmas"].shape[1]
         gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self.update_calls)
@@ -268,6 +287,8 @@ class PolicyEngine:
         if self.grad_sync is not None:
             self.grad_sync(params)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.actor.max_grad_norm)
+        if hasattr(grad_norm, "full_tensor"):  # FSDP2: the norm is a DTensor over the shards
+            grad_norm = grad_norm.full_tensor()
         if not (math.isfinite(loss_total) and torch.isfinite(grad_norm)):
             # Skip the step rather than poison the weights; too many in a row stops the run.
             self.optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,76 @@
+"""Throughput of the Ray runtime with 1 and 2 actor workers, same per-worker batch.
+
+Runs `pixelrl train` on a tiny SD3 model (built offline) for a few steps per setting and
+reads the per-step metrics the trainer logs; the first step (warm-up) is excluded.
+
+    python benchmarks/bench_workers.py                    # ddp, 1 and 2 workers
+    python benchmarks/bench_workers.py --strategies ddp fsdp2 --steps 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+
+def run(model: Path, out: Path, workers: int, strategy: str, steps: int, prompts_per_worker: int, n: int,
+        threads: int) -> dict:
+    from pixelrl.cli import main
+
+    exp = f"w{workers}_{strategy}"
+    code = main(["train", "--config-name", "flow_grpo_tiny", f"model.path={model}", f"trainer.default_local_dir={out}",
+                 f"trainer.experiment_name={exp}", f"trainer.n_workers={workers}", f"trainer.strategy={strategy}",
+                 f"trainer.num_cpus_per_worker={threads}", f"trainer.total_training_steps={steps}",
+                 f"data.train_batch_size={prompts_per_worker * workers}", f"rollout.n={n}", "rollout.num_steps=10",
+                 "trainer.save_freq=-1", "trainer.logger=[jsonl]"])
+    assert code == 0
+    rows = [json.loads(line) for line in (out / "pixelrl" / exp / "metrics.jsonl").read_text().splitlines()][1:]
+    images = prompts_per_worker * workers * n
+    step_s = float(np.mean([r["timing_s/step"] for r in rows]))
+    return {
+        "workers": workers, "strategy": strategy, "images_per_step": images,
+        "step_s": step_s, "img_s": images / step_s, "img_s_per_worker": images / step_s / workers,
+        **{f"{p}_s": float(np.mean([r[f"timing_s/{p}"] for r in rows])) for p in ("gen", "reward", "update_actor")},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--strategies", nargs="+", default=["ddp"])
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--prompts-per-worker", type=int, default=2)
+    parser.add_argument("--n", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=1, help="CPU cores (torch threads) per worker")
+    args = parser.parse_args()
+    import ray
+
+    from pixelrl.core.quiet import quiet_libraries
+    from pixelrl.models import build_tiny_sd3
+
+    quiet_libraries()
+    ray.init(include_dashboard=False, log_to_driver=False)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            model = build_tiny_sd3(Path(tmp) / "tiny", resolution=32, with_vae=False)
+            print(f"# tiny SD3 (pixel space, 32 px, LoRA r8), 10 sampling steps, full window, "
+                  f"{args.prompts_per_worker} prompts x {args.n} images per worker, {args.threads} core(s) per worker, "
+                  f"{args.steps - 1} timed steps after 1 warm-up")
+            print("| workers | strategy | images/step | s/step | images/s | images/s per worker | gen s | reward s | update s |")
+            print("|---|---|---|---|---|---|---|---|---|")
+            for strategy in args.strategies:
+                for workers in (1, 2):
+                    r = run(model, Path(tmp) / "runs", workers, strategy, args.steps, args.prompts_per_worker,
+                            args.n, args.threads)
+                    print(f"| {workers} | {strategy} | {r['images_per_step']} | {r['step_s']:.2f} | {r['img_s']:.1f} "
+                          f"| {r['img_s_per_worker']:.1f} | {r['gen_s']:.2f} | {r['reward_s']:.3f} "
+                          f"| {r['update_actor_s']:.2f} |", flush=True)
+    finally:
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""Load, merge and validate a run configuration.
+
+Dataclasses (`pixelrl.core.config`) are the schema; a YAML file from `configs/` sets values;
+command-line overrides use OmegaConf dotted syntax (`rollout.n=8`). Unknown keys, wrong types
+and impossible combinations stop start-up with one `ConfigError` naming the field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pixelrl.core.config import PixelRLConfig
+from pixelrl.core.errors import ConfigError
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+
+
+def config_path(name: str) -> Path:
+    """`name` is a config in pixelrl's configs folder (with or without .yaml) or a YAML path."""
+    candidate = Path(name)
+    if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
+        return candidate
+    bundled = CONFIG_DIR / (name if name.endswith(".yaml") else f"{name}.yaml")
+    if bundled.is_file():
+        return bundled
+    known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+    raise ConfigError("--config-name", name, f"no such config; use a YAML path or one of {known}")
+
+
+def _load_yaml_chain(path: Path, seen: tuple = ()):
+    """A YAML file, merged over the configs it lists under `defaults` (each relative to it)."""
+    from omegaconf import OmegaConf
+
+    if path in seen:
+        raise ConfigError("defaults", str(path), "configs include each other in a loop")
+    node = OmegaConf.load(path)
+    parents = node.pop("defaults", []) if "defaults" in node else []
+    merged = OmegaConf.create()
+    for parent in parents:
+        merged = OmegaConf.merge(merged, _load_yaml_chain(config_path(str(path.parent / f"{parent}.yaml")), seen + (path,)))
+    return OmegaConf.merge(merged, node)
+
+
+def load_config(config_name: str | None = None, overrides: list[str] | tuple = ()) -> PixelRLConfig:
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    schema = OmegaConf.structured(PixelRLConfig)
+    layers = [schema]
+    if config_name:
+        layers.append(_load_yaml_chain(config_path(config_name)))
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(item, None, "overrides are written key=value, e.g. rollout.n=8")
+    layers.append(OmegaConf.from_dotlist(list(overrides)))
+    try:
+        merged = OmegaConf.merge(*layers)
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        field = getattr(err, "full_key", None) or "?"
+        first_line = str(err).splitlines()[0]
+        if "not in" in first_line:
+            parent = field.rsplit(".", 1)[0] if "." in field else ""
+            node = OmegaConf.select(schema, parent) if parent else schema
+            known = sorted(node.keys()) if hasattr(node, "keys") else []
+            raise ConfigError(field, None, f"unknown key; known keys here: {known}") from None
+        raise ConfigError(field, getattr(err, "value", None), first_line) from None
+    validate(cfg)
+    return cfg
+
+
+def to_yaml(cfg: PixelRLConfig) -> str:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def from_yaml_text(text: str) -> PixelRLConfig:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PixelRLConfig), OmegaConf.create(text)))
+
+
+def _choice(field: str, value, options) -> None:
+    if value not in options:
+        raise ConfigError(field, value, f"choose one of {list(options)}")
+
+
+def _positive(field: str, value, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(field, value, "must be " + ("non-negative" if allow_zero else "positive"))
+
+
+def validate(cfg: PixelRLConfig) -> None:
+    """Cross-field checks: each error names the field to change and how."""
+    from pixelrl.algos.advantages import ADVANTAGE_ESTIMATORS
+    from pixelrl.algos.losses import KL_TYPES, LOSSES
+    from pixelrl.rewards.registry import REWARDS
+    from pixelrl.sampling.sde import SDE_TYPES
+    from pixelrl.sampling.windows import check_window_args
+
+    import pixelrl.rewards  # noqa: F401  (registers the built-in rewards)
+
+    r, a, t, d = cfg.rollout, cfg.actor, cfg.trainer, cfg.data
+    _choice("rollout.sde_type", r.sde_type, [s for s in SDE_TYPES if s != "ode"])
+    _choice("diffusion_loss.name", cfg.diffusion_loss.name, LOSSES.names())
+    _choice("diffusion_loss.kl_type", cfg.diffusion_loss.kl_type, KL_TYPES)
+    _choice("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADVANTAGE_ESTIMATORS.names())
+    _choice("algorithm.rollout_correction", cfg.algorithm.rollout_correction, ("bypass", "decoupled"))
+    _choice("trainer.strategy", t.strategy, ("ddp", "fsdp2"))
+    _choice("trainer.backend", t.backend, ("ray", "local"))
+    _choice("reward.placement", cfg.reward.placement, ("colocated", "pool"))
+    for field, value in (("rollout.n", r.n), ("rollout.num_steps", r.num_steps), ("rollout.resolution", r.resolution),
+                         ("data.train_batch_size", d.train_batch_size), ("actor.ppo_epochs", a.ppo_epochs),
+                         ("actor.ppo_micro_batch_size", a.ppo_micro_batch_size), ("trainer.n_workers", t.n_workers),
+                         ("actor.lr", a.lr), ("rollout.micro_batch_size", r.micro_batch_size),
+                         ("reward.num_workers", cfg.reward.num_workers)):
+        _positive(field, value)
+    _positive("rollout.noise_level", r.noise_level, allow_zero=True)
+    _positive("diffusion_loss.kl_coef", cfg.diffusion_loss.kl_coef, allow_zero=True)
+    if r.sde_window_size:
+        check_window_args(r.num_steps, r.sde_window_size, r.sde_window_range)
+    estimator = ADVANTAGE_ESTIMATORS.get(cfg.algorithm.adv_estimator)
+    if getattr(estimator, "needs_groups", False) and r.n < 2:
+        raise ConfigError("rollout.n", r.n, f"`{cfg.algorithm.adv_estimator}` normalises within groups of images of "
+                          "one prompt: use rollout.n >= 2 (the paper uses 24 for SD3.5)")
+    samples = d.train_batch_size * r.n
+    if samples % t.n_workers:
+        raise ConfigError("data.train_batch_size", d.train_batch_size,
+                          f"train_batch_size x rollout.n = {samples} images must divide evenly across "
+                          f"trainer.n_workers = {t.n_workers}")
+    mini = a.ppo_mini_batch_size or samples
+    if mini > samples or samples % mini or mini % t.n_workers:
+        raise ConfigError("actor.ppo_mini_batch_size", a.ppo_mini_batch_size,
+                          f"must divide the {samples} images of a step and be a multiple of trainer.n_workers "
+                          f"({t.n_workers}); 0 means the whole batch")
+    if t.strategy == "fsdp2" and (mini // t.n_workers) % min(a.ppo_micro_batch_size, mini // t.n_workers):
+        raise ConfigError("actor.ppo_micro_batch_size", a.ppo_micro_batch_size,
+                          "with fsdp2 every worker must run the same number of forwards: make the per-worker "
+                          f"mini-batch ({mini // t.n_workers}) a multiple of the micro-batch")
+    if not cfg.model.path:
+        raise ConfigError("model.path", cfg.model.path, "set it to a local diffusers pipeline folder")
+    if not d.train_files and not d.prompts:
+        raise ConfigError("data.train_files", d.train_files, "give a jsonl / parquet / txt prompt file (or data.prompts)")
+    if not cfg.reward.functions:
+        raise ConfigError("reward.functions", cfg.reward.functions, "list at least one reward")
+    for i, spec in enumerate(cfg.reward.functions):
+        if "name" not in spec:
+            raise ConfigError(f"reward.functions[{i}]", dict(spec), "each reward needs a `name`")
+        unknown = set(spec) - {"name", "weight", "options"}
+        if unknown:
+            raise ConfigError(f"reward.functions[{i}]", dict(spec), f"unknown keys {sorted(unknown)}; use name, weight, options")
+        _choice(f"reward.functions[{i}].name", spec["name"], REWARDS.names())
+    for logger in t.logger:
+        _choice("trainer.logger", logger, ("console", "jsonl", "tensorboard", "wandb"))
+    if t.resume_mode not in ("auto", "disable") and not Path(t.resume_mode).is_dir():
+        raise ConfigError("trainer.resume_mode", t.resume_mode,
+                          "use auto, disable, or the path of an existing global_step_N checkpoint folder")

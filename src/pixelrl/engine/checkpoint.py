@@ -1,0 +1,93 @@
+"""Saving and restoring one engine: trainable weights, optimizer, scheduler, counters.
+
+Layout of an engine folder (written by rank 0; every rank takes part in gathering):
+    trainable.safetensors      exact trainable tensors, by parameter name (for resume)
+    adapter/pytorch_lora_weights.safetensors   LoRA in the diffusers layout (`load_lora_weights`)
+    optimizer.pt               full optimizer state (loaded with weights_only=True)
+    engine_state.json          lr scheduler state and counters
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+
+from pixelrl.core.errors import PixelRLError
+from pixelrl.engine.distributed import full_trainable_state, load_trainable_state
+
+
+class CheckpointError(PixelRLError, ValueError):
+    pass
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _optimizer_state(engine) -> dict:
+    if _distributed():
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        return get_optimizer_state_dict(engine.model.transformer, engine.optimizer,
+                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return engine.optimizer.state_dict()
+
+
+def _set_optimizer_state(engine, state: dict) -> None:
+    if _distributed():
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(engine.model.transformer, engine.optimizer, state,
+                                 options=StateDictOptions(full_state_dict=True))
+    else:
+        engine.optimizer.load_state_dict(state)
+
+
+def peft_key(name: str, adapter_name: str = "default") -> str:
+    """`blocks.0.attn.to_q.lora_A.default.weight` -> `blocks.0.attn.to_q.lora_A.weight` (peft layout)."""
+    return name.replace(f".{adapter_name}.", ".")
+
+
+def save_engine(engine, folder: str | Path, *, write: bool = True) -> None:
+    """Gather on every rank; write the files where `write` is true (rank 0)."""
+    folder = Path(folder)
+    names = engine.trainable_names()
+    weights = full_trainable_state(engine.model.transformer, names)
+    optimizer = _optimizer_state(engine)
+    if not write:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "trainable.safetensors"))
+    if engine.use_lora:
+        from diffusers import StableDiffusion3Pipeline
+
+        lora = {peft_key(k): v for k, v in weights.items()}
+        StableDiffusion3Pipeline.save_lora_weights(folder / "adapter", transformer_lora_layers=lora,
+                                                   safe_serialization=True)
+    torch.save(optimizer, folder / "optimizer.pt")
+    state = {"lr_scheduler": engine.lr_scheduler.state_dict(), "counters": engine.counters(),
+             "use_lora": engine.use_lora, "trainable_names": names}
+    (folder / "engine_state.json").write_text(json.dumps(state, indent=1))
+
+
+def load_engine(engine, folder: str | Path) -> None:
+    folder = Path(folder)
+    needed = ["trainable.safetensors", "optimizer.pt", "engine_state.json"]
+    missing = [n for n in needed if not (folder / n).is_file()]
+    if missing:
+        raise CheckpointError(f"checkpoint `{folder}` is incomplete (missing {missing}): resume from another "
+                              f"global_step_N folder or set trainer.resume_mode=disable")
+    state = json.loads((folder / "engine_state.json").read_text())
+    names = engine.trainable_names()
+    if state["trainable_names"] != names:
+        raise CheckpointError(f"checkpoint `{folder}` holds different trainable parameters than this model "
+                              f"({len(state['trainable_names'])} vs {len(names)}): check model.lora_rank / "
+                              f"lora_target_modules against the run that wrote it")
+    load_trainable_state(engine.model.transformer, load_file(str(folder / "trainable.safetensors")))
+    _set_optimizer_state(engine, torch.load(folder / "optimizer.pt", weights_only=True, map_location="cpu"))
+    engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
+    engine.set_counters(state["counters"])

@@ -1,0 +1,224 @@
+"""The policy-gradient controller (Flow-GRPO and family), on Ray or in one process.
+
+The controller only orchestrates: it takes prompts from the loader, runs the shared
+`policy_gradient_step` against the actor worker group and the reward group, and handles
+checkpoints, validation, dumps and tracking. Workers compute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from pixelrl.core.config import PixelRLConfig
+from pixelrl.core.config_loading import to_yaml
+from pixelrl.data.prompts import PromptDataset, make_loader
+from pixelrl.sampling.rollout import SamplingSettings
+from pixelrl.sampling.windows import Window, full_window
+from pixelrl.trainers.checkpointing import find_resume_folder, load_trainer_state, save_checkpoint
+from pixelrl.trainers.step import policy_gradient_step
+from pixelrl.trainers.tracking import Tracker, image_grid
+
+VAL_SEED_BASE = 1_000_000_007  # validation images use fixed seeds, so every validation is comparable
+
+
+def run_dir_of(cfg: PixelRLConfig) -> Path:
+    t = cfg.trainer
+    return Path(t.default_local_dir) / t.project_name / t.experiment_name
+
+
+def _every(freq: int, step: int, last: int) -> bool:
+    """freq > 0: every freq steps and at the last; 0: only at the last; -1: never."""
+    if freq < 0:
+        return False
+    return step == last or (freq > 0 and step % freq == 0)
+
+
+class PolicyGradientTrainer:
+    def __init__(self, cfg: PixelRLConfig, console=print):
+        self.cfg = cfg
+        self.console = console
+        self.run_dir = run_dir_of(cfg)
+        self.ckpt_root = self.run_dir / "checkpoints"
+        self.cfg_yaml = to_yaml(cfg)
+        self.actor = self.rewards = None
+        self._ray_started = False
+
+    # ------------------------------------------------------------------ set-up
+    def _datasets(self):
+        d = self.cfg.data
+        train = (PromptDataset.from_files(d.train_files, d.prompt_key) if d.train_files
+                 else PromptDataset.from_prompts(d.prompts))
+        val = PromptDataset.from_files(d.val_files, d.prompt_key) if d.val_files else None
+        return train, val
+
+    def init_workers(self) -> None:
+        from pixelrl.workers.group import LocalWorkerGroup, RayWorkerGroup, RewardGroup
+
+        t, r = self.cfg.trainer, self.cfg.reward
+        if t.backend == "ray":
+            import ray
+
+            address = t.ray_address or os.environ.get("RAY_ADDRESS") or None
+            if not ray.is_initialized():
+                kwargs = {} if address else {"num_cpus": max(os.cpu_count() or 1,
+                                                             t.n_workers * t.num_cpus_per_worker)}
+                ray.init(address=address, include_dashboard=False, ignore_reinit_error=True,
+                         log_to_driver=False, **kwargs)
+                self._ray_started = True
+            gpus = 1 if self.cfg.model.device.startswith("cuda") else 0
+            self.actor = RayWorkerGroup(self.cfg_yaml, t.n_workers, t.num_cpus_per_worker, gpus)
+        else:
+            self.actor = LocalWorkerGroup(self.cfg_yaml)
+        self.rewards = RewardGroup([dict(f) for f in r.functions], backend=t.backend, placement=r.placement,
+                                   num_workers=r.num_workers, num_cpus=r.num_cpus)
+
+    def shutdown(self) -> None:
+        for group in (self.actor, self.rewards):
+            if group is not None:
+                try:
+                    group.shutdown()
+                except Exception:  # shutting down after a failure must not hide the failure
+                    pass
+        if self._ray_started:
+            import ray
+
+            ray.shutdown()
+            self._ray_started = False
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> dict:
+        """Train; returns {"history": [per-step metrics], "val": [validation metrics]}."""
+        cfg, t = self.cfg, self.cfg.trainer
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(self.cfg_yaml)
+        train_set, val_set = self._datasets()
+        loader = make_loader(train_set, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed,
+                             drop_last=True)
+        total = t.total_training_steps or len(loader) * t.total_epochs
+        try:
+            self.init_workers()
+            start_step = 0
+            resume = find_resume_folder(self.ckpt_root, t.resume_mode)
+            if resume is not None:
+                start_step, loader_state = load_trainer_state(resume)
+                loader.load_state_dict(loader_state)
+                self.actor.load(str(resume / "actor"))
+                self.console(f"resumed from {resume} (global step {start_step})")
+            from omegaconf import OmegaConf
+
+            tracker = Tracker(t.logger, self.run_dir, t.project_name, t.experiment_name,
+                              OmegaConf.to_container(OmegaConf.create(self.cfg_yaml)), console=self.console)
+            history, val_history = [], []
+            try:
+                if t.val_before_train and val_set is not None and start_step == 0:
+                    val_metrics = self.validate(val_set, 0, tracker)
+                    tracker.log(val_metrics, 0)
+                    val_history.append(val_metrics)
+                history, val_history = self._loop(loader, start_step, total, val_set, tracker, history, val_history)
+            finally:
+                tracker.close()
+            return {"history": history, "val": val_history, "run_dir": str(self.run_dir)}
+        finally:
+            self.shutdown()
+
+    def _loop(self, loader, start_step, total, val_set, tracker, history, val_history):
+        from tqdm import tqdm
+
+        cfg, t = self.cfg, self.cfg.trainer
+        data_iter = iter(loader)
+        progress = tqdm(total=total, initial=start_step, desc="training", unit="step", dynamic_ncols=True,
+                        disable=not os.isatty(2))
+        for step in range(start_step + 1, total + 1):
+            try:
+                rows = next(data_iter)
+            except StopIteration:  # next epoch (the sampler reshuffles with seed + epoch)
+                data_iter = iter(loader)
+                rows = next(data_iter)
+            batch, metrics = policy_gradient_step(self.actor, self.rewards, rows["prompts"], rows["metadata"], step, cfg)
+            metrics["training/global_step"] = step
+            metrics["training/epoch"] = loader.sampler.epoch
+            if t.rollout_data_dir:
+                self._dump(Path(t.rollout_data_dir) / f"step_{step:06d}", batch)
+            if t.log_image_grid_every and step % t.log_image_grid_every == 0:
+                self._grid(tracker, "train/samples", batch, step)
+            if _every(t.save_freq, step, total):
+                save_checkpoint(self.ckpt_root, step, self.actor.save, loader.state_dict(), self.cfg_yaml,
+                                t.max_ckpt_to_keep)
+            if val_set is not None and _every(t.test_freq, step, total):
+                val_metrics = self.validate(val_set, step, tracker)
+                metrics.update(val_metrics)
+                val_history.append(val_metrics)
+            tracker.log(metrics, step)
+            history.append(metrics)
+            progress.update(1)
+            progress.set_postfix(reward=f"{metrics['critic/rewards/mean']:.4f}")
+        progress.close()
+        return history, val_history
+
+    # ------------------------------------------------------------------ validation
+    def validate(self, val_set: PromptDataset, step: int, tracker: Tracker) -> dict[str, float]:
+        """Generate `val_kwargs.n` images per validation prompt with fixed seeds and score them."""
+        cfg, vk = self.cfg, self.cfg.val_kwargs
+        rows = [val_set[i] for i in range(len(val_set))] * vk.n
+        real = len(rows)
+        pad = (-real) % self.actor.size  # pad to a multiple of the workers; padding is dropped
+        rows = rows + rows[:pad] if pad else rows
+        prompts = [r["prompt"] for r in rows]
+        seeds = [VAL_SEED_BASE + i for i in range(len(rows))]
+        settings = SamplingSettings(noise_level=vk.noise_level, sde_type=cfg.rollout.sde_type,
+                                    guidance_scale=cfg.rollout.guidance_scale if vk.guidance_scale is None
+                                    else vk.guidance_scale, logprob_reduction=cfg.rollout.logprob_reduction)
+        window = full_window(vk.num_steps) if vk.noise_level > 0 else Window(0, 0)
+        out = self.actor.rollout(prompts, seeds, window=window, settings=settings, num_steps=vk.num_steps)
+        images = out["images"][:real]
+        rows = rows[:real]
+        scores = self.rewards(images, [r["prompt"] for r in rows], [r["metadata"] for r in rows])
+        overall = scores["overall"]
+        by_source = defaultdict(list)
+        for i, r in enumerate(rows):
+            by_source[r["data_source"]].append(i)
+        metrics: dict[str, float] = {}
+        per_prompt = len(val_set)
+        for source, idx in by_source.items():
+            values = overall[idx]
+            metrics[f"val-core/{source}/reward/mean@{vk.n}"] = float(values.mean())
+            if vk.n > 1:  # best@n: the best of the n images of each prompt, averaged over prompts
+                grouped = defaultdict(list)
+                for i in idx:
+                    grouped[i % per_prompt].append(float(overall[i]))
+                metrics[f"val-core/{source}/reward/best@{vk.n}"] = float(np.mean([max(v) for v in grouped.values()]))
+            for name, values_all in scores.items():
+                if name != "overall":
+                    metrics[f"val-aux/{source}/{name}/mean@{vk.n}"] = float(values_all[idx].mean())
+        folder = Path(cfg.trainer.validation_data_dir or self.run_dir / "validation") / f"step_{step:06d}"
+        self._dump(folder, None, images=images, prompts=[r["prompt"] for r in rows], scores=scores, seeds=seeds[:real])
+        self._grid(tracker, "val/samples", None, step, images=images[:32],
+                   captions=[f"{float(overall[i]):.3f} {rows[i]['prompt']}" for i in range(min(32, real))])
+        return metrics
+
+    # ------------------------------------------------------------------ outputs
+    def _dump(self, folder: Path, batch, *, images=None, prompts=None, scores=None, seeds=None) -> None:
+        """JSONL of prompts, seeds and scores plus one PNG per image."""
+        if batch is not None:
+            images, prompts, seeds = batch["images"], batch["prompts"], batch["seeds"]
+            scores = {"reward": batch["rewards"], "advantage": batch["advantages"]}
+        folder.mkdir(parents=True, exist_ok=True)
+        with (folder / "samples.jsonl").open("w") as handle:
+            for i, prompt in enumerate(prompts):
+                record = {"index": i, "prompt": prompt, "seed": int(seeds[i]),
+                          **{k: float(v[i]) for k, v in scores.items()}}
+                handle.write(json.dumps(record) + "\n")
+                Image.fromarray(images[i].numpy()).save(folder / f"{i:05d}.png")
+
+    def _grid(self, tracker, tag, batch, step, *, images=None, captions=None) -> None:
+        if batch is not None:
+            images = batch["images"][:32]
+            captions = [f"{float(batch['rewards'][i]):.3f} {batch['prompts'][i]}" for i in range(len(images))]
+        tracker.log_images(tag, image_grid(images.numpy(), captions), step)

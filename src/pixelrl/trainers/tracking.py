@@ -1,0 +1,97 @@
+"""Experiment tracking: console, JSONL, TensorBoard (scalars and image grids), wandb (offline
+works), and PNG sample grids with prompts and scores."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from pixelrl.core.errors import ConfigError
+
+CONSOLE_KEYS = ("critic/rewards/mean", "actor/pg_loss", "actor/kl", "actor/clipfrac", "actor/grad_norm",
+                "perf/throughput", "timing_s/step")
+
+
+def image_grid(images: np.ndarray, captions: list[str] | None = None, ncols: int = 8, scale: int = 2) -> np.ndarray:
+    """Tile uint8 images [B, H, W, 3] into one image, each with an optional caption beneath."""
+    count, h, w, _ = images.shape
+    ncols = min(ncols, count)
+    nrows = math.ceil(count / ncols)
+    cell_w, text_h = w * scale, (24 if captions else 0)
+    canvas = Image.new("RGB", (ncols * cell_w, nrows * (h * scale + text_h)), (255, 255, 255))
+    pen = ImageDraw.Draw(canvas)
+    for i in range(count):
+        row, col = divmod(i, ncols)
+        x, y = col * cell_w, row * (h * scale + text_h)
+        canvas.paste(Image.fromarray(images[i]).resize((cell_w, h * scale), Image.NEAREST), (x, y))
+        if captions:
+            text = captions[i]
+            chars_per_line = max(4, cell_w // 6)
+            pen.text((x + 1, y + h * scale), text[:chars_per_line], fill=(0, 0, 0))
+            pen.text((x + 1, y + h * scale + 11), text[chars_per_line:2 * chars_per_line], fill=(0, 0, 0))
+    return np.asarray(canvas)
+
+
+class Tracker:
+    def __init__(self, loggers: list[str], run_dir: Path, project: str, experiment: str, config: dict, console=print):
+        self.loggers = list(loggers)
+        self.run_dir = Path(run_dir)
+        self.console = console
+        self._jsonl = None
+        self._tb = None
+        self._wandb = None
+        if "jsonl" in self.loggers:
+            self._jsonl = (self.run_dir / "metrics.jsonl").open("a")
+        if "tensorboard" in self.loggers:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+        if "wandb" in self.loggers:
+            try:
+                import wandb
+            except ImportError:
+                raise ConfigError("trainer.logger", "wandb", "wandb is not installed: pip install 'pixelrl[wandb]'") from None
+            self._wandb = wandb.init(project=project, name=experiment, config=config, dir=str(self.run_dir),
+                                     mode=os.environ.get("WANDB_MODE", "offline"))
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
+        if self._jsonl is not None:
+            self._jsonl.write(json.dumps({"step": step, **clean}) + "\n")
+            self._jsonl.flush()
+        if self._tb is not None:
+            for key, value in clean.items():
+                self._tb.add_scalar(key, value, step)
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(clean, step=step)
+        if "console" in self.loggers:
+            shown = [f"{k.split('/', 1)[-1]}={clean[k]:.4g}" for k in CONSOLE_KEYS if k in clean]
+            shown += [f"{k}={v:.4g}" for k, v in clean.items() if k.startswith("val-core/")]
+            self.console(f"step {step}: " + "  ".join(shown))
+
+    def log_images(self, tag: str, grid: np.ndarray, step: int) -> Path:
+        folder = self.run_dir / "samples"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{tag.replace('/', '_')}_step{step:06d}.png"
+        Image.fromarray(grid).save(path)
+        if self._tb is not None:
+            self._tb.add_image(tag, grid, step, dataformats="HWC")
+        if self._wandb is not None:
+            import wandb
+
+            self._wandb.log({tag: wandb.Image(grid)}, step=step)
+        return path
+
+    def close(self) -> None:
+        if self._jsonl is not None:
+            self._jsonl.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()

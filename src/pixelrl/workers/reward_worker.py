@@ -1,0 +1,32 @@
+"""Reward scoring off the driver: a worker holds the configured rewards and scores image shards."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class RewardWorker:
+    def __init__(self, functions: list[dict], num_threads: int | None = None):
+        self.functions = functions
+        self.num_threads = num_threads
+        self.reward = None
+
+    def setup(self) -> list[str]:
+        import torch
+
+        import pixelrl.rewards  # noqa: F401
+        from pixelrl.core.quiet import quiet_libraries
+        from pixelrl.rewards import RewardSpec, WeightedReward
+
+        quiet_libraries()
+        if self.num_threads:
+            torch.set_num_threads(self.num_threads)
+        self.reward = WeightedReward([RewardSpec(f["name"], float(f.get("weight", 1.0)), dict(f.get("options", {})))
+                                      for f in self.functions])
+        return self.reward.component_names
+
+    def score(self, images: np.ndarray, prompts: list[str], metadata: list[dict]) -> dict[str, np.ndarray]:
+        import torch
+
+        out = self.reward(torch.from_numpy(np.array(images, copy=True)), prompts, metadata)
+        return {k: v.numpy() for k, v in out.items()}

@@ -1,0 +1,94 @@
+"""Start-up validation and dataset errors: one message naming the field (or file and row)."""
+
+import json
+
+import pytest
+
+from pixelrl.core.config_loading import load_config
+from pixelrl.core.errors import ConfigError
+from pixelrl.data.prompts import DatasetError, PromptDataset, make_loader, read_prompt_file
+
+BASE = ["model.path=/some/model"]
+
+
+def _error(*overrides, config="flow_grpo_tiny"):
+    with pytest.raises(ConfigError) as err:
+        load_config(config, [*BASE, *overrides])
+    return str(err.value)
+
+
+def test_bundled_configs_load():
+    cfg = load_config("flow_grpo_tiny", BASE)
+    assert cfg.rollout.n == 4 and cfg.reward.functions[0]["name"] == "jpeg_compressibility"
+    sd35 = load_config("flow_grpo_sd35")
+    assert sd35.rollout.n == 24 and sd35.diffusion_loss.kl_coef == 0.04 and sd35.trainer.strategy == "fsdp2"
+
+
+def test_config_errors_name_the_field():
+    assert "rollout.nn" in _error("rollout.nn=3") and "known keys here" in _error("rollout.nn=3")
+    assert "`rollout.n`" in _error("rollout.n=abc")
+    message = _error("rollout.n=1")
+    assert "`rollout.n` = 1" in message and "rollout.n >= 2" in message
+    message = _error("trainer.n_workers=3")
+    assert "data.train_batch_size" in message and "16 images" in message and "n_workers = 3" in message
+    assert "rollout.sde_type" in _error("rollout.sde_type=euler")
+    assert "diffusion_loss.name" in _error("diffusion_loss.name=nope")
+    assert "reward.functions[0].name" in _error("reward.functions=[{name: nope}]")
+    assert "trainer.logger" in _error("trainer.logger=[console,mlflow]")
+    assert "sde_window_size" in _error("rollout.sde_window_size=9")
+    assert "--config-name" in _error(config="no_such_config")
+    with pytest.raises(ConfigError, match="model.path"):
+        load_config("flow_grpo_tiny", ["model.path="])
+
+
+def test_missing_model_folder_is_reported_by_train(tmp_path, capsys):
+    from pixelrl.cli import main
+
+    code = main(["train", "--config-name", "flow_grpo_tiny", f"model.path={tmp_path / 'missing'}",
+                 "trainer.backend=local", f"trainer.default_local_dir={tmp_path}"])
+    assert code == 2
+    assert "does not exist: set model.path" in capsys.readouterr().err
+
+
+def test_prompt_files_jsonl_parquet_txt(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "a cat", "data_source": "pets",
+                                                   "metadata": {"count": 1}}) + "\n\n" + json.dumps({"prompt": "a dog"}))
+    rows = read_prompt_file(tmp_path / "p.jsonl")
+    assert rows == [{"prompt": "a cat", "data_source": "pets", "metadata": {"count": 1}},
+                    {"prompt": "a dog", "data_source": "p", "metadata": {}}]
+    pq.write_table(pa.table({"text": ["x", "y"], "metadata": ['{"a": 1}', None]}), tmp_path / "q.parquet")
+    assert read_prompt_file(tmp_path / "q.parquet", "text")[0]["metadata"] == {"a": 1}
+    (tmp_path / "r.txt").write_text("one\n\ntwo\n")
+    assert [r["prompt"] for r in read_prompt_file(tmp_path / "r.txt")] == ["one", "two"]
+
+
+@pytest.mark.parametrize("line, problem", [
+    ('{"prompt": ""}', "must be a non-empty string"),
+    ('{"text": "a cat"}', "`prompt` must be a non-empty string, got None"),
+    ('{"prompt": "a", "metadata": "{oops"}', "not JSON"),
+    ('[1, 2]', "expected an object"),
+    ('{"prompt": "a cat"', "not valid JSON"),
+])
+def test_bad_rows_name_the_file_and_row(tmp_path, line, problem):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"prompt": "fine"}) + "\n" + line + "\n")
+    with pytest.raises(DatasetError, match=f"bad.jsonl, row 2: .*{problem}"):
+        read_prompt_file(path)
+
+
+def test_loader_state_resumes_across_epochs():
+    dataset = PromptDataset.from_prompts([f"p{i}" for i in range(7)])
+    loader = make_loader(dataset, 3, shuffle=True, seed=1, drop_last=True)
+    seen, states = [], []
+    for _ in range(3):
+        for batch in loader:
+            seen.append(batch["prompts"])
+            states.append(loader.state_dict())
+    resumed = make_loader(dataset, 3, shuffle=True, seed=1, drop_last=True)
+    resumed.load_state_dict(states[2])
+    again = [b["prompts"] for _ in range(2) for b in resumed]
+    assert again == seen[3:]
+    assert seen[0] != seen[2]  # each epoch is a new permutation
