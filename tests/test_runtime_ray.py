@@ -1,5 +1,7 @@
 """The Ray runtime: 2-worker DDP and FSDP2 runs through `pixelrl train`, checkpoints, errors."""
 
+import time
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -32,7 +34,9 @@ def test_two_worker_run_writes_metrics_and_a_checkpoint_that_reloads(ray_cluster
     assert set(later) == set(weights) and any(not torch.equal(later[k], weights[k]) for k in weights)
 
 
-def test_a_failing_worker_is_reported_by_rank_and_nothing_is_lost(ray_cluster, tmp_path, tiny_pixel_path):
+def test_a_failing_worker_is_reported_by_rank_and_releases_its_resources(ray_cluster, tmp_path, capsys):
+    import ray
+
     from pixelrl.cli import main
 
     broken = tmp_path / "broken_model"
@@ -40,3 +44,9 @@ def test_a_failing_worker_is_reported_by_rank_and_nothing_is_lost(ray_cluster, t
     code = main(["train", "--config-name", "flow_grpo_tiny", f"model.path={broken}",
                  f"trainer.default_local_dir={tmp_path}", "trainer.num_cpus_per_worker=1", "trainer.n_workers=2"])
     assert code == 2  # a clear error, not a traceback
+    err = capsys.readouterr().err
+    assert "actor worker rank" in err and "lacks the component folder" in err
+    deadline = time.time() + 30  # resources come back asynchronously
+    while ray.available_resources().get("CPU", 0) < 2 and time.time() < deadline:
+        time.sleep(0.5)
+    assert ray.available_resources().get("CPU", 0) >= 2  # the placement group was released

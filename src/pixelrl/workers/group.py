@@ -93,8 +93,12 @@ class RayWorkerGroup(_Group):
             ).remote(cfg_yaml, rank, n_workers, num_cpus)
             for rank in range(n_workers)
         ]
-        master = self._get([self.workers[0].address.remote()])[0]
-        self._get([w.setup.remote(master) for w in self.workers])
+        try:
+            master = self._get([self.workers[0].address.remote()])[0]
+            self._get([w.setup.remote(master) for w in self.workers])
+        except BaseException:
+            self.shutdown()  # release the actors and their reserved resources before reporting
+            raise
 
     def _get(self, refs: list) -> list:
         import ray
