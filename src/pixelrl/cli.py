@@ -2,7 +2,11 @@
 
     pixelrl train [--config-name NAME] [key=value ...]   train (Ray, or trainer.backend=local)
     pixelrl export CHECKPOINT OUT [--adapter-only]      a diffusers pipeline (or adapter) folder
-    pixelrl demo                                        a short Flow-GRPO run on a tiny model
+    pixelrl eval [--model PATH | --checkpoint DIR]      GenEval-style table on the shapes test set
+    pixelrl generate --prompt "..." [--model PATH]      an image grid (PNG)
+    pixelrl pretrain-shapes OUT [--steps N]             pretrain the shapes model from scratch
+    pixelrl demo [key=value ...]                        Flow-GRPO on the shipped shapes model, before/after
+    pixelrl demo-jpeg                                   15-second Flow-GRPO run on a tiny random model
     pixelrl build-tiny PATH                             write a tiny random SD3 pipeline folder
 """
 
@@ -24,6 +28,16 @@ DEMO_PROMPTS = [
 
 
 def cmd_demo(args) -> int:
+    import torch
+
+    from pixelrl.demo import run_demo
+
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    run_demo(args.overrides)
+    return 0
+
+
+def cmd_demo_jpeg(args) -> int:
     import torch
 
     from pixelrl.core.config import PixelRLConfig
@@ -96,6 +110,58 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_eval(args) -> int:
+    import json
+
+    import torch
+
+    from pixelrl.data.shapes import evaluation_items
+    from pixelrl.engine.evaluate import diversity, evaluate_geneval, format_table, load_for_eval
+
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    model = load_for_eval(args.model, args.checkpoint)
+    items = evaluation_items(args.split, per_category=args.per_category, seed=args.seed)
+    result = evaluate_geneval(model, items, num_steps=args.steps, guidance_scale=args.cfg)
+    result["diversity"] = diversity(result.pop("images"), items)
+    result.update(split=args.split, num_steps=args.steps, guidance_scale=args.cfg,
+                  model=args.checkpoint or args.model or "builtin:shapes")
+    print(format_table(result, Path(result["model"]).name))
+    print(f"partial-credit overall {result['overall_partial']:.3f}; diversity {result['diversity']}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_generate(args) -> int:
+    from PIL import Image
+
+    from pixelrl.engine.evaluate import generate, load_for_eval
+    from pixelrl.trainers.tracking import image_grid
+
+    model = load_for_eval(args.model, args.checkpoint)
+    images = generate(model, [args.prompt] * args.n, list(range(args.seed, args.seed + args.n)),
+                      num_steps=args.steps, guidance_scale=args.cfg)
+    grid = image_grid(images.numpy(), ncols=min(8, args.n), scale=4)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(grid).save(args.out)
+    print(f"wrote {args.n} images of {args.prompt!r} to {args.out}")
+    return 0
+
+
+def cmd_pretrain_shapes(args) -> int:
+    import torch
+
+    from pixelrl.engine.pretrain import pretrain_shapes
+
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    final = pretrain_shapes(args.out, steps=args.steps, seed=args.seed, eval_every=args.eval_every,
+                            log=lambda line: print(line, flush=True))
+    print(f"final EMA pipeline: {final}")
+    return 0
+
+
 def cmd_build_tiny(args) -> int:
     from pixelrl.models import build_tiny_sd3
 
@@ -118,11 +184,38 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("--adapter-only", action="store_true", help="write only the LoRA adapter")
     export.add_argument("--base-model", default=None, help="base pipeline folder (default: the run's model.path)")
     export.set_defaults(func=cmd_export)
-    demo = sub.add_parser("demo", help="short Flow-GRPO run on a tiny model with the JPEG reward")
-    demo.add_argument("--steps", type=int, default=20)
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--run-dir", default="runs/demo")
+    for name, helptext in (("eval", "GenEval-style per-category table on the shapes test set"),
+                           ("generate", "write an image grid for a prompt")):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("--model", default=None, help="pipeline folder (default: builtin:shapes)")
+        p.add_argument("--checkpoint", default=None, help="a global_step_N folder of a training run")
+        p.add_argument("--steps", type=int, default=10)
+        p.add_argument("--cfg", type=float, default=4.0, help="guidance scale")
+        p.add_argument("--seed", type=int, default=0)
+        if name == "eval":
+            p.add_argument("--split", default="test", choices=["train", "val", "test"])
+            p.add_argument("--per-category", type=int, default=64)
+            p.add_argument("--out", default="runs/eval/results.json")
+            p.set_defaults(func=cmd_eval)
+        else:
+            p.add_argument("--prompt", required=True)
+            p.add_argument("--n", type=int, default=8)
+            p.add_argument("--out", default="runs/generate/grid.png")
+            p.set_defaults(func=cmd_generate)
+    pre = sub.add_parser("pretrain-shapes", help="pretrain the shapes model (flow matching on renders)")
+    pre.add_argument("out")
+    pre.add_argument("--steps", type=int, default=9000)
+    pre.add_argument("--seed", type=int, default=0)
+    pre.add_argument("--eval-every", type=int, default=1500)
+    pre.set_defaults(func=cmd_pretrain_shapes)
+    demo = sub.add_parser("demo", help="Flow-GRPO on the shipped shapes model with a before/after evaluation")
+    demo.add_argument("overrides", nargs="*", help="key=value overrides of configs/shapes_flow_grpo.yaml")
     demo.set_defaults(func=cmd_demo)
+    jpeg = sub.add_parser("demo-jpeg", help="short Flow-GRPO run on a tiny random model with the JPEG reward")
+    jpeg.add_argument("--steps", type=int, default=20)
+    jpeg.add_argument("--seed", type=int, default=0)
+    jpeg.add_argument("--run-dir", default="runs/demo")
+    jpeg.set_defaults(func=cmd_demo_jpeg)
     tiny = sub.add_parser("build-tiny", help="write a tiny random SD3 pipeline folder")
     tiny.add_argument("path")
     tiny.add_argument("--resolution", type=int, default=32)

@@ -41,7 +41,9 @@ def _normalise(path: Path, row: int, record, prompt_key: str) -> dict:
 
 
 def read_prompt_file(path: str | Path, prompt_key: str = "prompt") -> list[dict]:
-    path = Path(path)
+    from pixelrl.core.assets import resolve
+
+    path = Path(resolve(str(path), "data.train_files"))
     if not path.is_file():
         raise DatasetError(f"prompt file `{path}` does not exist: check data.train_files / data.val_files")
     rows: list[dict] = []

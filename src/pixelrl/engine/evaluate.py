@@ -65,3 +65,42 @@ def format_table(result: dict, title: str = "") -> str:
     rule = "|---" * (len(cats) + 2) + "|"
     row = f"| {title} | {result['overall']:.3f} | " + " | ".join(f"{result['strict'][c]:.3f}" for c in cats) + " |"
     return "\n".join([head, rule, row])
+
+
+def load_for_eval(model_path: str | None = None, checkpoint: str | None = None, max_sequence_length: int = 0):
+    """The model to evaluate: a pipeline folder (or `builtin:shapes`), or a training checkpoint
+    (its base model with the trained weights of `global_step_N/actor` applied)."""
+    from pathlib import Path
+
+    from pixelrl.models import load_model
+
+    if checkpoint is None:
+        return load_model("sd3", model_path or "builtin:shapes", max_sequence_length=max_sequence_length)
+    from pixelrl.core.config_loading import from_yaml_text
+    from pixelrl.engine.checkpoint import load_engine
+    from pixelrl.engine.policy_engine import PolicyEngine
+
+    folder = Path(checkpoint)
+    cfg = from_yaml_text((folder / "config.yaml").read_text())
+    model = load_model(cfg.model.type, model_path or cfg.model.path, max_sequence_length=cfg.model.max_sequence_length)
+    engine = PolicyEngine(model, cfg)
+    load_engine(engine, folder / "actor")
+    return engine.model
+
+
+def diversity(images: torch.Tensor, items: list[dict]) -> dict[str, float]:
+    """How different the images of one prompt are (different seeds): the mean pairwise L1
+    distance between them (0..1), and the fraction of pairs that differ at all (distinct)."""
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, item in enumerate(items):
+        groups[item["prompt"]].append(i)
+    distances, distinct = [], []
+    x = images.float() / 255.0
+    for idx in groups.values():
+        for a in range(len(idx)):
+            for b in range(a + 1, len(idx)):
+                d = float((x[idx[a]] - x[idx[b]]).abs().mean())
+                distances.append(d)
+                distinct.append(d > 0.01)
+    return {"pairwise_l1": float(np.mean(distances)) if distances else 0.0,
+            "distinct_pair_fraction": float(np.mean(distinct)) if distinct else 0.0}

@@ -82,7 +82,7 @@ def save_pipeline(model: SD3Model, template: Path, out: Path) -> None:
 
 def pretrain_shapes(out_dir: str | Path, *, steps: int = 9000, seed: int = 0, batch_size: int = 64,
                     lr: float = 1e-3, warmup: int = 200, ema_decay: float = 0.999, eval_every: int = 1500,
-                    eval_per_category: int = 32, log=print) -> Path:
+                    eval_per_category: int = 32, arch: dict | None = None, log=print) -> Path:
     """Train for `steps` optimizer steps (a step budget, so a seed reproduces the run);
     evaluate on the validation items and save the EMA weights every `eval_every` steps.
     Returns the folder of the final EMA pipeline."""
@@ -90,7 +90,7 @@ def pretrain_shapes(out_dir: str | Path, *, steps: int = 9000, seed: int = 0, ba
     out.mkdir(parents=True, exist_ok=True)
     init = out / "init"
     if not (init / "model_index.json").is_file():
-        build_tiny_sd3(init, words=vocabulary(), seed=seed, **SHAPES_ARCH)
+        build_tiny_sd3(init, words=vocabulary(), seed=seed, **(arch or SHAPES_ARCH))
     torch.manual_seed(seed)
     model = SD3Model(init, max_sequence_length=0)
     ema_model = SD3Model(init, max_sequence_length=0)
@@ -148,6 +148,7 @@ def pretrain_shapes(out_dir: str | Path, *, steps: int = 9000, seed: int = 0, ba
                 raise FloatingPointError(f"pretraining loss became {float(loss)} at step {step}")
     final = out / "final"
     save_pipeline(ema_model, init, final)
-    test = evaluate_geneval(ema_model, evaluation_items("test"), num_steps=10, guidance_scale=4.0)
+    test = evaluate_geneval(ema_model, evaluation_items("test", per_category=eval_per_category * 2), num_steps=10,
+                            guidance_scale=4.0)
     log(format_table(test, f"EMA after {steps} steps (test)"))
     return final

@@ -25,7 +25,9 @@ def _load_pipeline(base: Path):
 
 
 def export_checkpoint(actor_dir: str | Path, base_model: str | Path, out: str | Path, *, adapter_only: bool = False) -> Path:
-    actor_dir, base_model, out = Path(actor_dir), Path(base_model), Path(out)
+    from pixelrl.core.assets import resolve
+
+    actor_dir, base_model, out = Path(actor_dir), Path(resolve(str(base_model))), Path(out)
     adapter = actor_dir / "adapter"
     if adapter_only:
         if not adapter.is_dir():

@@ -17,6 +17,9 @@ def _load_sd3(path, **kwargs) -> DiffusionModel:
 
 
 def load_model(model_type: str, path, **kwargs) -> DiffusionModel:
+    """`path` is a local pipeline folder or `builtin:shapes` (the shipped shapes model)."""
+    from pixelrl.core.assets import resolve
+
     if not path:
         raise ConfigError("model.path", path, "set it to a local diffusers pipeline folder")
-    return MODEL_TYPES.get(model_type)(path, **kwargs)
+    return MODEL_TYPES.get(model_type)(resolve(str(path)), **kwargs)

@@ -1,0 +1,31 @@
+"""Paths of what ships inside the package: `builtin:<name>` in a config resolves here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pixelrl.core.errors import ConfigError
+
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
+BUILTIN = {
+    "shapes": ASSETS / "shapes_sd3",  # the project-trained shapes model (pipeline folder)
+    "shapes/train": ASSETS / "shapes_prompts" / "train.jsonl",
+    # 64 rows per category (small categories cycle), so RL batches are not mostly color_attr
+    "shapes/train_balanced": ASSETS / "shapes_prompts" / "train_balanced.jsonl",
+    "shapes/val": ASSETS / "shapes_prompts" / "val.jsonl",
+    "shapes/test": ASSETS / "shapes_prompts" / "test.jsonl",
+}
+PREFIX = "builtin:"
+
+
+def resolve(path: str, field: str = "model.path") -> str:
+    """`builtin:shapes` -> the packaged folder; any other path is returned unchanged."""
+    if not isinstance(path, str) or not path.startswith(PREFIX):
+        return path
+    name = path[len(PREFIX):]
+    if name not in BUILTIN:
+        raise ConfigError(field, path, f"unknown built-in; choose one of {[PREFIX + k for k in BUILTIN]}")
+    target = BUILTIN[name]
+    if not target.exists():
+        raise ConfigError(field, path, f"the package has no {target}: reinstall pixelrl from a full checkout")
+    return str(target)

@@ -1,0 +1,80 @@
+"""Shapes-model tooling: shipped prompt files, built-in paths, pretraining, eval and generate."""
+
+import json
+
+import pytest
+
+from pixelrl.core.assets import BUILTIN, resolve
+from pixelrl.core.errors import ConfigError
+from pixelrl.data.shapes import prompt_splits
+
+
+def test_shipped_prompt_files_match_the_generator():
+    for split, rows in prompt_splits().items():
+        shipped = [json.loads(line) for line in BUILTIN[f"shapes/{split}"].read_text().splitlines()]
+        assert [r["prompt"] for r in shipped] == [r["prompt"] for r in rows]
+        assert [r["metadata"] for r in shipped] == [r["metadata"] for r in rows]
+    balanced = [json.loads(line) for line in BUILTIN["shapes/train_balanced"].read_text().splitlines()]
+    counts = {}
+    for row in balanced:
+        counts[row["data_source"]] = counts.get(row["data_source"], 0) + 1
+    assert set(counts.values()) == {64}
+    train = {r["prompt"] for r in prompt_splits()["train"]}
+    assert all(r["prompt"] in train for r in balanced)
+
+
+def test_builtin_paths_resolve_or_name_the_field():
+    assert resolve("builtin:shapes/test").endswith("test.jsonl")
+    assert resolve("/some/folder") == "/some/folder"
+    with pytest.raises(ConfigError, match="model.path.*unknown built-in"):
+        resolve("builtin:nope")
+
+
+def test_pretraining_lowers_the_flow_matching_loss_and_writes_a_loadable_pipeline(tmp_path):
+    from pixelrl.engine.pretrain import pretrain_shapes
+    from pixelrl.engine.evaluate import generate
+    from pixelrl.models import SD3Model
+
+    arch = dict(resolution=32, with_vae=False, text_hidden=16, text_layers=1, text_max_length=16,
+                num_layers=1, heads=2, head_dim=16, patch_size=4, shift=3.0)
+    final = pretrain_shapes(tmp_path / "pre", steps=60, batch_size=16, lr=3e-3, warmup=5, eval_every=60,
+                            eval_per_category=1, arch=arch, log=lambda line: None)
+    records = [json.loads(line) for line in (tmp_path / "pre" / "pretrain_log.jsonl").read_text().splitlines()]
+    evals = [r for r in records if "val_strict" in r]
+    assert evals and set(evals[-1]["val_strict"]) == {"single_object", "two_object", "counting", "colors",
+                                                       "position", "color_attr"}
+    model = SD3Model(final, max_sequence_length=0)
+    images = generate(model, ["a red circle"] * 2, [0, 1], num_steps=4)
+    assert images.shape == (2, 32, 32, 3)
+    # the loss is logged every 100 steps; re-measure it directly instead: trained beats init
+    import torch
+
+    from pixelrl.engine.pretrain import ShapesStream, flow_matching_loss, images_to_model_space
+
+    captions, batch = ShapesStream(seed=123).batch(32)
+    losses = {}
+    for name, path in (("init", tmp_path / "pre" / "init"), ("trained", final)):
+        m = SD3Model(path, max_sequence_length=0)
+        with torch.no_grad():
+            losses[name] = float(flow_matching_loss(m, images_to_model_space(batch), m.encode_prompts(captions),
+                                                    torch.Generator().manual_seed(0)))
+    assert losses["trained"] < 0.7 * losses["init"], losses
+
+
+def test_eval_and_generate_commands(tmp_path, tiny_pixel_path, capsys):
+    from pixelrl.cli import main
+
+    out = tmp_path / "eval.json"
+    assert main(["eval", "--model", str(tiny_pixel_path), "--per-category", "2", "--steps", "3",
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "| model | overall | single_object |" in printed
+    result = json.loads(out.read_text())
+    assert result["num_images"] == 12 and set(result["strict"]) >= {"counting", "position"}
+    assert 0.0 <= result["overall"] <= 1.0 and "pairwise_l1" in result["diversity"]
+    grid = tmp_path / "grid.png"
+    assert main(["generate", "--model", str(tiny_pixel_path), "--prompt", "a red circle", "--n", "4",
+                 "--steps", "3", "--out", str(grid)]) == 0
+    from PIL import Image
+
+    assert Image.open(grid).size == (4 * 32 * 4, 32 * 4)
