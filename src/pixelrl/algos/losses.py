@@ -121,3 +121,54 @@ def kl_to_reference(step: dict, cfg) -> tuple[torch.Tensor, dict]:
         raise ConfigError("diffusion_loss.kl_type", kl_type, f"choose one of {list(KL_TYPES)}")
     kl = (sq / (2 * var)).mean()
     return kl, {"kl": kl.detach()}
+
+
+@register_loss(
+    "grpo_guard",
+    batch_keys=("latents", "log_probs", "sigmas", "sigmas_next", "advantages", "old_means"),
+    step_keys=("log_prob", "old_log_prob", "advantages", "mean", "old_mean", "std_dev_t", "sqrt_dt"),
+)
+def grpo_guard_loss(step: dict, cfg) -> tuple[torch.Tensor, dict]:
+    """GRPO-Guard: re-centre the log-ratio, whose mean drifts by -|mu - mu_old|^2 / (2 c^2)
+    when the policy mean moves, and rescale it, so that clipping treats all steps alike.
+
+    c = mean_B(std_dev_t) * mean_B(sqrt(-dt));  bias = mean_dims((mu - mu_old)^2) / (2 c^2)
+    log_ratio = (logp - logp_old + bias) * c;  loss = clipped objective / mean_B(sqrt(-dt))^2
+    """
+    c = _flat(step["std_dev_t"]).mean() * _flat(step["sqrt_dt"]).mean()
+    bias = _mean_over_dims((step["mean"] - step["old_mean"].to(step["mean"].dtype)) ** 2) / (2 * c**2)
+    log_ratio = (step["log_prob"] - step["old_log_prob"] + bias) * c
+    loss, ratio = clipped_policy_objective(
+        log_ratio, step["advantages"], cfg.clip_ratio, cfg.adv_clip_max, step.get("is_weights")
+    )
+    loss = loss / _flat(step["sqrt_dt"]).mean() ** 2
+    return loss, {"pg_loss": loss.detach(), "guard_bias": bias.detach().mean(),
+                  **ratio_metrics(log_ratio, ratio, cfg.clip_ratio)}
+
+
+@register_loss(
+    "flow_dppo",
+    batch_keys=("latents", "log_probs", "sigmas", "sigmas_next", "advantages", "old_means"),
+    step_keys=("log_prob", "old_log_prob", "advantages", "mean", "old_mean", "noise_std"),
+)
+def flow_dppo_loss(step: dict, cfg) -> tuple[torch.Tensor, dict]:
+    """Flow-DPPO: no ratio clipping; instead drop a sample-step whose policy moved too far
+    (per-step Gaussian divergence D >= tau) in the direction its advantage pushes.
+
+    D = mean_dims((mu - mu_old)^2) / (2 (std_dev_t sqrt(-dt))^2)
+    drop if D >= tau and (ratio > 1 and A > 0, or ratio < 1 and A < 0);  L = mean(keep * -A ratio)
+    """
+    adv = step["advantages"].clamp(-cfg.adv_clip_max, cfg.adv_clip_max)
+    log_ratio = step["log_prob"] - step["old_log_prob"]
+    ratio = torch.exp(log_ratio)
+    divergence = _mean_over_dims((step["mean"] - step["old_mean"].to(step["mean"].dtype)) ** 2) / (
+        2 * _flat(step["noise_std"]) ** 2)
+    pushing_further = ((ratio > 1) & (adv > 0)) | ((ratio < 1) & (adv < 0))
+    keep = (~((divergence.detach() >= cfg.dppo_tau) & pushing_further)).float()
+    per_sample = keep * (-adv * ratio)
+    if step.get("is_weights") is not None:
+        per_sample = per_sample * step["is_weights"].detach()
+    loss = per_sample.mean()
+    metrics = ratio_metrics(log_ratio, ratio, cfg.clip_ratio)
+    metrics.update(pg_loss=loss.detach(), dppo_masked_frac=1 - keep.mean(), dppo_divergence=divergence.detach().mean())
+    return loss, metrics

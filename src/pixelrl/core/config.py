@@ -35,6 +35,13 @@ class RolloutConfig:
     sde_type: str = "sde"  # sde | cps | dance_sde
     sde_window_size: int = 0  # 0 = full window (steps 0 .. N-2)
     sde_window_range: list[int] | None = None  # [r0, r1) for the random window
+    # random: Flow-GRPO-Fast (start drawn per step from the rollout seed);
+    # mixgrpo_random / mixgrpo_progressive: MixGRPO's shared, scheduled window
+    sde_window_schedule: str = "random"
+    window_seed: int = 0  # mixgrpo_random: start drawn with seed window_seed + global_step
+    mixgrpo_stride: int = 1
+    mixgrpo_iters_per_group: int = 25  # progressive: steps before the window moves by `stride`
+    mixgrpo_rollback: bool = False  # progressive: wrap back to step 0 after the last start
     logprob_reduction: str = "mean"
     micro_batch_size: int = 16  # samples per denoiser forward during rollout
 
@@ -51,6 +58,8 @@ class ActorConfig:
     ppo_mini_batch_size: int = 0  # samples per optimizer step; 0 = the whole batch
     ppo_micro_batch_size: int = 4  # samples per forward/backward
     shuffle: bool = True
+    timestep_fraction: float = 1.0  # train int(num_steps * fraction) of the window's steps per sample
+    permute_timesteps: bool = False  # DanceGRPO: a random subset per sample instead of the first ones
     max_consecutive_nonfinite: int = 3  # skipped updates in a row before the run stops
 
 
@@ -61,6 +70,7 @@ class DiffusionLossConfig:
     adv_clip_max: float = 5.0
     kl_coef: float = 0.0  # beta of the KL to the reference policy
     kl_type: str = "reference"  # reference | exact
+    dppo_tau: float = 0.1  # flow_dppo: divergence at which a sample-step that keeps pushing is dropped
 
 
 @dataclass

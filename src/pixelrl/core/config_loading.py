@@ -97,7 +97,7 @@ def validate(cfg: PixelRLConfig) -> None:
     from pixelrl.algos.losses import KL_TYPES, LOSSES
     from pixelrl.rewards.registry import REWARDS
     from pixelrl.sampling.sde import SDE_TYPES
-    from pixelrl.sampling.windows import check_window_args
+    from pixelrl.sampling.windows import WINDOW_SCHEDULES, check_window_args
 
     import pixelrl.rewards  # noqa: F401  (registers the built-in rewards)
 
@@ -118,8 +118,14 @@ def validate(cfg: PixelRLConfig) -> None:
         _positive(field, value)
     _positive("rollout.noise_level", r.noise_level, allow_zero=True)
     _positive("diffusion_loss.kl_coef", cfg.diffusion_loss.kl_coef, allow_zero=True)
-    if r.sde_window_size:
+    _choice("rollout.sde_window_schedule", r.sde_window_schedule, WINDOW_SCHEDULES)
+    if r.sde_window_size and r.sde_window_schedule == "random":
         check_window_args(r.num_steps, r.sde_window_size, r.sde_window_range)
+    elif r.sde_window_size and r.sde_window_size > r.num_steps - 2:
+        raise ConfigError("rollout.sde_window_size", r.sde_window_size,
+                          f"a MixGRPO window needs sde_window_size <= num_steps - 2 = {r.num_steps - 2}")
+    if not 0 < a.timestep_fraction <= 1:
+        raise ConfigError("actor.timestep_fraction", a.timestep_fraction, "must be in (0, 1]")
     estimator = ADVANTAGE_ESTIMATORS.get(cfg.algorithm.adv_estimator)
     if getattr(estimator, "needs_groups", False) and r.n < 2:
         raise ConfigError("rollout.n", r.n, f"`{cfg.algorithm.adv_estimator}` normalises within groups of images of "

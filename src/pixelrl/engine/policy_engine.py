@@ -148,20 +148,29 @@ class PolicyEngine:
             finally:
                 self.model.transformer = trained
 
-    def _step_outputs(self, micro: Batch, step: int, settings: SamplingSettings):
+    def _step_outputs(self, micro: Batch, step: torch.Tensor, settings: SamplingSettings):
+        """Re-score window step `step[i]` of sample i (a [B] index tensor)."""
         text = self.model.encode_prompts(micro["prompts"])
         negative = (self.model.encode_prompts([self.cfg.rollout.negative_prompt] * len(micro))
                     if settings.guidance_scale != 1.0 else None)
         device = self.model.device
+        rows = torch.arange(len(micro))
         return step_with_log_prob(
             self.model, text, negative,
-            micro["latents"][:, step].to(device),
-            micro["sigmas"][:, step].to(device),
-            micro["sigmas_next"][:, step].to(device),
+            micro["latents"][rows, step].to(device),
+            micro["sigmas"][rows, step].to(device),
+            micro["sigmas_next"][rows, step].to(device),
             settings,
             sigma_max_next=micro.info["sigma_max_next"],
-            x_next=micro["latents"][:, step + 1].to(device),
+            x_next=micro["latents"][rows, step + 1].to(device),
         )
+
+    @staticmethod
+    def _train_steps(micro: Batch) -> torch.Tensor:
+        """[B, K] window-step indices to train: `train_step_index` if given, else all W in order."""
+        if "train_step_index" in micro:
+            return micro["train_step_index"].long()
+        return torch.arange(micro["sigmas"].shape[1]).unsqueeze(0).expand(len(micro), -1)
 
     @torch.no_grad()
     def score(self, batch: Batch, policy: str = "current") -> Batch:
@@ -176,7 +185,7 @@ class PolicyEngine:
             for micro in batch.split(max(1, self.cfg.actor.ppo_micro_batch_size)):
                 lp, mu = [], []
                 for step in range(micro["sigmas"].shape[1]):
-                    out = self._step_outputs(micro, step, settings)
+                    out = self._step_outputs(micro, torch.full((len(micro),), step), settings)
                     lp.append(out.log_prob.cpu())
                     mu.append(out.mean.cpu())
                 log_probs.append(torch.stack(lp, 1))
@@ -221,7 +230,7 @@ class PolicyEngine:
         num_samples = len(batch)
         mini_size = (acfg.ppo_mini_batch_size // self.data_parallel_size) or num_samples
         micro_size = max(1, acfg.ppo_micro_batch_size)
-        num_steps = batch["sigmas"].shape[1]
+        num_steps = self._train_steps(batch).shape[1]
         gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self.update_calls)
         self.update_calls += 1
         params = self.model.trainable_parameters()
@@ -242,8 +251,9 @@ class PolicyEngine:
                 loss_total = 0.0
                 for micro in mini.split(micro_size):
                     weight = len(micro) / len(mini) / num_steps
-                    for step in range(num_steps):
-                        loss, metrics = self._step_loss(micro, step, settings, old_key, on_policy)
+                    steps = self._train_steps(micro)
+                    for k in range(num_steps):
+                        loss, metrics = self._step_loss(micro, steps[:, k], settings, old_key, on_policy)
                         (loss * weight).backward()
                         loss_total += float(loss.detach()) * weight
                         for name, value in metrics.items():
@@ -255,11 +265,12 @@ class PolicyEngine:
         metrics["policy_version"] = self.policy_version
         return metrics
 
-    def _step_loss(self, micro: Batch, step: int, settings: SamplingSettings, old_key: str, on_policy: bool):
+    def _step_loss(self, micro: Batch, step: torch.Tensor, settings: SamplingSettings, old_key: str, on_policy: bool):
         device = self.model.device
+        rows = torch.arange(len(micro))
         out = self._step_outputs(micro, step, settings)
-        rollout_lp = micro["log_probs"][:, step].to(device)
-        old_lp = out.log_prob.detach() if on_policy else micro[old_key][:, step].to(device)
+        rollout_lp = micro["log_probs"][rows, step].to(device)
+        old_lp = out.log_prob.detach() if on_policy else micro[old_key][rows, step].to(device)
         inputs = {
             "log_prob": out.log_prob,
             "old_log_prob": old_lp,
@@ -272,7 +283,7 @@ class PolicyEngine:
         for batch_key, step_key in (("old_means", "old_mean"), ("ref_means", "ref_mean"),
                                     ("is_weights", "is_weights")):
             if batch_key in micro:
-                inputs[step_key] = micro[batch_key][:, step].to(device)
+                inputs[step_key] = micro[batch_key][rows, step].to(device)
         loss, metrics = self.loss(inputs, self.cfg.diffusion_loss)
         if self.kl is not None:
             kl, kl_metrics = self.kl(inputs, self.cfg.diffusion_loss)

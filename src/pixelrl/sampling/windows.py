@@ -60,8 +60,58 @@ def random_window(num_steps: int, window_size: int, window_range, seed: int) -> 
     return Window(start, start + window_size)
 
 
-def choose_window(num_steps: int, window_size: int, window_range, seed: int) -> Window:
-    """The configured window: full when `window_size` is 0, else the seeded random window."""
+WINDOW_SCHEDULES = ("random", "mixgrpo_random", "mixgrpo_progressive")
+
+
+def choose_window(num_steps: int, window_size: int, window_range, seed: int, *, schedule: str = "random",
+                  global_step: int = 1, window_seed: int = 0, stride: int = 1, iters_per_group: int = 25,
+                  rollback: bool = False) -> Window:
+    """The configured window: full when `window_size` is 0; else Flow-GRPO-Fast's random window
+    (seeded by the step's rollout seed) or a MixGRPO schedule."""
     if window_size <= 0:
         return full_window(num_steps)
-    return random_window(num_steps, window_size, window_range, seed)
+    if schedule == "random":
+        return random_window(num_steps, window_size, window_range, seed)
+    if schedule not in WINDOW_SCHEDULES:
+        raise ConfigError("rollout.sde_window_schedule", schedule, f"choose one of {list(WINDOW_SCHEDULES)}")
+    return mixgrpo_window(num_steps, window_size, global_step, schedule=schedule[len("mixgrpo_"):],
+                          window_seed=window_seed, stride=stride, iters_per_group=iters_per_group, rollback=rollback)
+
+
+def mixgrpo_window(num_steps: int, window_size: int, global_step: int, *, schedule: str = "progressive",
+                   window_seed: int = 0, stride: int = 1, iters_per_group: int = 25, rollback: bool = False) -> Window:
+    """MixGRPO: one window shared by every sample of a training step, moved by a schedule.
+
+    The start ranges over 0 .. cap with cap = N - 2 - W.
+    - `random`: start = randint(0, cap) from a generator seeded with window_seed + global_step.
+    - `progressive`: start = stride * ((global_step - 1) // iters_per_group), held at cap, or
+      with `rollback` wrapped back to 0 after passing it.
+    """
+    cap = num_steps - 2 - window_size
+    if cap < 0:
+        raise ConfigError("rollout.sde_window_size", window_size,
+                          f"a MixGRPO window needs sde_window_size <= num_steps - 2 = {num_steps - 2}")
+    if schedule == "random":
+        gen = torch.Generator().manual_seed(int(window_seed + global_step))
+        start = int(torch.randint(0, cap + 1, (1,), generator=gen))
+    elif schedule == "progressive":
+        start = stride * ((global_step - 1) // max(1, iters_per_group))
+        start = start % (cap + 1) if rollback else min(start, cap)
+    else:
+        raise ConfigError("rollout.mixgrpo_schedule", schedule, "choose `random` or `progressive`")
+    return Window(start, start + window_size)
+
+
+def trained_step_indices(window_size: int, batch_size: int, *, num_steps: int, fraction: float = 1.0,
+                         permute: bool = False, seed: int = 0) -> torch.Tensor:
+    """[B, K] indices into the window of the steps each sample trains on,
+    K = min(W, max(1, int(num_steps * fraction))).
+
+    In order (Flow-GRPO `timestep_fraction`): the first K steps for every sample. Permuted
+    (DanceGRPO): a random K-subset per sample, from a generator seeded with `seed`.
+    """
+    k = min(window_size, max(1, int(num_steps * fraction)))
+    if not permute:
+        return torch.arange(k).unsqueeze(0).expand(batch_size, -1).clone()
+    gen = torch.Generator().manual_seed(int(seed))
+    return torch.stack([torch.randperm(window_size, generator=gen)[:k] for _ in range(batch_size)])

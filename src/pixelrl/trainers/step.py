@@ -15,7 +15,7 @@ import torch
 
 from pixelrl.algos.advantages import get_advantage_estimator, group_reward_stats
 from pixelrl.core.batch import Batch
-from pixelrl.sampling.windows import choose_window
+from pixelrl.sampling.windows import choose_window, trained_step_indices
 
 # Sample seeds live in disjoint ranges per step: seed_i = step_seed * SEED_STRIDE + i, so two
 # steps never reuse a noise seed.
@@ -65,7 +65,11 @@ def policy_gradient_step(actor, reward_fn, prompts: list[str], metadata: list[di
     timer = PhaseTimer()
     seed = step_seed(cfg.rollout.seed, global_step)
     samples = expand_prompts(prompts, metadata, cfg.rollout.n, seed, uids)
-    window = choose_window(cfg.rollout.num_steps, cfg.rollout.sde_window_size, cfg.rollout.sde_window_range, seed)
+    r = cfg.rollout
+    window = choose_window(r.num_steps, r.sde_window_size, r.sde_window_range, seed,
+                           schedule=r.sde_window_schedule, global_step=global_step, window_seed=r.window_seed,
+                           stride=r.mixgrpo_stride, iters_per_group=r.mixgrpo_iters_per_group,
+                           rollback=r.mixgrpo_rollback)
 
     with timer.phase("gen"):
         batch = actor.rollout(samples["prompts"], samples["seeds"], window=window)
@@ -82,6 +86,10 @@ def policy_gradient_step(actor, reward_fn, prompts: list[str], metadata: list[di
             batch.update(actor.score(batch, "reference"))
     with timer.phase("adv"):
         batch["advantages"] = compute_advantages(rewards, batch["uids"], cfg.algorithm)
+        if cfg.actor.timestep_fraction < 1.0 or cfg.actor.permute_timesteps:
+            batch["train_step_index"] = trained_step_indices(
+                window.size, len(batch), num_steps=r.num_steps, fraction=cfg.actor.timestep_fraction,
+                permute=cfg.actor.permute_timesteps, seed=seed)
     with timer.phase("update_actor"):
         actor_metrics = actor.update(batch)
 
