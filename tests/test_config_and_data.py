@@ -17,6 +17,15 @@ def _error(*overrides, config="flow_grpo_tiny"):
     return str(err.value)
 
 
+def test_every_bundled_config_loads_and_validates():
+    from pixelrl.core.config_loading import CONFIG_DIR
+
+    names = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+    assert len(names) >= 10
+    for name in names:
+        load_config(name, BASE if "tiny" in name else [])
+
+
 def test_bundled_configs_load():
     cfg = load_config("flow_grpo_tiny", BASE)
     assert cfg.rollout.n == 4 and cfg.reward.functions[0]["name"] == "jpeg_compressibility"

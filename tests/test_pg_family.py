@@ -90,3 +90,78 @@ def test_trained_step_indices_in_order_and_permuted():
     assert not all(row == perm[0].tolist() for row in perm.tolist())
     assert torch.equal(perm, trained_step_indices(9, 4, num_steps=10, fraction=0.5, permute=True, seed=1))
     assert trained_step_indices(2, 1, num_steps=10, fraction=1.0).tolist() == [[0, 1]]  # capped at W
+
+
+def test_rollout_correction_weights_truncate_reject_and_report():
+    from pixelrl.algos.rollout_correction import rollout_correction_weights
+
+    old = torch.tensor([[0.0, math.log(3.0)], [math.log(0.5), 0.0], [0.0, 0.0]])
+    rollout = torch.zeros(3, 2)
+    weights, metrics = rollout_correction_weights(old, rollout, threshold=2.0)
+    assert torch.allclose(weights, torch.tensor([[1.0, 2.0], [0.5, 1.0], [1.0, 1.0]]))
+    assert metrics["rollout_corr/truncated_frac"] == pytest.approx(1 / 6)
+    assert metrics["rollout_corr/logp_abs_diff_max"] == pytest.approx(math.log(3.0))
+    assert metrics["rollout_corr/logp_abs_diff_step1"] == pytest.approx(math.log(3.0) / 3)
+    # rejection works on the untruncated weight: sample 0 (3.0 > 2.5) and sample 1 (0.5 < 0.6)
+    weights, metrics = rollout_correction_weights(old, rollout, threshold=2.0, lower=0.6, upper=2.5)
+    assert torch.equal(weights[:2], torch.zeros(2, 2)) and torch.equal(weights[2], torch.ones(2))
+    assert metrics["rollout_corr/rejected_frac"] == pytest.approx(2 / 3)
+
+
+def test_multi_reward_sum_of_advantages():
+    from pixelrl.core.config import PixelRLConfig
+    from pixelrl.trainers.step import aggregate_advantages
+
+    cfg = PixelRLConfig()
+    cfg.reward.functions = [{"name": "a", "weight": 1.0}, {"name": "b", "weight": 0.5}]
+    cfg.algorithm.global_std = False
+    scores = {"a": torch.tensor([0.0, 2.0, 1.0, 1.0]), "b": torch.tensor([10.0, 10.0, 0.0, 4.0])}
+    scores["overall"] = scores["a"] + 0.5 * scores["b"]
+    uids = ["x", "x", "y", "y"]
+    summed = aggregate_advantages(scores, uids, cfg)
+    # overall = [5, 7, 1, 3]: each group is (-1, +1) / (1 + 1e-4)
+    assert torch.allclose(summed, torch.tensor([-1.0, 1.0, -1.0, 1.0]) / 1.0001, atol=1e-6)
+    cfg.algorithm.reward_aggregation = "sum_advantages"
+    per = aggregate_advantages(scores, uids, cfg)
+    # a: group x (0, 2) -> -+1 / 1.0001, group y has zero std -> 0
+    # b: group x has zero std -> 0, group y (0, 4) -> -+2 / 2.0001;  A = 1 * A_a + 0.5 * A_b
+    expected = torch.tensor([-1 / 1.0001, 1 / 1.0001, -0.5 * 2 / 2.0001, 0.5 * 2 / 2.0001])
+    assert torch.allclose(per, expected, atol=1e-6)
+
+
+def test_shared_initial_noise_per_group(make_engine, tiny_pixel_path):
+    from pixelrl.trainers.step import expand_prompts
+
+    engine, cfg = make_engine(tiny_pixel_path, rollout__same_noise_per_group=True)
+    samples = expand_prompts(["a cat", "a dog"], [{}, {}], 4, seed=3)
+    noise_seeds = [s - (i % 4) for i, s in enumerate(samples["seeds"])]
+    batch = engine.rollout(samples["prompts"], samples["seeds"], noise_seeds=noise_seeds)
+    first = batch["latents"][:, 0]  # x at window start 0 = the initial noise
+    assert all(torch.equal(first[0], first[i]) for i in range(4)) and not torch.equal(first[0], first[4])
+    assert not torch.equal(batch["latents"][0, 1], batch["latents"][1, 1])  # SDE noise still differs
+
+
+TINY_METHODS = ["flow_grpo_fast_tiny", "cps_tiny", "mixgrpo_tiny", "dance_grpo_tiny", "grpo_guard_tiny",
+                "flow_dppo_tiny", "decoupled_tiny"]
+
+
+@pytest.mark.parametrize("config", TINY_METHODS)
+def test_each_method_runs_two_steps_through_the_trainer_and_its_checkpoint_reloads(config, tmp_path,
+                                                                                   tiny_pixel_path):
+    from conftest import read_metrics
+    from pixelrl.cli import main
+
+    common = ["--config-name", config, f"model.path={tiny_pixel_path}", f"trainer.default_local_dir={tmp_path}",
+              "trainer.backend=local", "trainer.logger=[jsonl]", "rollout.num_steps=6"]
+    assert main(["train", *common, "trainer.total_training_steps=2"]) == 0
+    run = tmp_path / "pixelrl" / config
+    metrics = read_metrics(run)
+    for m in metrics:
+        for key in ("critic/rewards/mean", "actor/pg_loss", "actor/grad_norm", "actor/ratio_mean"):
+            assert math.isfinite(m[key]), (key, m[key])
+    if config == "decoupled_tiny":
+        assert "rollout_corr/logp_abs_diff_max" in metrics[0] and metrics[0]["rollout_corr/logp_abs_diff_max"] < 1e-3
+    if config == "mixgrpo_tiny":
+        assert [m["training/window_start"] for m in metrics] == [0, 1]
+    assert main(["train", *common, "trainer.total_training_steps=3"]) == 0  # resumes from step 2
+    assert [m["step"] for m in read_metrics(run)] == [1, 2, 3]

@@ -43,6 +43,7 @@ class RolloutConfig:
     mixgrpo_iters_per_group: int = 25  # progressive: steps before the window moves by `stride`
     mixgrpo_rollback: bool = False  # progressive: wrap back to step 0 after the last start
     logprob_reduction: str = "mean"
+    same_noise_per_group: bool = False  # DanceGRPO: one initial noise shared by a prompt's n images
     micro_batch_size: int = 16  # samples per denoiser forward during rollout
 
 
@@ -79,6 +80,12 @@ class AlgorithmConfig:
     norm_adv_by_std_in_grpo: bool = True
     global_std: bool = True
     rollout_correction: str = "bypass"  # bypass | decoupled
+    rollout_is_threshold: float = 2.0  # decoupled: truncate importance weights at this value
+    rollout_rs_lower: float | None = None  # decoupled: reject a sample whose weight falls below ...
+    rollout_rs_upper: float | None = None  # ... or rises above these bounds
+    # Several rewards: `sum_rewards` normalises sum_k w_k r_k; `sum_advantages` (MixGRPO's
+    # advantage_aggr) normalises each reward separately and sums w_k A_k.
+    reward_aggregation: str = "sum_rewards"
 
 
 @dataclass

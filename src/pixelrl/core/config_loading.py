@@ -107,6 +107,7 @@ def validate(cfg: PixelRLConfig) -> None:
     _choice("diffusion_loss.kl_type", cfg.diffusion_loss.kl_type, KL_TYPES)
     _choice("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADVANTAGE_ESTIMATORS.names())
     _choice("algorithm.rollout_correction", cfg.algorithm.rollout_correction, ("bypass", "decoupled"))
+    _choice("algorithm.reward_aggregation", cfg.algorithm.reward_aggregation, ("sum_rewards", "sum_advantages"))
     _choice("trainer.strategy", t.strategy, ("ddp", "fsdp2"))
     _choice("trainer.backend", t.backend, ("ray", "local"))
     _choice("reward.placement", cfg.reward.placement, ("colocated", "pool"))

@@ -90,7 +90,8 @@ class PolicyEngine:
         return full_window(self.cfg.rollout.num_steps)
 
     def rollout(self, prompts: list[str], seeds: list[int], *, window: Window | None = None,
-                settings: SamplingSettings | None = None, num_steps: int | None = None) -> Batch:
+                settings: SamplingSettings | None = None, num_steps: int | None = None,
+                noise_seeds: list[int] | None = None) -> Batch:
         """Sample one image per (prompt, seed) with the current policy, in micro-batches."""
         settings = settings or self.settings
         sigmas = self.sigmas if num_steps is None else sigmas_from_scheduler(self.model.scheduler, num_steps)
@@ -104,6 +105,7 @@ class PolicyEngine:
                 self.model, prompts[start:start + size], seeds[start:start + size],
                 sigmas=sigmas, window=window, settings=settings, height=res, width=res,
                 negative_prompt=self.cfg.rollout.negative_prompt, store_means=self.stores_old_means,
+                noise_seeds=None if noise_seeds is None else noise_seeds[start:start + size],
             )
             tensors = {
                 "images": out.images, "latents": out.latents.cpu(), "log_probs": out.log_probs.cpu(),

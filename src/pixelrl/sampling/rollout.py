@@ -85,9 +85,12 @@ def rollout(
     width: int,
     negative_prompt: str = "",
     store_means: bool = False,
+    noise_seeds: list[int] | None = None,
 ) -> RolloutOutput:
     """Sample one image per (prompt, seed). Sample i's initial noise and SDE noise come from a
-    generator seeded with seeds[i], so its image does not depend on its batch neighbours."""
+    generator seeded with seeds[i], so its image does not depend on its batch neighbours.
+    With `noise_seeds` the initial noise comes from noise_seeds[i] instead (DanceGRPO shares one
+    initial noise within a group; the SDE noise still differs per sample)."""
     if len(prompts) != len(seeds):
         raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
     device = model.device
@@ -98,7 +101,8 @@ def rollout(
     text = model.encode_prompts(prompts)
     negative = model.encode_prompts([negative_prompt] * batch) if settings.guidance_scale != 1.0 else None
     generators = sample_generators(seeds, device=device)
-    x = randn_per_sample(model.latent_shape(height, width), generators, device)
+    init_generators = generators if noise_seeds is None else sample_generators(noise_seeds, device=device)
+    x = randn_per_sample(model.latent_shape(height, width), init_generators, device)
     sigma_max_next = float(sigmas[1])
 
     latents, log_probs, means = [], [], []

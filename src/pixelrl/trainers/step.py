@@ -14,6 +14,7 @@ from contextlib import contextmanager
 import torch
 
 from pixelrl.algos.advantages import get_advantage_estimator, group_reward_stats
+from pixelrl.algos.rollout_correction import rollout_correction_weights
 from pixelrl.core.batch import Batch
 from pixelrl.sampling.windows import choose_window, trained_step_indices
 
@@ -39,6 +40,17 @@ def expand_prompts(prompts: list[str], metadata: list[dict], n: int, seed: int, 
 def compute_advantages(rewards: torch.Tensor, uids: list, algo_cfg) -> torch.Tensor:
     estimator = get_advantage_estimator(algo_cfg.adv_estimator)
     return estimator(rewards, uids, norm_by_std=algo_cfg.norm_adv_by_std_in_grpo, global_std=algo_cfg.global_std)
+
+
+def aggregate_advantages(scores: dict[str, torch.Tensor], uids: list, cfg) -> torch.Tensor:
+    """Advantages of the weighted reward sum, or (`sum_advantages`) the weighted sum of each
+    reward's own advantages."""
+    if cfg.algorithm.reward_aggregation == "sum_rewards":
+        return compute_advantages(scores["overall"], uids, cfg.algorithm)
+    total = torch.zeros_like(scores["overall"])
+    for spec in cfg.reward.functions:
+        total = total + float(spec.get("weight", 1.0)) * compute_advantages(scores[spec["name"]], uids, cfg.algorithm)
+    return total
 
 
 class PhaseTimer:
@@ -71,21 +83,28 @@ def policy_gradient_step(actor, reward_fn, prompts: list[str], metadata: list[di
                            stride=r.mixgrpo_stride, iters_per_group=r.mixgrpo_iters_per_group,
                            rollback=r.mixgrpo_rollback)
 
+    # DanceGRPO option: every image of a group starts from the group's first seed's noise.
+    noise_seeds = ([s - (i % r.n) for i, s in enumerate(samples["seeds"])] if r.same_noise_per_group else None)
     with timer.phase("gen"):
-        batch = actor.rollout(samples["prompts"], samples["seeds"], window=window)
+        batch = actor.rollout(samples["prompts"], samples["seeds"], window=window, noise_seeds=noise_seeds)
         batch.update(Batch(values={"metadata": samples["metadata"], "uids": samples["uids"]}))
     with timer.phase("reward"):
         scores = reward_fn(batch["images"], batch["prompts"], batch["metadata"])
         rewards = scores["overall"]
         batch["rewards"] = rewards
+    correction_metrics: dict[str, float] = {}
     if cfg.algorithm.rollout_correction == "decoupled":
         with timer.phase("old_log_prob"):
             batch.update(actor.score(batch, "old"))
+            a = cfg.algorithm
+            batch["is_weights"], correction_metrics = rollout_correction_weights(
+                batch["old_log_probs"], batch["log_probs"], threshold=a.rollout_is_threshold,
+                lower=a.rollout_rs_lower, upper=a.rollout_rs_upper)
     if cfg.diffusion_loss.kl_coef > 0:
         with timer.phase("ref"):
             batch.update(actor.score(batch, "reference"))
     with timer.phase("adv"):
-        batch["advantages"] = compute_advantages(rewards, batch["uids"], cfg.algorithm)
+        batch["advantages"] = aggregate_advantages(scores, batch["uids"], cfg)
         if cfg.actor.timestep_fraction < 1.0 or cfg.actor.permute_timesteps:
             batch["train_step_index"] = trained_step_indices(
                 window.size, len(batch), num_steps=r.num_steps, fraction=cfg.actor.timestep_fraction,
@@ -103,6 +122,7 @@ def policy_gradient_step(actor, reward_fn, prompts: list[str], metadata: list[di
     metrics.update({f"critic/rewards/{k}": v for k, v in stats.items()})
     metrics.update(_stats("critic/advantages", batch["advantages"]))
     metrics.update({f"actor/{k}": v for k, v in actor_metrics.items()})
+    metrics.update(correction_metrics)
     total = sum(timer.seconds.values())
     for name, secs in timer.seconds.items():
         metrics[f"timing_s/{name}"] = secs

@@ -58,12 +58,14 @@ class PolicyWorker:
         return {"rank": self.rank, "pid": os.getpid(), "trainable": len(self.engine.trainable_names())}
 
     # --- the engine's three verbs, with numpy transport -------------------------------------
-    def rollout(self, prompts: list[str], seeds: list[int], window, settings=None, num_steps=None) -> dict:
+    def rollout(self, prompts: list[str], seeds: list[int], window, settings=None, num_steps=None,
+                noise_seeds=None) -> dict:
         from pixelrl.sampling.rollout import SamplingSettings
         from pixelrl.sampling.windows import Window
 
         batch = self.engine.rollout(prompts, seeds, window=Window(*window) if window is not None else None,
-                                    settings=SamplingSettings(**settings) if settings else None, num_steps=num_steps)
+                                    settings=SamplingSettings(**settings) if settings else None, num_steps=num_steps,
+                                    noise_seeds=noise_seeds)
         return batch.to_numpy()
 
     def score(self, payload: dict, policy: str) -> dict:
