@@ -33,7 +33,7 @@ def cmd_demo(args) -> int:
     from pixelrl.demo import run_demo
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    run_demo(args.overrides)
+    run_demo(args.overrides, per_category=args.per_category)
     return 0
 
 
@@ -210,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     pre.set_defaults(func=cmd_pretrain_shapes)
     demo = sub.add_parser("demo", help="Flow-GRPO on the shipped shapes model with a before/after evaluation")
     demo.add_argument("overrides", nargs="*", help="key=value overrides of configs/shapes_flow_grpo.yaml")
+    demo.add_argument("--per-category", type=int, default=64, help="held-out evaluation items per category")
     demo.set_defaults(func=cmd_demo)
     jpeg = sub.add_parser("demo-jpeg", help="short Flow-GRPO run on a tiny random model with the JPEG reward")
     jpeg.add_argument("--steps", type=int, default=20)
@@ -224,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     tiny.set_defaults(func=cmd_build_tiny)
     args = parser.parse_args(argv)
     quiet_libraries()
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*set_vital.*")  # torchdata's own deprecation notice
     from pixelrl.core.errors import PixelRLError
 
     try:
