@@ -10,32 +10,23 @@ reads the per-step metrics the trainer logs; the first step (warm-up) is exclude
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).parent))
+from common import train_and_measure  # noqa: E402
 
 
 def run(model: Path, out: Path, workers: int, strategy: str, steps: int, prompts_per_worker: int, n: int,
         threads: int) -> dict:
-    from pixelrl.cli import main
-
-    exp = f"w{workers}_{strategy}"
-    code = main(["train", "--config-name", "flow_grpo_tiny", f"model.path={model}", f"trainer.default_local_dir={out}",
-                 f"trainer.experiment_name={exp}", f"trainer.n_workers={workers}", f"trainer.strategy={strategy}",
-                 f"trainer.num_cpus_per_worker={threads}", f"trainer.total_training_steps={steps}",
-                 f"data.train_batch_size={prompts_per_worker * workers}", f"rollout.n={n}", "rollout.num_steps=10",
-                 "trainer.save_freq=-1", "trainer.logger=[jsonl]"])
-    assert code == 0
-    rows = [json.loads(line) for line in (out / "pixelrl" / exp / "metrics.jsonl").read_text().splitlines()][1:]
-    images = prompts_per_worker * workers * n
-    step_s = float(np.mean([r["timing_s/step"] for r in rows]))
-    return {
-        "workers": workers, "strategy": strategy, "images_per_step": images,
-        "step_s": step_s, "img_s": images / step_s, "img_s_per_worker": images / step_s / workers,
-        **{f"{p}_s": float(np.mean([r[f"timing_s/{p}"] for r in rows])) for p in ("gen", "reward", "update_actor")},
-    }
+    r = train_and_measure("flow_grpo_tiny", model, out, f"w{workers}_{strategy}", [
+        f"trainer.n_workers={workers}", f"trainer.strategy={strategy}", f"trainer.num_cpus_per_worker={threads}",
+        f"trainer.total_training_steps={steps}", f"data.train_batch_size={prompts_per_worker * workers}",
+        f"rollout.n={n}", "rollout.num_steps=10"])
+    return {"workers": workers, "strategy": strategy, "images_per_step": r["images"], "step_s": r["step_s"],
+            "img_s": r["img_s"], "img_s_per_worker": r["img_s"] / workers,
+            **{f"{p}_s": r["phases"].get(p, 0.0) for p in ("gen", "reward", "update_actor")}}
 
 
 def main() -> None:
