@@ -11,7 +11,7 @@ $(BIN)/pixelrl: pyproject.toml
 	touch $(BIN)/pixelrl
 
 demo: $(BIN)/pixelrl
-	$(BIN)/pixelrl demo-jpeg
+	$(BIN)/pixelrl demo
 
 test: $(BIN)/pixelrl
 	$(BIN)/python -m pytest -q

@@ -25,9 +25,16 @@ def _plot_rewards(history: list[dict], path: Path) -> None:
     steps = [m["training/global_step"] for m in history]
     rewards = [m["critic/rewards/mean"] for m in history]
     strict = [m.get("critic/rewards/shapes_strict/mean", np.nan) for m in history]
+    window = 10  # each step sees only 8 prompts: show a running mean over 10 steps as well
+
+    def smooth(values):
+        return [float(np.mean(values[max(0, i - window + 1):i + 1])) for i in range(len(values))]
+
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
-    ax.plot(steps, rewards, label="training reward (0.5 partial + 0.5 strict)")
-    ax.plot(steps, strict, label="strict (training batch)", alpha=0.7)
+    ax.plot(steps, rewards, color="tab:blue", alpha=0.25)
+    ax.plot(steps, smooth(rewards), color="tab:blue", label="training reward (0.5 partial + 0.5 strict), 10-step mean")
+    ax.plot(steps, strict, color="tab:orange", alpha=0.25)
+    ax.plot(steps, smooth(strict), color="tab:orange", label="strict score of the training batch, 10-step mean")
     ax.set_xlabel("step")
     ax.set_ylabel("reward")
     ax.grid(alpha=0.3)
