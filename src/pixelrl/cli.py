@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             p.set_defaults(func=cmd_generate)
     pre = sub.add_parser("pretrain-shapes", help="pretrain the shapes model (flow matching on renders)")
     pre.add_argument("out")
-    pre.add_argument("--steps", type=int, default=9000)
+    pre.add_argument("--steps", type=int, default=6000)
     pre.add_argument("--seed", type=int, default=0)
     pre.add_argument("--eval-every", type=int, default=1500)
     pre.set_defaults(func=cmd_pretrain_shapes)

@@ -80,7 +80,7 @@ def save_pipeline(model: SD3Model, template: Path, out: Path) -> None:
     tmp.rename(out)
 
 
-def pretrain_shapes(out_dir: str | Path, *, steps: int = 9000, seed: int = 0, batch_size: int = 64,
+def pretrain_shapes(out_dir: str | Path, *, steps: int = 6000, seed: int = 0, batch_size: int = 64,
                     lr: float = 1e-3, warmup: int = 200, ema_decay: float = 0.999, eval_every: int = 1500,
                     eval_per_category: int = 32, arch: dict | None = None, log=print) -> Path:
     """Train for `steps` optimizer steps (a step budget, so a seed reproduces the run);
