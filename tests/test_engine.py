@@ -103,3 +103,14 @@ def test_nonfinite_updates_are_skipped_then_stop_the_run(make_engine, tiny_sd3_p
     assert all(torch.equal(p, before[n]) for n, p in engine.model.transformer.named_parameters() if p.requires_grad)
     with pytest.raises(FloatingPointError, match="2 consecutive updates"):
         engine.update(batch)
+
+
+def test_batch_rejects_a_field_of_the_wrong_length():
+    from pixelrl.core.batch import Batch
+
+    batch = Batch(values={"prompts": ["a", "b"]})
+    with pytest.raises(ValueError, match="field `rewards` has 3 entries, the batch has 2"):
+        batch["rewards"] = torch.zeros(3)
+    batch["rewards"] = torch.zeros(2)
+    batch["rewards"] = torch.ones(2)  # replacing a field with one of the same length is fine
+    assert len(batch.shard(2)) == 2 and batch.repeat_interleave(2)["prompts"] == ["a", "a", "b", "b"]

@@ -45,14 +45,20 @@ class Batch:
         return self.values[key]
 
     def __setitem__(self, key: str, value) -> None:
+        others = self.keys() - {key}
+        if others and len(value) != len(self.select_keys(others)):
+            raise ValueError(f"field `{key}` has {len(value)} entries, the batch has {len(self.select_keys(others))}")
         if isinstance(value, torch.Tensor):
             self.values.pop(key, None)
             self.tensors[key] = value
         else:
             self.tensors.pop(key, None)
             self.values[key] = list(value)
-        if len(self) and (len(value) != len(self)):
-            raise ValueError(f"field `{key}` has {len(value)} entries, the batch has {len(self)}")
+
+    def select_keys(self, keys) -> "Batch":
+        """A view with only `keys` (shares the tensors and lists)."""
+        return Batch({k: t for k, t in self.tensors.items() if k in keys},
+                     {k: v for k, v in self.values.items() if k in keys}, self.info)
 
     def get(self, key: str, default=None):
         return self[key] if key in self else default
