@@ -15,6 +15,7 @@ import torch
 
 from pixelrl.core.errors import ConfigError, MissingBatchKeysError
 from pixelrl.core.registry import Registry
+from pixelrl.sampling.sde import mean_over_dims
 
 LOSSES: Registry = Registry("loss", "diffusion_loss.name")
 
@@ -49,10 +50,6 @@ def register_loss(name: str, *, batch_keys: Iterable[str], step_keys: Iterable[s
 
 def get_loss(name: str) -> LossSpec:
     return LOSSES.get(name)
-
-
-def _mean_over_dims(x: torch.Tensor) -> torch.Tensor:
-    return x.mean(dim=tuple(range(1, x.ndim))) if x.ndim > 1 else x
 
 
 def _flat(x: torch.Tensor) -> torch.Tensor:
@@ -111,7 +108,7 @@ def kl_to_reference(step: dict, cfg) -> tuple[torch.Tensor, dict]:
     `reference` (Flow-GRPO code): mean_dims((mu - mu_ref)^2) / (2 std_dev_t^2), no dt.
     `exact`: divides by the variance actually sampled, (std_dev_t sqrt(-dt))^2 for sde.
     """
-    sq = _mean_over_dims((step["mean"] - step["ref_mean"].to(step["mean"].dtype)) ** 2)
+    sq = mean_over_dims((step["mean"] - step["ref_mean"].to(step["mean"].dtype)) ** 2)
     kl_type = getattr(cfg, "kl_type", "reference")
     if kl_type == "reference":
         var = _flat(step["std_dev_t"]) ** 2
@@ -136,7 +133,7 @@ def grpo_guard_loss(step: dict, cfg) -> tuple[torch.Tensor, dict]:
     log_ratio = (logp - logp_old + bias) * c;  loss = clipped objective / mean_B(sqrt(-dt))^2
     """
     c = _flat(step["std_dev_t"]).mean() * _flat(step["sqrt_dt"]).mean()
-    bias = _mean_over_dims((step["mean"] - step["old_mean"].to(step["mean"].dtype)) ** 2) / (2 * c**2)
+    bias = mean_over_dims((step["mean"] - step["old_mean"].to(step["mean"].dtype)) ** 2) / (2 * c**2)
     log_ratio = (step["log_prob"] - step["old_log_prob"] + bias) * c
     loss, ratio = clipped_policy_objective(
         log_ratio, step["advantages"], cfg.clip_ratio, cfg.adv_clip_max, step.get("is_weights")
@@ -161,7 +158,7 @@ def flow_dppo_loss(step: dict, cfg) -> tuple[torch.Tensor, dict]:
     adv = step["advantages"].clamp(-cfg.adv_clip_max, cfg.adv_clip_max)
     log_ratio = step["log_prob"] - step["old_log_prob"]
     ratio = torch.exp(log_ratio)
-    divergence = _mean_over_dims((step["mean"] - step["old_mean"].to(step["mean"].dtype)) ** 2) / (
+    divergence = mean_over_dims((step["mean"] - step["old_mean"].to(step["mean"].dtype)) ** 2) / (
         2 * _flat(step["noise_std"]) ** 2)
     pushing_further = ((ratio > 1) & (adv > 0)) | ((ratio < 1) & (adv < 0))
     keep = (~((divergence.detach() >= cfg.dppo_tau) & pushing_further)).float()

@@ -25,17 +25,3 @@ def randn_per_sample(shape_per_sample, generators: list[torch.Generator], device
     return torch.stack(
         [torch.randn(tuple(shape_per_sample), generator=g, device=device, dtype=dtype) for g in generators]
     )
-
-
-def rng_state() -> dict:
-    return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])

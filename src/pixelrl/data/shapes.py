@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageDraw
 
-from pixelrl.rewards.shapes import CATEGORIES, COLOURS, NUMBERS, RELATIONS, SHAPES
+from pixelrl.rewards.shapes import CATEGORIES, COLOURS, NUMBERS, RELATIONS, SHAPES, relation_holds
 
 SUPERSAMPLE = 4
 
@@ -132,11 +132,6 @@ def _overlaps(a: Placed, b: Placed, gap: float) -> bool:
                 a.y0 + a.size + gap <= b.y0 or b.y0 + b.size + gap <= a.y0)
 
 
-def _relation_ok(kind: str, a: Placed, b: Placed, margin: float) -> bool:
-    return {"left_of": a.cx + margin < b.cx, "right_of": a.cx > b.cx + margin,
-            "above": a.cy + margin < b.cy, "below": a.cy > b.cy + margin}[kind]
-
-
 def layout(spec: dict, seed: int, size: int = 32) -> list[Placed]:
     """Non-overlapping placements satisfying the spec (rejection sampling, deterministic)."""
     rng = random.Random(seed)
@@ -159,7 +154,7 @@ def layout(spec: dict, seed: int, size: int = 32) -> list[Placed]:
                 break
         if len(placed) != len(objects):
             continue
-        if relation and not _relation_ok(relation["type"], placed[relation["a"]], placed[relation["b"]], margin):
+        if relation and not relation_holds(relation["type"], placed[relation["a"]], placed[relation["b"]], margin):
             continue
         return placed
     raise RuntimeError(f"could not lay out {spec} (seed {seed})")

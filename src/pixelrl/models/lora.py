@@ -43,12 +43,3 @@ def lora_state_dict(transformer: nn.Module, adapter_name: str = "default") -> di
     from peft import get_peft_model_state_dict
 
     return get_peft_model_state_dict(transformer, adapter_name=adapter_name)
-
-
-def set_lora_state_dict(transformer: nn.Module, state: dict, adapter_name: str = "default") -> None:
-    from peft import set_peft_model_state_dict
-
-    result = set_peft_model_state_dict(transformer, state, adapter_name=adapter_name)
-    unexpected = getattr(result, "unexpected_keys", None) or []
-    if unexpected:
-        raise ValueError(f"LoRA state has keys the adapter `{adapter_name}` does not: {unexpected[:5]}")

@@ -8,7 +8,6 @@ states concatenated on features, zero-padded to the joint width, followed by the
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -151,8 +150,3 @@ class SD3Model(DiffusionModel):
         cfg = self.vae.config
         z = latents.to(self.dtype) / cfg.scaling_factor + (cfg.shift_factor or 0.0)
         return to_uint8_images(self.vae.decode(z, return_dict=False)[0])
-
-
-def read_model_index(path: str | Path) -> dict:
-    index = Path(path) / "model_index.json"
-    return json.loads(index.read_text()) if index.is_file() else {}

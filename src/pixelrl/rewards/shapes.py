@@ -149,7 +149,8 @@ def detect(image: np.ndarray, min_area: int | None = None) -> list[Detection]:
     return found
 
 
-def _relation_holds(kind: str, a: Detection, b: Detection, margin: float) -> bool:
+def relation_holds(kind: str, a, b, margin: float) -> bool:
+    """Whether `a` stands in relation `kind` to `b` (anything with centroids .cx, .cy)."""
     if kind == "left_of":
         return a.cx + margin < b.cx
     if kind == "right_of":
@@ -190,7 +191,7 @@ def score_image(image: np.ndarray, spec: dict) -> tuple[float, bool, dict]:
     relation = spec.get("relation")
     if relation:
         margin = POSITION_MARGIN * image.shape[1]
-        ok = any(_relation_holds(relation["type"], a, b, margin)
+        ok = any(relation_holds(relation["type"], a, b, margin)
                  for a in matches[relation["a"]] for b in matches[relation["b"]])
         subs["position"] = 1.0 if ok else 0.0
     partial = float(np.mean(list(subs.values())))

@@ -42,13 +42,14 @@ def _per_sample(value, like: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, *([1] * (like.ndim - 1)))
 
 
-def _mean_over_dims(x: torch.Tensor) -> torch.Tensor:
-    return x.mean(dim=tuple(range(1, x.ndim)))
+def mean_over_dims(x: torch.Tensor) -> torch.Tensor:
+    """Mean over every non-batch dimension ([B] stays as it is)."""
+    return x.mean(dim=tuple(range(1, x.ndim))) if x.ndim > 1 else x
 
 
 def _gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
     """Gaussian log density, element-wise, then averaged over dims (reference behaviour)."""
-    return _mean_over_dims(-((x.detach() - mean) ** 2) / (2 * std**2) - torch.log(std) - _LOG_SQRT_2PI)
+    return mean_over_dims(-((x.detach() - mean) ** 2) / (2 * std**2) - torch.log(std) - _LOG_SQRT_2PI)
 
 
 def sde_step(
@@ -120,7 +121,7 @@ def sde_step(
     if is_cps:
         # Reference behaviour: squared distance only, no variance and no constants.
         elementwise = -((prev_sample.detach() - mean) ** 2)
-        log_prob = _mean_over_dims(elementwise)
+        log_prob = mean_over_dims(elementwise)
     else:
         log_prob = _gaussian_log_prob(prev_sample, mean, step_std)
     if logprob_reduction == "sum":
