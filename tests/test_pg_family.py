@@ -28,56 +28,82 @@ def test_grpo_guard_hand_computed():
 def test_grpo_guard_log_ratio_has_zero_mean_drift():
     """Sampling x_next from the old step and scoring it under a moved mean: the plain log-ratio
     drifts by -bias on average; GRPO-Guard's corrected one averages to zero."""
-    torch.manual_seed(0)
     n, dims = 4000, 16
     x, v = torch.zeros(n, dims), torch.zeros(n, dims)
     old = sde_step(x, v, 0.6, 0.5, noise_level=0.7, generator=torch.Generator().manual_seed(1))
     moved = sde_step(x, v + 0.05, 0.6, 0.5, noise_level=0.7, prev_sample=old.prev_sample)
-    c = old.std_dev_t.mean() * old.sqrt_dt.mean()
-    bias = ((moved.mean - old.mean) ** 2).mean(dim=1) / (2 * c**2)
-    plain = moved.log_prob - old.log_prob
-    corrected = plain + bias
-    assert plain.mean().item() == pytest.approx(-bias.mean().item(), rel=0.1)
-    assert abs(corrected.mean().item()) < 0.1 * bias.mean().item()
+    step = {"log_prob": moved.log_prob, "old_log_prob": old.log_prob, "advantages": torch.ones(n),
+            "mean": moved.mean, "old_mean": old.mean, "std_dev_t": old.std_dev_t, "sqrt_dt": old.sqrt_dt}
+    _, metrics = get_loss("grpo_guard")(step, SimpleNamespace(clip_ratio=1.0, adv_clip_max=5.0))
+    bias = metrics["guard_bias"].item()
+    plain = (moved.log_prob - old.log_prob).mean().item()
+    assert bias > 0 and plain == pytest.approx(-bias, rel=0.1)
+    # the loss's ratio is exp((plain + bias) * c): its mean log stays near 0, far below the drift
+    c = (old.std_dev_t.mean() * old.sqrt_dt.mean()).item()
+    assert abs(math.log(metrics["ratio_mean"].item())) < 0.1 * bias * c
     # and with an unchanged mean the corrected log-ratio is exactly zero
     same = sde_step(x, v, 0.6, 0.5, noise_level=0.7, prev_sample=old.prev_sample)
-    step = {"log_prob": same.log_prob, "old_log_prob": old.log_prob, "advantages": torch.ones(n),
-            "mean": same.mean, "old_mean": old.mean, "std_dev_t": old.std_dev_t, "sqrt_dt": old.sqrt_dt}
+    step.update(log_prob=same.log_prob, mean=same.mean)
     _, metrics = get_loss("grpo_guard")(step, SimpleNamespace(clip_ratio=1e-4, adv_clip_max=5.0))
     assert metrics["ratio_mean"].item() == 1.0 and metrics["guard_bias"].item() == 0.0
 
 
-def test_flow_dppo_masks_exactly_the_stated_samples():
+def test_flow_dppo_masks_exactly_the_stated_samples_and_uses_the_raw_advantage():
     # D = [0.5, 0, 0.5, 0.5]; tau 0.1
-    # 1: D >= tau, ratio > 1, A > 0 -> dropped     2: D = 0 -> kept
+    # 1: D >= tau, ratio > 1, A > 0 -> dropped (positive)     2: D = 0 -> kept
     # 3: D >= tau, ratio > 1, A < 0 -> kept (moving against its push)
-    # 4: D >= tau, ratio < 1, A < 0 -> dropped
+    # 4: D >= tau, ratio < 1, A < 0 -> dropped (negative)
+    # A = 10 on sample 2 is used raw: Flow-DPPO has no advantage clamp.
     step = {"log_prob": torch.tensor([0.1, -0.1, 0.1, -0.1]), "old_log_prob": torch.zeros(4),
-            "advantages": torch.tensor([1.0, 1.0, -1.0, -1.0]),
+            "advantages": torch.tensor([1.0, 10.0, -1.0, -1.0]),
             "mean": torch.tensor([[1.0], [0.0], [1.0], [1.0]]), "old_mean": torch.zeros(4, 1),
             "noise_std": torch.ones(4, 1)}
     loss, metrics = get_loss("flow_dppo")(step, SimpleNamespace(clip_ratio=1e-4, adv_clip_max=5.0, dppo_tau=0.1))
-    expected = (0.0 - math.exp(-0.1) + math.exp(0.1) + 0.0) / 4
+    expected = (0.0 - 10 * math.exp(-0.1) + math.exp(0.1) + 0.0) / 4
     assert loss.item() == pytest.approx(expected, abs=1e-6)
     assert metrics["dppo_masked_frac"].item() == 0.5
+    assert metrics["dppo_masked_frac_pos"].item() == 0.25 and metrics["dppo_masked_frac_neg"].item() == 0.25
     assert metrics["dppo_divergence"].item() == pytest.approx(0.375)
+    assert "clipfrac" not in metrics  # there is no clip to report
 
 
-def test_mixgrpo_progressive_window_reproduces_its_schedule():
-    # N = 10, W = 3: cap = 5; stride 2, 3 steps per group
+def test_flow_dppo_default_threshold_is_the_reference_one():
+    from pixelrl.core.config import DiffusionLossConfig
+
+    assert DiffusionLossConfig().dppo_tau == 1e-5
+    # a divergence of 2e-6 (what one update moves a step by) is below it: nothing masked;
+    # a divergence of 2e-5 is above it: the sample pushing further is masked
+    for divergence, masked in ((2e-6, 0.0), (2e-5, 1.0)):
+        step = {"log_prob": torch.tensor([0.01]), "old_log_prob": torch.zeros(1), "advantages": torch.ones(1),
+                "mean": torch.tensor([[math.sqrt(2 * divergence)]]), "old_mean": torch.zeros(1, 1),
+                "noise_std": torch.ones(1, 1)}
+        _, metrics = get_loss("flow_dppo")(step, DiffusionLossConfig())
+        assert metrics["dppo_masked_frac"].item() == masked
+
+
+def test_mixgrpo_progressive_window_shrinks_at_the_tail_and_rolls_back_as_the_reference():
+    # Official recipe: N = 25, W = 4, moved by 1 every step here; indices live in [0, 23)
+    windows = [mixgrpo_window(25, 4, s, stride=1, iters_per_group=1, rollback=True) for s in range(1, 26)]
+    assert windows[0] == Window(0, 4) and windows[18] == Window(18, 22)
+    assert windows[19:23] == [Window(19, 23), Window(20, 23), Window(21, 23), Window(22, 23)]
+    assert windows[23] == Window(0, 4)  # start would pass 22: roll back
+    held = [mixgrpo_window(25, 4, s, stride=1, iters_per_group=1) for s in (23, 24, 40)]
+    assert held == [Window(22, 23)] * 3  # without roll-back it stays on the last trainable index
+    # N = 10, W = 3, stride 2, moved every 3 steps: starts 0, 2, 4, 6, then 7 (held) or 0 (rolled back)
     starts = [mixgrpo_window(10, 3, s, stride=2, iters_per_group=3).start for s in range(1, 16)]
-    assert starts == [0, 0, 0, 2, 2, 2, 4, 4, 4, 5, 5, 5, 5, 5, 5]
+    assert starts == [0, 0, 0, 2, 2, 2, 4, 4, 4, 6, 6, 6, 7, 7, 7]
     rolled = [mixgrpo_window(10, 3, s, stride=2, iters_per_group=3, rollback=True).start for s in range(1, 16)]
-    assert rolled == [0, 0, 0, 2, 2, 2, 4, 4, 4, 0, 0, 0, 2, 2, 2]  # 6 % 6 = 0, 8 % 6 = 2
-    assert mixgrpo_window(10, 3, 4, stride=2, iters_per_group=3) == Window(2, 5)
+    assert rolled == [0, 0, 0, 2, 2, 2, 4, 4, 4, 6, 6, 6, 0, 0, 0]
+    assert mixgrpo_window(10, 3, 10, stride=2, iters_per_group=3) == Window(6, 8)  # shrunk to 2
 
 
 def test_mixgrpo_random_window_is_seeded_by_window_seed_plus_step():
     draws = [mixgrpo_window(10, 2, s, schedule="random", window_seed=5).start for s in range(1, 50)]
     assert draws == [mixgrpo_window(10, 2, s, schedule="random", window_seed=5).start for s in range(1, 50)]
-    assert set(draws) == set(range(0, 7))  # cap = 10 - 2 - 2
-    gen = torch.Generator().manual_seed(5 + 3)
-    assert draws[2] == int(torch.randint(0, 7, (1,), generator=gen))
+    assert set(draws) == set(range(0, 7))  # start in [0, N - 2 - W]
+    # the draw depends on window_seed + step only, and the window always has W steps
+    assert mixgrpo_window(10, 2, 3, schedule="random", window_seed=5) == mixgrpo_window(10, 2, 4, schedule="random",
+                                                                                         window_seed=4)
     assert choose_window(10, 2, None, 0, schedule="mixgrpo_random", global_step=3, window_seed=5).start == draws[2]
 
 
@@ -85,8 +111,9 @@ def test_trained_step_indices_in_order_and_permuted():
     # Flow-GRPO timestep_fraction: int(10 * 0.5) = 5 first window steps for everyone
     idx = trained_step_indices(9, 3, num_steps=10, fraction=0.5)
     assert idx.tolist() == [[0, 1, 2, 3, 4]] * 3
+    # DanceGRPO: int((N - 1) * fraction) = int(9 * 0.5) = 4 of a per-sample permutation of the 9 steps
     perm = trained_step_indices(9, 4, num_steps=10, fraction=0.5, permute=True, seed=1)
-    assert perm.shape == (4, 5) and all(len(set(row)) == 5 for row in perm.tolist())
+    assert perm.shape == (4, 4) and all(len(set(row)) == 4 for row in perm.tolist())
     assert not all(row == perm[0].tolist() for row in perm.tolist())
     assert torch.equal(perm, trained_step_indices(9, 4, num_steps=10, fraction=0.5, permute=True, seed=1))
     assert trained_step_indices(2, 1, num_steps=10, fraction=1.0).tolist() == [[0, 1]]  # capped at W
@@ -102,6 +129,12 @@ def test_rollout_correction_weights_truncate_reject_and_report():
     assert metrics["rollout_corr/truncated_frac"] == pytest.approx(1 / 6)
     assert metrics["rollout_corr/logp_abs_diff_max"] == pytest.approx(math.log(3.0))
     assert metrics["rollout_corr/logp_abs_diff_step1"] == pytest.approx(math.log(3.0) / 3)
+    # keyed by the schedule position of each column, not by the column: windows differ per sample
+    steps = torch.tensor([[3, 4], [3, 4], [4, 5]])
+    _, metrics = rollout_correction_weights(old, rollout, step_indices=steps)
+    assert metrics["rollout_corr/logp_abs_diff_step3"] == pytest.approx(math.log(2.0) / 2)
+    assert metrics["rollout_corr/logp_abs_diff_step4"] == pytest.approx(math.log(3.0) / 3)
+    assert metrics["rollout_corr/logp_abs_diff_step5"] == 0.0 and "rollout_corr/logp_abs_diff_step0" not in metrics
     # rejection works on the untruncated weight: sample 0 (3.0 > 2.5) and sample 1 (0.5 < 0.6)
     weights, metrics = rollout_correction_weights(old, rollout, threshold=2.0, lower=0.6, upper=2.5)
     assert torch.equal(weights[:2], torch.zeros(2, 2)) and torch.equal(weights[2], torch.ones(2))
@@ -129,39 +162,60 @@ def test_multi_reward_sum_of_advantages():
     assert torch.allclose(per, expected, atol=1e-6)
 
 
-def test_shared_initial_noise_per_group(make_engine, tiny_pixel_path):
-    from pixelrl.trainers.step import expand_prompts
+def test_shared_initial_noise_per_group_is_independent_of_the_sde_noise(make_engine, tiny_pixel_path):
+    from pixelrl.trainers.step import expand_prompts, group_noise_seeds
 
-    engine, cfg = make_engine(tiny_pixel_path, rollout__same_noise_per_group=True)
+    # grpo_guard makes the rollout store each step's mean, so the SDE noise is x_next - mean
+    engine, cfg = make_engine(tiny_pixel_path, rollout__same_noise_per_group=True, diffusion_loss__name="grpo_guard")
     samples = expand_prompts(["a cat", "a dog"], [{}, {}], 4, seed=3)
-    noise_seeds = [s - (i % 4) for i, s in enumerate(samples["seeds"])]
-    batch = engine.rollout(samples["prompts"], samples["seeds"], noise_seeds=noise_seeds)
-    first = batch["latents"][:, 0]  # x at window start 0 = the initial noise
-    assert all(torch.equal(first[0], first[i]) for i in range(4)) and not torch.equal(first[0], first[4])
-    assert not torch.equal(batch["latents"][0, 1], batch["latents"][1, 1])  # SDE noise still differs
+    batch = engine.rollout(samples["prompts"], samples["seeds"], noise_seeds=group_noise_seeds(samples["seeds"], 4))
+    initial = batch["latents"][:, 0]  # x at window start 0 = the initial noise
+    assert all(torch.equal(initial[0], initial[i]) for i in range(4)) and not torch.equal(initial[0], initial[4])
+    first_sde_noise = batch["latents"][:, 1] - batch["old_means"][:, 0]
+    cosine = torch.nn.functional.cosine_similarity(first_sde_noise.flatten(1), initial.flatten(1), dim=1)
+    assert cosine.abs().max() < 0.1  # every image's first transition is a fresh draw (was 1.0 for image 0)
+    assert not torch.equal(first_sde_noise[0], first_sde_noise[1])  # SDE noise differs within a group
 
 
-TINY_METHODS = ["flow_grpo_fast_tiny", "cps_tiny", "mixgrpo_tiny", "dance_grpo_tiny", "grpo_guard_tiny",
-                "flow_dppo_tiny", "decoupled_tiny"]
+# What identifies each method in its metrics and in the sampling settings its rollouts record.
+TINY_METHODS = {
+    "flow_grpo_fast_tiny": ({"actor/clipfrac"}, "sde"),
+    "cps_tiny": ({"actor/clipfrac"}, "cps"),
+    "mixgrpo_tiny": ({"actor/clipfrac"}, "sde"),
+    "dance_grpo_tiny": ({"actor/clipfrac"}, "dance_sde"),
+    "grpo_guard_tiny": ({"actor/guard_bias", "actor/clipfrac"}, "sde"),
+    "flow_dppo_tiny": ({"actor/dppo_masked_frac_pos", "actor/dppo_divergence"}, "sde"),
+    "decoupled_tiny": ({"rollout_corr/is_weight_mean", "rollout_corr/logp_abs_diff_max"}, "sde"),
+}
+OTHER_METHODS_KEYS = {"actor/guard_bias", "actor/dppo_masked_frac_pos", "rollout_corr/is_weight_mean"}
 
 
-@pytest.mark.parametrize("config", TINY_METHODS)
-def test_each_method_runs_two_steps_through_the_trainer_and_its_checkpoint_reloads(config, tmp_path,
-                                                                                   tiny_pixel_path):
+@pytest.mark.parametrize("config", sorted(TINY_METHODS))
+def test_each_method_runs_as_itself_through_the_trainer_and_its_checkpoint_reloads(config, tmp_path,
+                                                                                 tiny_pixel_path):
+    import json
+
     from conftest import read_metrics
     from pixelrl.cli import main
 
+    own_keys, sampler = TINY_METHODS[config]
+    dumps = tmp_path / "rollouts"
     common = ["--config-name", config, f"model.path={tiny_pixel_path}", f"trainer.default_local_dir={tmp_path}",
               "trainer.backend=local", "trainer.logger=[jsonl]", "rollout.num_steps=6"]
-    assert main(["train", *common, "trainer.total_training_steps=2"]) == 0
+    assert main(["train", *common, "trainer.total_training_steps=2", f"trainer.rollout_data_dir={dumps}"]) == 0
     run = tmp_path / "pixelrl" / config
     metrics = read_metrics(run)
     for m in metrics:
-        for key in ("critic/rewards/mean", "actor/pg_loss", "actor/grad_norm", "actor/ratio_mean"):
+        for key in ("critic/rewards/mean", "actor/pg_loss", "actor/grad_norm", "actor/ratio_mean", *own_keys):
             assert math.isfinite(m[key]), (key, m[key])
+        assert not (OTHER_METHODS_KEYS - own_keys) & set(m)  # no other method's loss ran
+    info = json.loads((dumps / "step_000001" / "info.json").read_text())
+    assert info["sampling"]["sde_type"] == sampler
     if config == "decoupled_tiny":
-        assert "rollout_corr/logp_abs_diff_max" in metrics[0] and metrics[0]["rollout_corr/logp_abs_diff_max"] < 1e-3
+        assert metrics[0]["rollout_corr/logp_abs_diff_max"] < 1e-3
     if config == "mixgrpo_tiny":
         assert [m["training/window_start"] for m in metrics] == [0, 1]
+    if config == "flow_grpo_fast_tiny":
+        assert [m["training/window_size"] for m in metrics] == [2, 2]
     assert main(["train", *common, "trainer.total_training_steps=3"]) == 0  # resumes from step 2
     assert [m["step"] for m in read_metrics(run)] == [1, 2, 3]

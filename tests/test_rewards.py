@@ -59,5 +59,11 @@ def test_bad_reward_inside_a_multi_reward_names_it():
 
 
 def test_unknown_reward_option_is_named():
-    with pytest.raises(Exception, match="qualty"):
+    from pixelrl.core.config_loading import load_config
+    from pixelrl.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="qualty"):
         get_reward("jpeg_compressibility", qualty=90)
+    # and at start-up, before any worker exists, naming the config field
+    with pytest.raises(ConfigError, match=r"reward\.functions\[0\]\.options.*qualty"):
+        load_config("flow_grpo_tiny", ["reward.functions=[{name: jpeg_compressibility, options: {qualty: 90}}]"])

@@ -34,6 +34,42 @@ def test_two_worker_run_writes_metrics_and_a_checkpoint_that_reloads(ray_cluster
     assert set(later) == set(weights) and any(not torch.equal(later[k], weights[k]) for k in weights)
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_two_ranks_hold_identical_weights_equal_to_a_one_worker_run(ray_cluster, tiny_pixel_path, strategy):
+    """Data parallelism must be invisible: after two updates both ranks hold the same weights,
+    and they equal (to float reordering) what one worker computes on the same global batch."""
+    import numpy as np
+
+    from pixelrl.core.config_loading import load_config, to_yaml
+    from pixelrl.workers.group import LocalWorkerGroup, RayWorkerGroup, RewardGroup
+    from pixelrl.trainers.step import policy_gradient_step
+
+    cfg = load_config("flow_grpo_tiny", [f"model.path={tiny_pixel_path}", "trainer.n_workers=2",
+                                         f"trainer.strategy={strategy}", "actor.lr=1e-3",
+                                         "algorithm.drop_zero_advantage=false"])
+    rewards = RewardGroup([dict(f) for f in cfg.reward.functions], backend="local")
+    prompts = ["a red circle", "two blue squares", "a cat on a house", "a green tree"]
+
+    def train(group):
+        try:
+            for step in (1, 2):
+                _, metrics = policy_gradient_step(group, rewards, prompts, [{}] * 4, step, cfg, uids=list("abcd"),
+                                                  num_workers=group.size)
+            return group.trainable_states(), metrics
+        finally:
+            group.shutdown()
+
+    (rank0, rank1), two_metrics = train(RayWorkerGroup(to_yaml(cfg), 2, 1))
+    (single,), one_metrics = train(LocalWorkerGroup(to_yaml(cfg)))
+    assert rank0.keys() == rank1.keys() == single.keys()
+    assert all(np.array_equal(rank0[k], rank1[k]) for k in rank0)
+    assert two_metrics["critic/rewards/mean"] == pytest.approx(one_metrics["critic/rewards/mean"], abs=1e-6)
+    moved = max(float(np.abs(single[k]).max()) for k in single if "lora_B" in k)
+    assert moved > 1e-4  # the updates did move the adapter ...
+    worst = max(float(np.abs(rank0[k] - single[k]).max()) for k in single)
+    assert worst < 1e-3 * moved  # ... and two workers moved it the same way as one (tolerance 0.1%)
+
+
 def test_a_failing_worker_is_reported_by_rank_and_releases_its_resources(ray_cluster, tmp_path, capsys):
     import ray
 

@@ -28,11 +28,13 @@ def group_advantages(
     norm_by_std: bool = True,
     global_std: bool = True,
     eps: float = 1e-4,
+    unbiased: bool = False,
 ) -> torch.Tensor:
     """A_i = (r_i - mean of i's group) / (std + eps).
 
-    std is the population std (ddof 0, as in the reference Flow-GRPO code) of the whole batch
-    (`global_std`) or of i's group. `norm_by_std=False` is Dr.GRPO (no division). A sample
+    std is the std of the whole batch (`global_std`) or of i's group; the population std
+    (ddof 0, Flow-GRPO) by default, the sample std (ddof 1) with `unbiased` (DanceGRPO and
+    MixGRPO: per group, eps 1e-8). `norm_by_std=False` is Dr.GRPO (no division). A sample
     alone in its group gets exactly 0.
     """
     r = rewards.detach().to(torch.float64).reshape(-1)
@@ -45,10 +47,11 @@ def group_advantages(
     centred = r - means[idx]
     if norm_by_std:
         if global_std:
-            std = r.std(unbiased=False) if r.numel() > 1 else torch.zeros((), dtype=r.dtype)
+            std = r.std(unbiased=unbiased) if r.numel() > 1 else torch.zeros((), dtype=r.dtype)
         else:
-            var = torch.zeros(num_groups, dtype=r.dtype, device=r.device).index_add_(0, idx, centred**2) / counts
-            std = var.sqrt()[idx]
+            sq = torch.zeros(num_groups, dtype=r.dtype, device=r.device).index_add_(0, idx, centred**2)
+            dof = (counts - 1).clamp(min=1) if unbiased else counts
+            std = (sq / dof).sqrt()[idx]
         centred = centred / (std + eps)
     centred = torch.where(counts[idx] > 1, centred, torch.zeros_like(centred))
     return centred.to(rewards.dtype if rewards.is_floating_point() else torch.float32)
@@ -73,8 +76,9 @@ def group_reward_stats(rewards: torch.Tensor, group_ids) -> dict[str, float]:
 
 @ADVANTAGE_ESTIMATORS.register("grpo", "flow_grpo")
 def grpo_estimator(rewards: torch.Tensor, group_ids: Sequence, *, norm_by_std: bool = True,
-                   global_std: bool = True, eps: float = 1e-4) -> torch.Tensor:
-    return group_advantages(rewards, group_ids, norm_by_std=norm_by_std, global_std=global_std, eps=eps)
+                   global_std: bool = True, eps: float = 1e-4, unbiased: bool = False) -> torch.Tensor:
+    return group_advantages(rewards, group_ids, norm_by_std=norm_by_std, global_std=global_std, eps=eps,
+                            unbiased=unbiased)
 
 
 @ADVANTAGE_ESTIMATORS.register("dr_grpo")
@@ -87,6 +91,23 @@ def dr_grpo_estimator(rewards: torch.Tensor, group_ids: Sequence, *, global_std:
 # Estimators that compare samples of the same prompt: they need rollout.n > 1.
 grpo_estimator.needs_groups = True
 dr_grpo_estimator.needs_groups = True
+
+
+def zero_advantage_keep(advantages: torch.Tensor, multiple: int, generator: torch.Generator) -> torch.Tensor:
+    """Indices of the samples to train when zero-advantage samples are dropped (Flow-GRPO).
+
+    Every sample whose advantage is exactly 0 is dropped, then randomly chosen dropped ones are
+    added back until the count is a multiple of `multiple` (mini-batches x workers), at least
+    `multiple`. The batch size must itself be a multiple. Returns sorted indices.
+    """
+    adv = advantages.reshape(-1)
+    if adv.numel() % multiple:
+        raise ValueError(f"a batch of {adv.numel()} samples is not a multiple of {multiple}")
+    nonzero = (adv != 0).nonzero().flatten()
+    zero = (adv == 0).nonzero().flatten()
+    missing = max(multiple - nonzero.numel(), (-nonzero.numel()) % multiple)
+    back = zero[torch.randperm(zero.numel(), generator=generator)[:missing]]
+    return torch.cat([nonzero, back]).sort().values
 
 
 def get_advantage_estimator(name: str):

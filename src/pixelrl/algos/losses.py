@@ -134,13 +134,16 @@ def grpo_guard_loss(step: dict, cfg) -> tuple[torch.Tensor, dict]:
     """
     c = _flat(step["std_dev_t"]).mean() * _flat(step["sqrt_dt"]).mean()
     bias = mean_over_dims((step["mean"] - step["old_mean"].to(step["mean"].dtype)) ** 2) / (2 * c**2)
-    log_ratio = (step["log_prob"] - step["old_log_prob"] + bias) * c
+    raw_log_ratio = step["log_prob"] - step["old_log_prob"]
+    log_ratio = (raw_log_ratio + bias) * c
     loss, ratio = clipped_policy_objective(
         log_ratio, step["advantages"], cfg.clip_ratio, cfg.adv_clip_max, step.get("is_weights")
     )
     loss = loss / _flat(step["sqrt_dt"]).mean() ** 2
-    return loss, {"pg_loss": loss.detach(), "guard_bias": bias.detach().mean(),
-                  **ratio_metrics(log_ratio, ratio, cfg.clip_ratio)}
+    metrics = ratio_metrics(log_ratio, ratio, cfg.clip_ratio)
+    # approx_kl measures how far the policy moved: on the raw log-ratio, as for flow_grpo.
+    metrics["approx_kl"] = 0.5 * (raw_log_ratio.detach() ** 2).mean()
+    return loss, {"pg_loss": loss.detach(), "guard_bias": bias.detach().mean(), **metrics}
 
 
 @register_loss(
@@ -149,23 +152,30 @@ def grpo_guard_loss(step: dict, cfg) -> tuple[torch.Tensor, dict]:
     step_keys=("log_prob", "old_log_prob", "advantages", "mean", "old_mean", "noise_std"),
 )
 def flow_dppo_loss(step: dict, cfg) -> tuple[torch.Tensor, dict]:
-    """Flow-DPPO: no ratio clipping; instead drop a sample-step whose policy moved too far
-    (per-step Gaussian divergence D >= tau) in the direction its advantage pushes.
+    """Flow-DPPO: no ratio clipping and no advantage clamp; instead drop a sample-step whose
+    policy moved too far (per-step Gaussian divergence D >= tau) in the direction its advantage
+    pushes.
 
     D = mean_dims((mu - mu_old)^2) / (2 (std_dev_t sqrt(-dt))^2)
     drop if D >= tau and (ratio > 1 and A > 0, or ratio < 1 and A < 0);  L = mean(keep * -A ratio)
     """
-    adv = step["advantages"].clamp(-cfg.adv_clip_max, cfg.adv_clip_max)
+    adv = step["advantages"].detach()
     log_ratio = step["log_prob"] - step["old_log_prob"]
     ratio = torch.exp(log_ratio)
     divergence = mean_over_dims((step["mean"] - step["old_mean"].to(step["mean"].dtype)) ** 2) / (
         2 * _flat(step["noise_std"]) ** 2)
-    pushing_further = ((ratio > 1) & (adv > 0)) | ((ratio < 1) & (adv < 0))
-    keep = (~((divergence.detach() >= cfg.dppo_tau) & pushing_further)).float()
+    too_far = divergence.detach() >= cfg.dppo_tau
+    masked_pos = too_far & (ratio > 1) & (adv > 0)
+    masked_neg = too_far & (ratio < 1) & (adv < 0)
+    keep = (~(masked_pos | masked_neg)).float()
     per_sample = keep * (-adv * ratio)
     if step.get("is_weights") is not None:
         per_sample = per_sample * step["is_weights"].detach()
     loss = per_sample.mean()
-    metrics = ratio_metrics(log_ratio, ratio, cfg.clip_ratio)
-    metrics.update(pg_loss=loss.detach(), dppo_masked_frac=1 - keep.mean(), dppo_divergence=divergence.detach().mean())
-    return loss, metrics
+    r = ratio.detach()
+    return loss, {
+        "pg_loss": loss.detach(), "approx_kl": 0.5 * (log_ratio.detach() ** 2).mean(),
+        "ratio_mean": r.mean(), "ratio_std": r.std(unbiased=False),
+        "dppo_masked_frac": 1 - keep.mean(), "dppo_masked_frac_pos": masked_pos.float().mean(),
+        "dppo_masked_frac_neg": masked_neg.float().mean(), "dppo_divergence": divergence.detach().mean(),
+    }

@@ -19,7 +19,7 @@ class ModelConfig:
     lora_rank: int = 32  # 0 = full fine-tuning of the denoiser
     lora_alpha: float = 64.0
     lora_target_modules: list[str] | None = None  # None = the adapter's defaults
-    lora_init: str = "gaussian"
+    lora_init: str = "gaussian"  # gaussian | default (peft's kaiming A, zero B) | pissa | olora | orthogonal
     gradient_checkpointing: bool = False
 
 
@@ -42,7 +42,7 @@ class RolloutConfig:
     mixgrpo_stride: int = 1
     mixgrpo_iters_per_group: int = 25  # progressive: steps before the window moves by `stride`
     mixgrpo_rollback: bool = False  # progressive: wrap back to step 0 after the last start
-    logprob_reduction: str = "mean"
+    logprob_reduction: str = "mean"  # mean over latent dims (reference) | sum (= mean x dims)
     same_noise_per_group: bool = False  # DanceGRPO: one initial noise shared by a prompt's n images
     micro_batch_size: int = 16  # samples per denoiser forward during rollout
 
@@ -56,11 +56,16 @@ class ActorConfig:
     warmup_steps: int = 0
     max_grad_norm: float = 1.0
     ppo_epochs: int = 1
-    ppo_mini_batch_size: int = 0  # samples per optimizer step; 0 = the whole batch
+    # Images per optimizer step, counted over all workers: the step's train_batch_size x rollout.n
+    # images make (images / ppo_mini_batch_size) optimizer steps per epoch; 0 = the whole batch.
+    # Flow-GRPO's paper setting takes two steps per rollout batch, MixGRPO four.
+    ppo_mini_batch_size: int = 0
     ppo_micro_batch_size: int = 4  # samples per forward/backward
     shuffle: bool = True
-    timestep_fraction: float = 1.0  # train int(num_steps * fraction) of the window's steps per sample
-    permute_timesteps: bool = False  # DanceGRPO: a random subset per sample instead of the first ones
+    # In order: train the first int(num_steps * fraction) window steps (Flow-GRPO). Permuted
+    # (DanceGRPO): a random int(W * fraction) of the W window steps per sample.
+    timestep_fraction: float = 1.0
+    permute_timesteps: bool = False
     max_consecutive_nonfinite: int = 3  # skipped updates in a row before the run stops
 
 
@@ -71,14 +76,22 @@ class DiffusionLossConfig:
     adv_clip_max: float = 5.0
     kl_coef: float = 0.0  # beta of the KL to the reference policy
     kl_type: str = "reference"  # reference | exact
-    dppo_tau: float = 0.1  # flow_dppo: divergence at which a sample-step that keeps pushing is dropped
+    # flow_dppo: divergence at which a sample-step that keeps pushing is dropped (UniRL's
+    # kl_mask_threshold; one update moves D by ~1e-6 per step, so much larger values never mask)
+    dppo_tau: float = 1e-5
 
 
 @dataclass
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
     norm_adv_by_std_in_grpo: bool = True
-    global_std: bool = True
+    global_std: bool = True  # std of the whole batch (Flow-GRPO) or of each group (DanceGRPO, MixGRPO)
+    adv_std_unbiased: bool = False  # ddof 1 (DanceGRPO, MixGRPO) instead of the population std
+    adv_eps: float = 1e-4  # A = (r - mean) / (std + adv_eps); DanceGRPO and MixGRPO use 1e-8
+    # Flow-GRPO drops samples whose advantage is exactly 0 before training (re-adding random
+    # dropped ones until the count splits into the mini-batches and workers); verl-omni keeps them,
+    # which raises the effective KL weight by 1 / (1 - zero fraction).
+    drop_zero_advantage: bool = True
     rollout_correction: str = "bypass"  # bypass | decoupled
     rollout_is_threshold: float = 2.0  # decoupled: truncate importance weights at this value
     rollout_rs_lower: float | None = None  # decoupled: reject a sample whose weight falls below ...
@@ -115,7 +128,7 @@ class DataConfig:
     prompts: list[str] = field(default_factory=list)  # inline prompts, used when no train file is given
     prompt_key: str = "prompt"
     train_batch_size: int = 8  # prompts per step (each repeated rollout.n times)
-    val_batch_size: int = 0  # 0 = the whole validation set in one batch
+    val_batch_size: int = 0  # prompts per validation generation call; 0 = the whole set at once
     shuffle: bool = True
     seed: int = 1
 
@@ -145,12 +158,10 @@ class TrainerConfig:
     validation_data_dir: str = ""  # dump validation generations here when set ("" = <run>/validation)
     log_image_grid_every: int = 0  # write a sample grid every N steps (0 = at validation only)
     backend: str = "ray"  # ray | local (one in-process worker, no Ray: for debugging)
-    n_workers: int = 1  # actor workers (one per GPU; on CPU each takes num_cpus_per_worker cores)
-    nnodes: int = 1
+    n_workers: int = 1  # actor workers over all nodes (one per GPU; on CPU each takes num_cpus_per_worker cores)
     num_cpus_per_worker: int = 1
     strategy: str = "ddp"  # ddp | fsdp2
     ray_address: str = ""  # "" = $RAY_ADDRESS or a local cluster; "auto" joins a running one
-    ray_init_timeout_s: float = 120.0
 
 
 @dataclass
@@ -160,3 +171,18 @@ class PixelRLConfig(EngineConfig):
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
+
+
+def images_per_step(cfg: "PixelRLConfig") -> int:
+    return cfg.data.train_batch_size * cfg.rollout.n
+
+
+def mini_batches_per_epoch(cfg: "PixelRLConfig") -> int:
+    """Optimizer steps per inner epoch: the step's images split into mini-batches."""
+    images = images_per_step(cfg)
+    return images // (cfg.actor.ppo_mini_batch_size or images)
+
+
+def optimizer_steps_per_rollout(cfg: "PixelRLConfig") -> int:
+    """Optimizer steps taken on one rollout batch (the reference update schedule)."""
+    return cfg.actor.ppo_epochs * mini_batches_per_epoch(cfg)

@@ -95,15 +95,32 @@ def validate(cfg: PixelRLConfig) -> None:
     """Cross-field checks: each error names the field to change and how."""
     from pixelrl.algos.advantages import ADVANTAGE_ESTIMATORS
     from pixelrl.algos.losses import KL_TYPES, LOSSES
-    from pixelrl.rewards.registry import REWARDS
+    from pixelrl.models.base import DTYPES
+    from pixelrl.models.loader import MODEL_TYPES, latent_unit
+    from pixelrl.models.lora import LORA_INITS
+    from pixelrl.rewards.registry import REWARDS, check_reward_options
     from pixelrl.sampling.sde import SDE_TYPES
     from pixelrl.sampling.windows import WINDOW_SCHEDULES, check_window_args
 
     import pixelrl.rewards  # noqa: F401  (registers the built-in rewards)
 
-    r, a, t, d = cfg.rollout, cfg.actor, cfg.trainer, cfg.data
+    r, a, t, d, m = cfg.rollout, cfg.actor, cfg.trainer, cfg.data, cfg.model
+    _choice("model.type", m.type, MODEL_TYPES.names())
+    _choice("model.dtype", m.dtype, sorted(DTYPES))
+    _choice("model.lora_init", m.lora_init, LORA_INITS)
+    _positive("model.lora_rank", m.lora_rank, allow_zero=True)
+    _positive("model.lora_alpha", m.lora_alpha)
+    _choice("rollout.logprob_reduction", r.logprob_reduction, ("mean", "sum"))
     _choice("rollout.sde_type", r.sde_type, [s for s in SDE_TYPES if s != "ode"])
     _choice("diffusion_loss.name", cfg.diffusion_loss.name, LOSSES.names())
+    if cfg.diffusion_loss.name == "grpo_guard" and r.sde_type == "cps":
+        raise ConfigError("rollout.sde_type", r.sde_type, "grpo_guard rescales by the step's std, and the cps "
+                          "log-prob has no variance term: use rollout.sde_type=sde with grpo_guard")
+    for field, value in (("diffusion_loss.clip_ratio", cfg.diffusion_loss.clip_ratio),
+                         ("diffusion_loss.adv_clip_max", cfg.diffusion_loss.adv_clip_max),
+                         ("diffusion_loss.dppo_tau", cfg.diffusion_loss.dppo_tau),
+                         ("algorithm.adv_eps", cfg.algorithm.adv_eps), ("actor.max_grad_norm", a.max_grad_norm)):
+        _positive(field, value)
     _choice("diffusion_loss.kl_type", cfg.diffusion_loss.kl_type, KL_TYPES)
     _choice("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADVANTAGE_ESTIMATORS.names())
     _choice("algorithm.rollout_correction", cfg.algorithm.rollout_correction, ("bypass", "decoupled"))
@@ -147,6 +164,10 @@ def validate(cfg: PixelRLConfig) -> None:
                           f"mini-batch ({mini // t.n_workers}) a multiple of the micro-batch")
     if not cfg.model.path:
         raise ConfigError("model.path", cfg.model.path, "set it to a local diffusers pipeline folder")
+    unit = latent_unit(m.type, m.path)
+    if unit and r.resolution % unit:
+        raise ConfigError("rollout.resolution", r.resolution,
+                          f"this model needs a multiple of {unit} (VAE scale x patch size), e.g. {r.resolution // unit * unit or unit}")
     if not d.train_files and not d.prompts:
         raise ConfigError("data.train_files", d.train_files, "give a jsonl / parquet / txt prompt file (or data.prompts)")
     if not cfg.reward.functions:
@@ -158,6 +179,7 @@ def validate(cfg: PixelRLConfig) -> None:
         if unknown:
             raise ConfigError(f"reward.functions[{i}]", dict(spec), f"unknown keys {sorted(unknown)}; use name, weight, options")
         _choice(f"reward.functions[{i}].name", spec["name"], REWARDS.names())
+        check_reward_options(spec["name"], dict(spec.get("options") or {}), f"reward.functions[{i}].options")
     for logger in t.logger:
         _choice("trainer.logger", logger, ("console", "jsonl", "tensorboard", "wandb"))
     if t.resume_mode not in ("auto", "disable") and not Path(t.resume_mode).is_dir():

@@ -110,6 +110,8 @@ class PolicyEngine:
             tensors = {
                 "images": out.images, "latents": out.latents.cpu(), "log_probs": out.log_probs.cpu(),
                 "sigmas": out.sigmas, "sigmas_next": out.sigmas_next,
+                # schedule position of each stored column (windows differ between batches)
+                "step_indices": torch.tensor(window.steps(), dtype=torch.long).expand(len(out.images), -1).clone(),
             }
             if out.means is not None:
                 tensors["old_means"] = out.means.cpu()
@@ -230,7 +232,13 @@ class PolicyEngine:
         rollout_version = batch.info.get("policy_version", -1)
         old_key = "old_log_probs" if "old_log_probs" in batch else "log_probs"
         num_samples = len(batch)
-        mini_size = (acfg.ppo_mini_batch_size // self.data_parallel_size) or num_samples
+        # The controller fixes the number of optimizer steps per epoch (it survives dropping
+        # zero-advantage samples); without it, ppo_mini_batch_size counts images over all ranks.
+        num_mini = int(batch.info.get("num_mini_batches") or 0) or max(
+            1, (num_samples * self.data_parallel_size) // (acfg.ppo_mini_batch_size or num_samples * self.data_parallel_size))
+        if num_samples % num_mini:
+            raise ValueError(f"{num_samples} samples on this worker do not split into {num_mini} mini-batches")
+        mini_size = num_samples // num_mini
         micro_size = max(1, acfg.ppo_micro_batch_size)
         num_steps = self._train_steps(batch).shape[1]
         gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self.update_calls)
@@ -272,10 +280,8 @@ class PolicyEngine:
         rows = torch.arange(len(micro))
         out = self._step_outputs(micro, step, settings)
         rollout_lp = micro["log_probs"][rows, step].to(device)
-        old_lp = out.log_prob.detach() if on_policy else micro[old_key][rows, step].to(device)
         inputs = {
             "log_prob": out.log_prob,
-            "old_log_prob": old_lp,
             "advantages": micro["advantages"].to(device).float(),
             "mean": out.mean,
             "std_dev_t": out.std_dev_t,
@@ -286,6 +292,13 @@ class PolicyEngine:
                                     ("is_weights", "is_weights")):
             if batch_key in micro:
                 inputs[step_key] = micro[batch_key][rows, step].to(device)
+        if on_policy:
+            # The current weights are the old policy: take its log-prob AND step mean from this
+            # very forward, so rollout/training kernel drift cannot enter the ratio or the guard bias.
+            inputs["old_log_prob"] = out.log_prob.detach()
+            inputs["old_mean"] = out.mean.detach()
+        else:
+            inputs["old_log_prob"] = micro[old_key][rows, step].to(device)
         loss, metrics = self.loss(inputs, self.cfg.diffusion_loss)
         if self.kl is not None:
             kl, kl_metrics = self.kl(inputs, self.cfg.diffusion_loss)

@@ -14,6 +14,20 @@ import torch
 from torch import nn
 
 
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        from pixelrl.core.errors import ConfigError
+
+        raise ConfigError("model.dtype", name, f"choose one of {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
 @dataclass
 class PromptEmbeds:
     """Text conditioning for a batch: sequence embeddings and (for SD3/FLUX) pooled vectors."""

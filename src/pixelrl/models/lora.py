@@ -16,8 +16,13 @@ def add_lora(
     adapter_name: str = "default",
     init: str | bool = "gaussian",
 ) -> None:
-    """Freeze the base weights and attach a trainable LoRA adapter named `adapter_name`."""
+    """Freeze the base weights and attach a trainable LoRA adapter named `adapter_name`.
+
+    `init`: `gaussian` (A Gaussian, B zero), `default` (peft's kaiming-uniform A, B zero), or one
+    of peft's data-free initialisations (`pissa`, `olora`, `orthogonal`)."""
     from peft import LoraConfig
+
+    init = True if init == "default" else init
 
     transformer.requires_grad_(False)
     config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(target_modules), init_lora_weights=init)
@@ -26,6 +31,9 @@ def add_lora(
     # peft marks the active adapter trainable; make sure no base weight slipped through.
     for name, param in transformer.named_parameters():
         param.requires_grad_("lora_" in name and f".{adapter_name}." in name)
+
+
+LORA_INITS = ("gaussian", "default", "pissa", "olora", "orthogonal")
 
 
 @contextlib.contextmanager

@@ -13,27 +13,13 @@ from pathlib import Path
 import torch
 
 from pixelrl.core.errors import ModelFolderError
-from pixelrl.models.base import DiffusionModel, PromptEmbeds, to_uint8_images
+from pixelrl.models.base import DiffusionModel, PromptEmbeds, resolve_dtype, to_uint8_images
 
 # Attention projections of the joint transformer blocks (image and text streams).
 SD3_LORA_TARGETS = (
     "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
     "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out",
 )
-
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-
-
-def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
-    if isinstance(name, torch.dtype):
-        return name
-    if name not in _DTYPES:
-        from pixelrl.core.errors import ConfigError
-
-        raise ConfigError("model.dtype", name, f"choose one of {sorted(_DTYPES)}")
-    return _DTYPES[name]
-
 
 def check_pipeline_folder(path: str | Path, required=("transformer", "scheduler")) -> Path:
     folder = Path(path).expanduser()
@@ -128,7 +114,9 @@ class SD3Model(DiffusionModel):
     def _forward(self, latents, sigmas, text: PromptEmbeds):
         return self.transformer(
             hidden_states=latents,
-            timestep=(sigmas * 1000).to(self.dtype),
+            # float32 even for a bf16 model (as diffusers and the references pass it): a bf16
+            # timestep is rounded by up to ~2 of 1000.
+            timestep=(sigmas.float() * 1000),
             encoder_hidden_states=text.embeds.to(self.device, self.dtype),
             pooled_projections=text.pooled.to(self.device, self.dtype),
             return_dict=False,

@@ -16,7 +16,7 @@ from pixelrl.core.errors import RewardError
 from pixelrl.core.registry import Registry
 
 RewardFn = Callable[[torch.Tensor, list, list], dict]
-REWARDS: Registry = Registry("reward", "reward.name")
+REWARDS: Registry = Registry("reward", "reward.functions[].name")
 
 
 def register_reward(name: str, *aliases: str):
@@ -24,14 +24,19 @@ def register_reward(name: str, *aliases: str):
     return REWARDS.register(name, *aliases)
 
 
-def get_reward(name: str, **options) -> RewardFn:
-    factory = REWARDS.get(name)
-    params = inspect.signature(factory).parameters
+def check_reward_options(name: str, options: dict, field: str = "reward.functions[].options") -> None:
+    """Stop with a ConfigError naming `field` if `options` holds a key the reward does not take."""
+    from pixelrl.core.errors import ConfigError
+
+    params = inspect.signature(REWARDS.get(name)).parameters
     unknown = [k for k in options if k not in params]
     if unknown:
-        from pixelrl.core.errors import ConfigError
+        raise ConfigError(field, dict(options), f"reward `{name}` has no option(s) {unknown}; known: {sorted(params)}")
 
-        raise ConfigError(f"reward.{name}", options, f"unknown option(s) {unknown}; known: {sorted(params)}")
+
+def get_reward(name: str, **options) -> RewardFn:
+    factory = REWARDS.get(name)
+    check_reward_options(name, options)
     fn = factory(**options)
     fn.reward_name = name
     return fn

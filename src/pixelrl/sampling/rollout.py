@@ -11,7 +11,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from pixelrl.core.seeding import randn_per_sample, sample_generators
+from diffusers.utils.torch_utils import randn_tensor
+
+from pixelrl.core.seeding import sample_generators
 from pixelrl.models.base import DiffusionModel, PromptEmbeds
 from pixelrl.sampling.sde import StepOutput, sde_step
 from pixelrl.sampling.windows import Window
@@ -90,9 +92,13 @@ def rollout(
     """Sample one image per (prompt, seed). Sample i's initial noise and SDE noise come from a
     generator seeded with seeds[i], so its image does not depend on its batch neighbours.
     With `noise_seeds` the initial noise comes from noise_seeds[i] instead (DanceGRPO shares one
-    initial noise within a group; the SDE noise still differs per sample)."""
+    initial noise within a group; the SDE noise still differs per sample). A noise seed must not
+    equal its sample's seed: the SDE noise would then replay the initial noise."""
     if len(prompts) != len(seeds):
         raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+    if noise_seeds is not None and any(int(a) == int(b) for a, b in zip(noise_seeds, seeds)):
+        raise ValueError("noise_seeds must differ from the sample seeds (derive them with "
+                         "pixelrl.core.seeding.derive_seed), or the SDE noise repeats the initial noise")
     device = model.device
     num_steps = sigmas.shape[0] - 1
     if window.end > num_steps - 1:
@@ -102,7 +108,8 @@ def rollout(
     negative = model.encode_prompts([negative_prompt] * batch) if settings.guidance_scale != 1.0 else None
     generators = sample_generators(seeds, device=device)
     init_generators = generators if noise_seeds is None else sample_generators(noise_seeds, device=device)
-    x = randn_per_sample(model.latent_shape(height, width), init_generators, device)
+    x = randn_tensor((batch, *model.latent_shape(height, width)), generator=init_generators, device=device,
+                     dtype=torch.float32)
     sigma_max_next = float(sigmas[1])
 
     latents, log_probs, means = [], [], []

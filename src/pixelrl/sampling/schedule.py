@@ -18,19 +18,14 @@ def sigmas_from_scheduler(scheduler, num_steps: int, image_seq_len: int | None =
     if getattr(sched.config, "use_dynamic_shifting", False):
         if image_seq_len is None:
             raise ValueError("this scheduler shifts by resolution: pass image_seq_len")
-        kwargs["mu"] = _flux_mu(sched.config, image_seq_len)
+        from diffusers.pipelines.flux.pipeline_flux import calculate_shift
+
+        c = sched.config
+        kwargs["mu"] = calculate_shift(image_seq_len, c.get("base_image_seq_len", 256), c.get("max_image_seq_len", 4096),
+                                       c.get("base_shift", 0.5), c.get("max_shift", 1.15))
     sched.set_timesteps(num_steps, device="cpu", **kwargs)
     sigmas = sched.sigmas.detach().to(torch.float32).cpu()
     if sigmas.shape[0] != num_steps + 1 or float(sigmas[-1]) != 0.0:
         raise ValueError(f"expected {num_steps + 1} sigmas ending in 0 from the scheduler, got {sigmas.tolist()}")
     return sigmas
 
-
-def _flux_mu(config, image_seq_len: int) -> float:
-    # Linear interpolation of the shift between base and max sequence lengths (FLUX convention).
-    base_len = getattr(config, "base_image_seq_len", 256)
-    max_len = getattr(config, "max_image_seq_len", 4096)
-    base_shift = getattr(config, "base_shift", 0.5)
-    max_shift = getattr(config, "max_shift", 1.15)
-    slope = (max_shift - base_shift) / (max_len - base_len)
-    return image_seq_len * slope + base_shift - slope * base_len

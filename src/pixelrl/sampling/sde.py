@@ -1,6 +1,6 @@
 """One reverse step of a flow-matching sampler, with the log-probability of the step.
 
-Notation (ALGORITHMS.md): sigma = 1 is noise, 0 is data; x_sigma = (1 - sigma) x0 + sigma eps;
+Notation (docs/algorithms/notation.md): sigma = 1 is noise, 0 is data; x_sigma = (1 - sigma) x0 + sigma eps;
 the model predicts v with target eps - x0; a step goes from sigma to sigma_next < sigma, so
 dt = sigma_next - sigma < 0. All of this runs in float32 whatever the model dtype.
 """
@@ -83,11 +83,10 @@ def sde_step(
     sqrt_dt = torch.sqrt(-dt)
 
     def draw_noise() -> torch.Tensor:
-        if isinstance(generator, (list, tuple)):
-            return torch.stack(
-                [torch.randn(x.shape[1:], generator=g, device=x.device, dtype=torch.float32) for g in generator]
-            )
-        return torch.randn(x.shape, generator=generator, device=x.device, dtype=torch.float32)
+        from diffusers.utils.torch_utils import randn_tensor
+
+        gens = list(generator) if isinstance(generator, tuple) else generator
+        return randn_tensor(tuple(x.shape), generator=gens, device=x.device, dtype=torch.float32)
 
     is_cps = sde_type == "cps"
     if sde_type == "ode" or noise_level == 0:

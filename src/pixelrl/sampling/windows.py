@@ -82,36 +82,48 @@ def mixgrpo_window(num_steps: int, window_size: int, global_step: int, *, schedu
                    window_seed: int = 0, stride: int = 1, iters_per_group: int = 25, rollback: bool = False) -> Window:
     """MixGRPO: one window shared by every sample of a training step, moved by a schedule.
 
-    The start ranges over 0 .. cap with cap = N - 2 - W.
-    - `random`: start = randint(0, cap) from a generator seeded with window_seed + global_step.
-    - `progressive`: start = stride * ((global_step - 1) // iters_per_group), held at cap, or
-      with `rollback` wrapped back to 0 after passing it.
+    Indices live in [0, M) with M = N - 2 (MixGRPO stores N - 1 steps and never trains the
+    last stored one); the window is [start, min(start + W, M)).
+    - `random`: start = randint(0, M - W) from a generator seeded with window_seed + global_step
+      (the reference draws unseeded; seeding makes runs reproducible and resumable).
+    - `progressive`: start = stride * k with k = (global_step - 1) // iters_per_group, i.e. the
+      window moves by `stride` every `iters_per_group` steps. It shrinks at the tail
+      (N = 25, W = 4: ..., [19, 23), [20, 23), [21, 23), [22, 23)); once start would pass M - 1
+      it stays at M - 1, or with `rollback` starts again from 0.
     """
-    cap = num_steps - 2 - window_size
-    if cap < 0:
+    last = num_steps - 2  # M: the exclusive upper bound of trained indices
+    if not 1 <= window_size <= last:
         raise ConfigError("rollout.sde_window_size", window_size,
-                          f"a MixGRPO window needs sde_window_size <= num_steps - 2 = {num_steps - 2}")
+                          f"a MixGRPO window needs 1 <= sde_window_size <= num_steps - 2 = {last}")
     if schedule == "random":
         gen = torch.Generator().manual_seed(int(window_seed + global_step))
-        start = int(torch.randint(0, cap + 1, (1,), generator=gen))
+        start = int(torch.randint(0, last - window_size + 1, (1,), generator=gen))
     elif schedule == "progressive":
-        start = stride * ((global_step - 1) // max(1, iters_per_group))
-        start = start % (cap + 1) if rollback else min(start, cap)
+        moves = (global_step - 1) // max(1, iters_per_group)
+        if rollback:
+            positions = (last - 1) // stride + 1  # starts 0, stride, ... up to M - 1
+            start = (moves % positions) * stride
+        else:
+            start = min(moves * stride, last - 1)
     else:
-        raise ConfigError("rollout.mixgrpo_schedule", schedule, "choose `random` or `progressive`")
-    return Window(start, start + window_size)
+        raise ConfigError("rollout.sde_window_schedule", f"mixgrpo_{schedule}",
+                          f"choose one of {list(WINDOW_SCHEDULES)}")
+    return Window(start, min(start + window_size, last))
 
 
 def trained_step_indices(window_size: int, batch_size: int, *, num_steps: int, fraction: float = 1.0,
                          permute: bool = False, seed: int = 0) -> torch.Tensor:
-    """[B, K] indices into the window of the steps each sample trains on,
-    K = min(W, max(1, int(num_steps * fraction))).
+    """[B, K] indices into the window of the steps each sample trains on.
 
-    In order (Flow-GRPO `timestep_fraction`): the first K steps for every sample. Permuted
-    (DanceGRPO): a random K-subset per sample, from a generator seeded with `seed`.
+    In order (Flow-GRPO `timestep_fraction`): the first K = min(W, int(num_steps * fraction))
+    steps for every sample. Permuted (DanceGRPO): a random permutation of the W stored steps per
+    sample, of which the first K = int(W * fraction) are trained (DanceGRPO stores N - 1 steps:
+    int((N - 1) * fraction)); the permutations come from a generator seeded with `seed`.
+    At least one step is always trained.
     """
-    k = min(window_size, max(1, int(num_steps * fraction)))
     if not permute:
+        k = min(window_size, max(1, int(num_steps * fraction)))
         return torch.arange(k).unsqueeze(0).expand(batch_size, -1).clone()
+    k = max(1, int(window_size * fraction))
     gen = torch.Generator().manual_seed(int(seed))
     return torch.stack([torch.randperm(window_size, generator=gen)[:k] for _ in range(batch_size)])

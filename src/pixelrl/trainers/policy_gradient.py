@@ -141,7 +141,8 @@ class PolicyGradientTrainer:
             except StopIteration:  # next epoch (the sampler reshuffles with seed + epoch)
                 data_iter = iter(loader)
                 rows = next(data_iter)
-            batch, metrics = policy_gradient_step(self.actor, self.rewards, rows["prompts"], rows["metadata"], step, cfg)
+            batch, metrics = policy_gradient_step(self.actor, self.rewards, rows["prompts"], rows["metadata"], step, cfg,
+                                                  num_workers=self.actor.size)
             metrics["training/global_step"] = step
             metrics["training/epoch"] = loader.sampler.epoch
             if t.rollout_data_dir:
@@ -169,15 +170,19 @@ class PolicyGradientTrainer:
         rows = [val_set[i] for i in range(len(val_set))] * vk.n
         real = len(rows)
         pad = (-real) % self.actor.size  # pad to a multiple of the workers; padding is dropped
-        rows = rows + rows[:pad] if pad else rows
+        rows = (rows * (pad // real + 2))[:real + pad]  # cycles when there are fewer rows than workers
         prompts = [r["prompt"] for r in rows]
         seeds = [VAL_SEED_BASE + i for i in range(len(rows))]
         settings = SamplingSettings(noise_level=vk.noise_level, sde_type=cfg.rollout.sde_type,
                                     guidance_scale=cfg.rollout.guidance_scale if vk.guidance_scale is None
                                     else vk.guidance_scale, logprob_reduction=cfg.rollout.logprob_reduction)
         window = full_window(vk.num_steps) if vk.noise_level > 0 else Window(0, 0)
-        out = self.actor.rollout(prompts, seeds, window=window, settings=settings, num_steps=vk.num_steps)
-        images = out["images"][:real]
+        # val_batch_size prompts per generation call (rounded up to a multiple of the workers)
+        chunk = len(rows) if not cfg.data.val_batch_size else -(-cfg.data.val_batch_size // self.actor.size) * self.actor.size
+        images = torch.cat([
+            self.actor.rollout(prompts[i:i + chunk], seeds[i:i + chunk], window=window, settings=settings,
+                               num_steps=vk.num_steps)["images"]
+            for i in range(0, len(rows), chunk)])[:real]
         rows = rows[:real]
         scores = self.rewards(images, [r["prompt"] for r in rows], [r["metadata"] for r in rows])
         overall = scores["overall"]
@@ -206,10 +211,12 @@ class PolicyGradientTrainer:
     # ------------------------------------------------------------------ outputs
     def _dump(self, folder: Path, batch, *, images=None, prompts=None, scores=None, seeds=None) -> None:
         """JSONL of prompts, seeds and scores plus one PNG per image."""
+        folder.mkdir(parents=True, exist_ok=True)
         if batch is not None:
             images, prompts, seeds = batch["images"], batch["prompts"], batch["seeds"]
             scores = {"reward": batch["rewards"], "advantage": batch["advantages"]}
-        folder.mkdir(parents=True, exist_ok=True)
+            # how the batch was sampled: policy version, window, sampler settings
+            (folder / "info.json").write_text(json.dumps(batch.info, indent=1, default=str))
         with (folder / "samples.jsonl").open("w") as handle:
             for i, prompt in enumerate(prompts):
                 record = {"index": i, "prompt": prompt, "seed": int(seeds[i]),

@@ -13,9 +13,11 @@ from contextlib import contextmanager
 
 import torch
 
-from pixelrl.algos.advantages import get_advantage_estimator, group_reward_stats
+from pixelrl.algos.advantages import get_advantage_estimator, group_reward_stats, zero_advantage_keep
 from pixelrl.algos.rollout_correction import rollout_correction_weights
 from pixelrl.core.batch import Batch
+from pixelrl.core.config import mini_batches_per_epoch
+from pixelrl.core.seeding import derive_seed
 from pixelrl.sampling.windows import choose_window, trained_step_indices
 
 # Sample seeds live in disjoint ranges per step: seed_i = step_seed * SEED_STRIDE + i, so two
@@ -37,9 +39,19 @@ def expand_prompts(prompts: list[str], metadata: list[dict], n: int, seed: int, 
     return batch
 
 
+def group_noise_seeds(seeds: list[int], n: int) -> list[int]:
+    """DanceGRPO's shared initial noise: every image of a group starts from one noise, drawn from
+    a stream derived from the group's first seed (never the stream of any sample's SDE noise)."""
+    return [derive_seed(s - (i % n), "group_initial_noise") for i, s in enumerate(seeds)]
+
+
 def compute_advantages(rewards: torch.Tensor, uids: list, algo_cfg) -> torch.Tensor:
     estimator = get_advantage_estimator(algo_cfg.adv_estimator)
-    return estimator(rewards, uids, norm_by_std=algo_cfg.norm_adv_by_std_in_grpo, global_std=algo_cfg.global_std)
+    options = dict(norm_by_std=algo_cfg.norm_adv_by_std_in_grpo, global_std=algo_cfg.global_std,
+                   eps=algo_cfg.adv_eps)
+    if algo_cfg.adv_std_unbiased:
+        options["unbiased"] = True
+    return estimator(rewards, uids, **options)
 
 
 def aggregate_advantages(scores: dict[str, torch.Tensor], uids: list, cfg) -> torch.Tensor:
@@ -72,8 +84,12 @@ def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
 
 
 def policy_gradient_step(actor, reward_fn, prompts: list[str], metadata: list[dict], global_step: int, cfg,
-                         uids=None) -> tuple[Batch, dict[str, float]]:
-    """generate -> reward -> (re-score old) -> (reference) -> advantages -> update."""
+                         uids=None, num_workers: int = 1) -> tuple[Batch, dict[str, float]]:
+    """generate -> reward -> advantages (-> drop zero ones) -> (re-score old) -> (reference) -> update.
+
+    Returns the whole scored batch (for dumps) and the step's metrics; `num_workers` is the size
+    of the actor group, so that a reduced batch still splits evenly.
+    """
     timer = PhaseTimer()
     seed = step_seed(cfg.rollout.seed, global_step)
     samples = expand_prompts(prompts, metadata, cfg.rollout.n, seed, uids)
@@ -83,8 +99,7 @@ def policy_gradient_step(actor, reward_fn, prompts: list[str], metadata: list[di
                            stride=r.mixgrpo_stride, iters_per_group=r.mixgrpo_iters_per_group,
                            rollback=r.mixgrpo_rollback)
 
-    # DanceGRPO option: every image of a group starts from the group's first seed's noise.
-    noise_seeds = ([s - (i % r.n) for i, s in enumerate(samples["seeds"])] if r.same_noise_per_group else None)
+    noise_seeds = group_noise_seeds(samples["seeds"], r.n) if r.same_noise_per_group else None
     with timer.phase("gen"):
         batch = actor.rollout(samples["prompts"], samples["seeds"], window=window, noise_seeds=noise_seeds)
         batch.update(Batch(values={"metadata": samples["metadata"], "uids": samples["uids"]}))
@@ -92,25 +107,32 @@ def policy_gradient_step(actor, reward_fn, prompts: list[str], metadata: list[di
         scores = reward_fn(batch["images"], batch["prompts"], batch["metadata"])
         rewards = scores["overall"]
         batch["rewards"] = rewards
-    correction_metrics: dict[str, float] = {}
-    if cfg.algorithm.rollout_correction == "decoupled":
-        with timer.phase("old_log_prob"):
-            batch.update(actor.score(batch, "old"))
-            a = cfg.algorithm
-            batch["is_weights"], correction_metrics = rollout_correction_weights(
-                batch["old_log_probs"], batch["log_probs"], threshold=a.rollout_is_threshold,
-                lower=a.rollout_rs_lower, upper=a.rollout_rs_upper)
-    if cfg.diffusion_loss.kl_coef > 0:
-        with timer.phase("ref"):
-            batch.update(actor.score(batch, "reference"))
     with timer.phase("adv"):
         batch["advantages"] = aggregate_advantages(scores, batch["uids"], cfg)
         if cfg.actor.timestep_fraction < 1.0 or cfg.actor.permute_timesteps:
             batch["train_step_index"] = trained_step_indices(
                 window.size, len(batch), num_steps=r.num_steps, fraction=cfg.actor.timestep_fraction,
-                permute=cfg.actor.permute_timesteps, seed=seed)
+                permute=cfg.actor.permute_timesteps, seed=derive_seed(seed, "trained_steps"))
+        num_mini = mini_batches_per_epoch(cfg)
+        train = batch
+        if cfg.algorithm.drop_zero_advantage:
+            keep = zero_advantage_keep(batch["advantages"], num_mini * num_workers,
+                                       torch.Generator().manual_seed(derive_seed(seed, "zero_advantage")))
+            train = batch.select(keep)
+        train.info["num_mini_batches"] = num_mini
+    correction_metrics: dict[str, float] = {}
+    if cfg.algorithm.rollout_correction == "decoupled":
+        with timer.phase("old_log_prob"):
+            train.update(actor.score(train, "old"))
+            a = cfg.algorithm
+            train["is_weights"], correction_metrics = rollout_correction_weights(
+                train["old_log_probs"], train["log_probs"], step_indices=train["step_indices"],
+                threshold=a.rollout_is_threshold, lower=a.rollout_rs_lower, upper=a.rollout_rs_upper)
+    if cfg.diffusion_loss.kl_coef > 0:
+        with timer.phase("ref"):
+            train.update(actor.score(train, "reference"))
     with timer.phase("update_actor"):
-        actor_metrics = actor.update(batch)
+        actor_metrics = actor.update(train)
 
     num_images = len(batch)
     metrics: dict[str, float] = {}
@@ -121,6 +143,8 @@ def policy_gradient_step(actor, reward_fn, prompts: list[str], metadata: list[di
     stats = group_reward_stats(rewards, batch["uids"])
     metrics.update({f"critic/rewards/{k}": v for k, v in stats.items()})
     metrics.update(_stats("critic/advantages", batch["advantages"]))
+    metrics["critic/advantages/zero_frac"] = float((batch["advantages"] == 0).float().mean())
+    metrics["training/trained_fraction"] = len(train) / num_images
     metrics.update({f"actor/{k}": v for k, v in actor_metrics.items()})
     metrics.update(correction_metrics)
     total = sum(timer.seconds.values())
@@ -130,4 +154,5 @@ def policy_gradient_step(actor, reward_fn, prompts: list[str], metadata: list[di
     metrics["timing_s/step"] = total
     metrics["perf/throughput"] = num_images / total
     metrics["training/window_start"] = window.start
+    metrics["training/window_size"] = window.size
     return batch, metrics

@@ -51,6 +51,10 @@ class _Group:
         metrics = self._call_all("update", [(p,) for p in payloads])
         return {k: float(np.mean([m[k] for m in metrics])) for k in metrics[0]}
 
+    def trainable_states(self) -> list[dict]:
+        """Every rank's full trainable weights (numpy), in rank order."""
+        return self._call_all("trainable_state", [()] * self.size)
+
     def save(self, folder: str) -> None:
         self._call_all("save", [(folder,)] * self.size)
 

@@ -74,6 +74,13 @@ class PolicyWorker:
     def update(self, payload: dict) -> dict:
         return self.engine.update(Batch.from_numpy(payload))
 
+    def trainable_state(self) -> dict:
+        """This rank's full (unsharded) trainable weights as numpy arrays (to check ranks agree)."""
+        from pixelrl.engine.distributed import full_trainable_state
+
+        state = full_trainable_state(self.engine.model.transformer, self.engine.trainable_names())
+        return {k: v.numpy() for k, v in state.items()}
+
     # --- checkpoints ----------------------------------------------------------------------
     def save(self, folder: str) -> None:
         from pixelrl.engine.checkpoint import save_engine

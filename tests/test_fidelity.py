@@ -1,0 +1,164 @@
+"""Fidelity to the reference implementations: update schedules of the paper configs, advantage
+options, zero-advantage dropping, and the engine paths that must match the references."""
+
+import math
+
+import pytest
+import torch
+
+from pixelrl.algos import group_advantages
+from pixelrl.algos.advantages import zero_advantage_keep
+from pixelrl.core.batch import Batch
+from pixelrl.core.config_loading import load_config
+from pixelrl.core.config import optimizer_steps_per_rollout
+from pixelrl.core.errors import ConfigError
+
+# optimizer steps per rollout batch in each method's reference code
+PAPER_SCHEDULES = {
+    "flow_grpo_sd35": 2,       # flow_grpo config: gradient_accumulation_steps = num_batches_per_epoch // 2
+    "flow_grpo_fast_sd35": 2,
+    "grpo_guard_sd35": 2,
+    "flow_dppo_sd35": 2,
+    "dance_grpo_sd35": 2,      # 24 samples per GPU, accumulation 12
+    "mixgrpo_sd35": 4,         # 12 samples per GPU, accumulation 3
+}
+
+
+@pytest.mark.parametrize("name", sorted(PAPER_SCHEDULES))
+def test_paper_configs_take_the_reference_number_of_optimizer_steps_per_rollout(name):
+    cfg = load_config(name)
+    assert optimizer_steps_per_rollout(cfg) == PAPER_SCHEDULES[name]
+
+
+def test_dance_and_mix_grpo_paper_configs_normalise_per_group_like_their_references():
+    for name in ("dance_grpo_sd35", "mixgrpo_sd35"):
+        a = load_config(name).algorithm
+        assert (a.global_std, a.adv_std_unbiased, a.adv_eps, a.drop_zero_advantage) == (False, True, 1e-8, False)
+    assert load_config("mixgrpo_sd35").algorithm.reward_aggregation == "sum_advantages"
+    assert load_config("mixgrpo_sd35").rollout.mixgrpo_rollback
+    assert load_config("flow_grpo_sd35").algorithm.drop_zero_advantage
+
+
+def test_unbiased_group_std_and_eps_hand_computed():
+    # group x: (1, 3): mean 2, sample std sqrt(2);  group y: (0, 0, 6): mean 2, sample std sqrt(12)
+    rewards = torch.tensor([1.0, 3.0, 0.0, 0.0, 6.0])
+    adv = group_advantages(rewards, ["x", "x", "y", "y", "y"], global_std=False, unbiased=True, eps=1e-8)
+    s2, s12 = math.sqrt(2) + 1e-8, math.sqrt(12) + 1e-8
+    assert torch.allclose(adv, torch.tensor([-1 / s2, 1 / s2, -2 / s12, -2 / s12, 4 / s12]), atol=1e-6)
+    # the population std of group x would be 1: a different number
+    biased = group_advantages(rewards, ["x", "x", "y", "y", "y"], global_std=False)
+    assert biased[1].item() == pytest.approx(1 / 1.0001, abs=1e-6)
+
+
+def test_zero_advantage_samples_are_dropped_and_refilled_to_a_multiple():
+    adv = torch.tensor([0.0, 1.0, -1.0, 0.0, 0.0, 2.0, 0.0, 0.0])
+    keep = zero_advantage_keep(adv, 4, torch.Generator().manual_seed(0))
+    assert len(keep) == 4 and {1, 2, 5} < set(keep.tolist())  # 3 non-zero + 1 zero re-added
+    assert keep.tolist() == sorted(keep.tolist())
+    four = zero_advantage_keep(adv, 2, torch.Generator().manual_seed(0))
+    assert len(four) == 4 and {1, 2, 5} < set(four.tolist())
+    # all zero: keep one multiple so the update still runs (its KL term, if any)
+    assert len(zero_advantage_keep(torch.zeros(8), 4, torch.Generator().manual_seed(0))) == 4
+    assert zero_advantage_keep(torch.ones(8), 4, torch.Generator().manual_seed(0)).tolist() == list(range(8))
+
+
+class _RecordingActor:
+    """An actor that samples nothing: records what the producer asks of it."""
+
+    size = 1
+
+    def __init__(self, window_size):
+        self.window_size = window_size
+        self.updated = None
+
+    def rollout(self, prompts, seeds, *, window, noise_seeds=None):
+        b, w = len(prompts), window.size
+        self.window = window
+        return Batch({"images": torch.zeros(b, 4, 4, 3, dtype=torch.uint8), "latents": torch.zeros(b, w + 1, 1),
+                      "log_probs": torch.zeros(b, w), "sigmas": torch.ones(b, w), "sigmas_next": torch.ones(b, w),
+                      "step_indices": torch.tensor(window.steps()).expand(b, -1)},
+                     {"prompts": list(prompts), "seeds": list(seeds)}, {"sampling": {}})
+
+    def update(self, batch):
+        self.updated = batch
+        return {"pg_loss": 0.0}
+
+
+def _producer_cfg(**overrides):
+    from conftest import tiny_config
+
+    cfg = tiny_config("unused", **overrides)
+    cfg.data.train_batch_size = 2
+    return cfg
+
+
+def test_the_producer_drops_zero_advantage_samples_and_keeps_the_mini_batch_count():
+    from pixelrl.trainers.step import policy_gradient_step
+
+    cfg = _producer_cfg(actor__ppo_mini_batch_size=4)
+    actor = _RecordingActor(5)
+    # prompt "a" gets equal rewards (A = 0 for its 4 images), prompt "b" differing ones
+    rewards = {"a": [1.0] * 4, "b": [0.0, 1.0, 2.0, 3.0]}
+
+    def reward_fn(images, prompts, metadata):
+        counters = {"a": iter(rewards["a"]), "b": iter(rewards["b"])}
+        return {"overall": torch.tensor([next(counters[p]) for p in prompts])}
+
+    _, metrics = policy_gradient_step(actor, reward_fn, ["a", "b"], [{}, {}], 1, cfg)
+    assert metrics["critic/advantages/zero_frac"] == 0.5
+    assert len(actor.updated) == 4 and actor.updated.info["num_mini_batches"] == 2
+    assert actor.updated["prompts"] == ["b"] * 4 and metrics["training/trained_fraction"] == 0.5
+    cfg.algorithm.drop_zero_advantage = False
+    policy_gradient_step(actor, reward_fn, ["a", "b"], [{}, {}], 1, cfg)
+    assert len(actor.updated) == 8 and actor.updated.info["num_mini_batches"] == 2
+
+
+def test_trained_timesteps_do_not_replay_the_window_draw():
+    """The window and the per-sample timestep permutation are separate random decisions."""
+    from pixelrl.sampling.windows import trained_step_indices
+    from pixelrl.trainers.step import policy_gradient_step, step_seed
+
+    cfg = _producer_cfg(actor__timestep_fraction=0.6, actor__permute_timesteps=True,
+                        algorithm__drop_zero_advantage=False)
+    actor = _RecordingActor(5)
+    reward_fn = lambda images, prompts, metadata: {"overall": torch.arange(len(prompts), dtype=torch.float32)}  # noqa: E731
+    same = 0
+    for step in range(1, 6):
+        policy_gradient_step(actor, reward_fn, ["a", "b"], [{}, {}], step, cfg)
+        shared_stream = trained_step_indices(actor.window.size, 8, num_steps=6, fraction=0.6, permute=True,
+                                             seed=step_seed(cfg.rollout.seed, step))
+        same += torch.equal(actor.updated["train_step_index"], shared_stream)
+    assert same == 0
+
+
+def test_grpo_guard_takes_old_log_prob_and_old_mean_from_the_same_forward(make_engine, tiny_pixel_path):
+    """On the first (on-policy) mini-batch, a rollout-time mean that drifted from the training
+    forward must not enter the guard bias: both old quantities come from the current forward."""
+    from pixelrl.trainers.step import compute_advantages, expand_prompts
+
+    engine, cfg = make_engine(tiny_pixel_path, diffusion_loss__name="grpo_guard", rollout__sde_window_size=2,
+                              rollout__sde_window_range=[0, 4])
+    samples = expand_prompts(["a cat", "a dog"], [{}, {}], 4, seed=1)
+    batch = engine.rollout(samples["prompts"], samples["seeds"])
+    batch["old_means"] = batch["old_means"] + 1e-3  # kernel drift between rollout and training
+    batch["uids"] = samples["uids"]
+    batch["advantages"] = compute_advantages(torch.arange(8.0), batch["uids"], cfg.algorithm)
+    metrics = engine.update(batch)
+    assert metrics["guard_bias"] == 0.0 and metrics["ratio_mean"] == 1.0
+
+
+def test_grpo_guard_with_cps_is_rejected_at_start_up():
+    with pytest.raises(ConfigError, match="rollout.sde_type"):
+        load_config("grpo_guard_tiny", ["rollout.sde_type=cps", "rollout.noise_level=0.8"])
+
+
+def test_the_timestep_reaches_a_bf16_transformer_in_float32(tiny_pixel_path):
+    from pixelrl.models import load_model
+
+    model = load_model("sd3", tiny_pixel_path, dtype="bfloat16", max_sequence_length=0)
+    seen = {}
+    model.transformer.register_forward_pre_hook(lambda mod, args, kwargs: seen.update(t=kwargs["timestep"]),
+                                                with_kwargs=True)
+    x = torch.zeros(1, *model.latent_shape(32, 32))
+    model.predict_velocity(x, torch.tensor([0.91335]), model.encode_prompts(["a cat"]))
+    assert seen["t"].dtype == torch.float32 and seen["t"].item() == pytest.approx(913.35, abs=1e-3)
