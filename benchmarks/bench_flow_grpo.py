@@ -40,7 +40,7 @@ def run_one(args) -> dict:
 
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        path = build_tiny_sd3(os.path.join(tmp, "tiny"), resolution=args.resolution, with_vae=not args.no_vae)
+        path = build_tiny_sd3(os.path.join(tmp, "tiny"), resolution=args.resolution, with_vae=not args.no_vae, with_t5=False)
         cfg = PixelRLConfig(seed=0)
         cfg.model.path, cfg.model.max_sequence_length = str(path), 0
         cfg.model.lora_rank, cfg.model.lora_alpha = 8, 16

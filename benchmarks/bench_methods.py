@@ -41,7 +41,7 @@ def main() -> None:
     common = ["trainer.backend=local", f"trainer.total_training_steps={args.steps}", "rollout.num_steps=10",
               "data.train_batch_size=4", "rollout.n=4", "actor.ppo_micro_batch_size=8", "rollout.micro_batch_size=16"]
     with tempfile.TemporaryDirectory() as tmp:
-        model = build_tiny_sd3(Path(tmp) / "tiny", resolution=32, with_vae=False)
+        model = build_tiny_sd3(Path(tmp) / "tiny", resolution=32, with_vae=False, with_t5=False)
         print(f"# tiny SD3 (pixel space, 32 px, LoRA r8), 4 prompts x 4 images, 10 sampling steps, "
               f"{args.threads} threads, one in-process worker, {args.steps - 1} timed steps after 1 warm-up")
         print("| variant | s/step | images/s | gen s | old_log_prob s | update s |")

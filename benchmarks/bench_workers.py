@@ -46,7 +46,7 @@ def main() -> None:
     ray.init(include_dashboard=False, log_to_driver=False)
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            model = build_tiny_sd3(Path(tmp) / "tiny", resolution=32, with_vae=False)
+            model = build_tiny_sd3(Path(tmp) / "tiny", resolution=32, with_vae=False, with_t5=False)
             print(f"# tiny SD3 (pixel space, 32 px, LoRA r8), 10 sampling steps, full window, "
                   f"{args.prompts_per_worker} prompts x {args.n} images per worker, {args.threads} core(s) per worker, "
                   f"{args.steps - 1} timed steps after 1 warm-up")

@@ -15,7 +15,7 @@ def tiny_sd3_path(tmp_path_factory):
     """A tiny random SD3 pipeline with a VAE (latent space), built offline once per session."""
     from pixelrl.models import build_tiny_sd3
 
-    return build_tiny_sd3(tmp_path_factory.mktemp("tiny_sd3") / "pipe", resolution=32, with_vae=True)
+    return build_tiny_sd3(tmp_path_factory.mktemp("tiny_sd3") / "pipe", resolution=32, with_vae=True, with_t5=False)
 
 
 @pytest.fixture(scope="session")
@@ -23,7 +23,8 @@ def tiny_pixel_path(tmp_path_factory):
     """A tiny random SD3 pipeline working directly in RGB pixel space (no VAE)."""
     from pixelrl.models import build_tiny_sd3
 
-    return build_tiny_sd3(tmp_path_factory.mktemp("tiny_pixel") / "pipe", resolution=32, with_vae=False)
+    return build_tiny_sd3(tmp_path_factory.mktemp("tiny_pixel") / "pipe", resolution=32, with_vae=False,
+                          with_t5=False)
 
 
 def tiny_config(path, **overrides):

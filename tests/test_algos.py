@@ -1,4 +1,4 @@
-"""Advantages and losses against hand-computed numbers (ALGORITHMS.md sections 5 and 6)."""
+"""Advantages and losses against hand-computed numbers (docs/algorithms/notation.md)."""
 
 import math
 

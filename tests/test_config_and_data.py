@@ -101,3 +101,27 @@ def test_loader_state_resumes_across_epochs():
     again = [b["prompts"] for _ in range(2) for b in resumed]
     assert again == seen[3:]
     assert seen[0] != seen[2]  # each epoch is a new permutation
+
+
+@pytest.mark.parametrize("override, field", [
+    ("model.type=flux9", "model.type"),
+    ("model.dtype=float8", "model.dtype"),
+    ("model.lora_init=kaiming", "model.lora_init"),
+    ("model.lora_rank=-1", "model.lora_rank"),
+    ("rollout.logprob_reduction=max", "rollout.logprob_reduction"),
+    ("rollout.sigma_schedule=cosine", "rollout.sigma_schedule"),
+    ("rollout.sde_window_schedule=mixgrpo_decay", "rollout.sde_window_schedule"),
+    ("actor.max_grad_norm=-1", "actor.max_grad_norm"),
+    ("diffusion_loss.clip_ratio=0", "diffusion_loss.clip_ratio"),
+    ("algorithm.adv_eps=0", "algorithm.adv_eps"),
+    ("reward.functions=[{name: jpeg_compresibility}]", "reward.functions[0].name"),
+])
+def test_each_field_is_validated_at_start_up_naming_itself(override, field):
+    assert f"`{field}`" in _error(override)
+
+
+def test_resolution_is_checked_against_the_model_folder_before_any_worker(tiny_sd3_path):
+    # VAE scale 2 x patch 2: a multiple of 4
+    with pytest.raises(ConfigError, match="rollout.resolution.*multiple of 4"):
+        load_config("flow_grpo_tiny", [f"model.path={tiny_sd3_path}", "rollout.resolution=30"])
+    load_config("flow_grpo_tiny", [f"model.path={tiny_sd3_path}", "rollout.resolution=32"])

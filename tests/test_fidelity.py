@@ -162,3 +162,15 @@ def test_the_timestep_reaches_a_bf16_transformer_in_float32(tiny_pixel_path):
     x = torch.zeros(1, *model.latent_shape(32, 32))
     model.predict_velocity(x, torch.tensor([0.91335]), model.encode_prompts(["a cat"]))
     assert seen["t"].dtype == torch.float32 and seen["t"].item() == pytest.approx(913.35, abs=1e-3)
+
+
+def test_linspace_shift_schedule_hand_computed():
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    from pixelrl.sampling.schedule import schedule_sigmas
+
+    # s = 1, .75, .5, .25, 0 -> 3 s / (1 + 2 s)
+    sigmas = schedule_sigmas(FlowMatchEulerDiscreteScheduler(shift=3.0), 4, "linspace_shift")
+    assert torch.allclose(sigmas, torch.tensor([1.0, 0.9, 0.75, 0.5, 0.0]))
+    assert load_config("dance_grpo_sd35").rollout.sigma_schedule == "linspace_shift"
+    assert load_config("mixgrpo_sd35").rollout.sigma_schedule == "linspace_shift"

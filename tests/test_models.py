@@ -24,13 +24,16 @@ def test_tiny_folder_loads_in_diffusers_and_prompt_encoding_matches_it(tiny_sd3_
     assert image.shape == (1, 32, 32, 3)
 
 
-def test_t5_folder_encoding_matches_diffusers(tmp_path):
+def test_default_tiny_folder_loads_in_diffusers_with_no_extra_arguments_and_t5_encoding_matches(tmp_path):
     from diffusers import StableDiffusion3Pipeline
 
     from pixelrl.models import build_tiny_sd3
 
-    path = build_tiny_sd3(tmp_path / "with_t5", with_t5=True)
+    path = build_tiny_sd3(tmp_path / "default")
     pipe = StableDiffusion3Pipeline.from_pretrained(path)
+    image = pipe("a red circle", num_inference_steps=2, height=32, width=32, output_type="np",
+                 max_sequence_length=12).images
+    assert image.shape == (1, 32, 32, 3)
     prompts = ["a red circle", "three green stars above a tree"]
     ref_embeds, _, ref_pooled, _ = pipe.encode_prompt(
         prompts, prompts, prompts, do_classifier_free_guidance=False, max_sequence_length=12

@@ -1,4 +1,4 @@
-"""sde_step against hand-computed numbers (ALGORITHMS.md section 2)."""
+"""sde_step against hand-computed numbers (docs/algorithms/notation.md)."""
 
 import math
 

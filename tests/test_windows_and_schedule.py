@@ -22,12 +22,6 @@ def test_random_window_is_reproducible_from_its_seed_and_stays_in_range():
     assert starts == {0, 1, 2, 3, 4}
 
 
-def test_random_window_draw_matches_torch_randint():
-    gen = torch.Generator().manual_seed(7)
-    start = int(torch.randint(1, 5 - 2 + 1, (1,), generator=gen))
-    assert random_window(10, 2, (1, 5), 7) == Window(start, start + 2)
-
-
 def test_choose_window_full_when_size_zero():
     assert choose_window(6, 0, None, 3) == Window(0, 5)
 

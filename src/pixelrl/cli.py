@@ -48,7 +48,7 @@ def cmd_demo_jpeg(args) -> int:
     run_dir = Path(args.run_dir)
     model_dir = run_dir / "tiny_sd3"
     if not (model_dir / "model_index.json").is_file():
-        build_tiny_sd3(model_dir, resolution=32, with_vae=False, seed=args.seed)
+        build_tiny_sd3(model_dir, resolution=32, with_vae=False, with_t5=False, seed=args.seed)
     cfg = PixelRLConfig(seed=args.seed)
     cfg.model.path = str(model_dir)
     cfg.model.max_sequence_length = 0
@@ -165,7 +165,8 @@ def cmd_pretrain_shapes(args) -> int:
 def cmd_build_tiny(args) -> int:
     from pixelrl.models import build_tiny_sd3
 
-    path = build_tiny_sd3(args.path, resolution=args.resolution, with_vae=not args.no_vae, seed=args.seed)
+    path = build_tiny_sd3(args.path, resolution=args.resolution, with_vae=not args.no_vae, with_t5=not args.no_t5,
+                          seed=args.seed)
     print(f"wrote a tiny SD3 pipeline to {path}")
     return 0
 
@@ -220,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     tiny = sub.add_parser("build-tiny", help="write a tiny random SD3 pipeline folder")
     tiny.add_argument("path")
     tiny.add_argument("--resolution", type=int, default=32)
-    tiny.add_argument("--no-vae", action="store_true")
+    tiny.add_argument("--no-vae", action="store_true", help="pixel space (diffusers then needs vae=None)")
+    tiny.add_argument("--no-t5", action="store_true", help="CLIP only (diffusers then needs text_encoder_3=None)")
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(func=cmd_build_tiny)
     args = parser.parse_args(argv)

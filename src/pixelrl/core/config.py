@@ -28,6 +28,8 @@ class RolloutConfig:
     n: int = 8  # images per prompt (the group size)
     seed: int = 42  # per-step rollout seed = seed + global_step - 1
     num_steps: int = 10
+    # scheduler: the model's diffusers scheduler; linspace_shift: DanceGRPO / MixGRPO's own grid
+    sigma_schedule: str = "scheduler"
     resolution: int = 512
     guidance_scale: float = 4.5
     negative_prompt: str = ""

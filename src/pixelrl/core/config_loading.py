@@ -99,6 +99,7 @@ def validate(cfg: PixelRLConfig) -> None:
     from pixelrl.models.loader import MODEL_TYPES, latent_unit
     from pixelrl.models.lora import LORA_INITS
     from pixelrl.rewards.registry import REWARDS, check_reward_options
+    from pixelrl.sampling.schedule import SIGMA_SCHEDULES
     from pixelrl.sampling.sde import SDE_TYPES
     from pixelrl.sampling.windows import WINDOW_SCHEDULES, check_window_args
 
@@ -111,6 +112,7 @@ def validate(cfg: PixelRLConfig) -> None:
     _positive("model.lora_rank", m.lora_rank, allow_zero=True)
     _positive("model.lora_alpha", m.lora_alpha)
     _choice("rollout.logprob_reduction", r.logprob_reduction, ("mean", "sum"))
+    _choice("rollout.sigma_schedule", r.sigma_schedule, SIGMA_SCHEDULES)
     _choice("rollout.sde_type", r.sde_type, [s for s in SDE_TYPES if s != "ode"])
     _choice("diffusion_loss.name", cfg.diffusion_loss.name, LOSSES.names())
     if cfg.diffusion_loss.name == "grpo_guard" and r.sde_type == "cps":

@@ -20,7 +20,7 @@ from pixelrl.core.errors import ConfigError
 from pixelrl.models.base import DiffusionModel
 from pixelrl.models.lora import adapters_disabled, add_lora
 from pixelrl.sampling.rollout import SamplingSettings, rollout, step_with_log_prob
-from pixelrl.sampling.schedule import sigmas_from_scheduler
+from pixelrl.sampling.schedule import schedule_sigmas
 from pixelrl.sampling.windows import Window, full_window
 
 POLICIES = ("current", "old", "reference")
@@ -38,7 +38,7 @@ class PolicyEngine:
             guidance_scale=cfg.rollout.guidance_scale,
             logprob_reduction=cfg.rollout.logprob_reduction,
         )
-        self.sigmas = sigmas_from_scheduler(model.scheduler, cfg.rollout.num_steps)
+        self.sigmas = schedule_sigmas(model.scheduler, cfg.rollout.num_steps, cfg.rollout.sigma_schedule)
 
         mcfg = cfg.model
         torch.manual_seed(cfg.seed)
@@ -94,7 +94,8 @@ class PolicyEngine:
                 noise_seeds: list[int] | None = None) -> Batch:
         """Sample one image per (prompt, seed) with the current policy, in micro-batches."""
         settings = settings or self.settings
-        sigmas = self.sigmas if num_steps is None else sigmas_from_scheduler(self.model.scheduler, num_steps)
+        sigmas = (self.sigmas if num_steps is None
+                  else schedule_sigmas(self.model.scheduler, num_steps, self.cfg.rollout.sigma_schedule))
         window = window or (self.default_window() if num_steps is None else full_window(num_steps))
         res = self.cfg.rollout.resolution
         self.model.transformer.eval()

@@ -25,7 +25,7 @@ from pixelrl.models.tiny import build_tiny_sd3
 from pixelrl.rewards.shapes import CATEGORIES
 
 # The shipped architecture (see the model card): pixel space 32 x 32 RGB, patch 4.
-SHAPES_ARCH = dict(resolution=32, with_vae=False, text_hidden=64, text_layers=2, text_max_length=16,
+SHAPES_ARCH = dict(resolution=32, with_vae=False, with_t5=False, text_hidden=64, text_layers=2, text_max_length=16,
                    num_layers=6, heads=4, head_dim=32, patch_size=4, shift=3.0)
 
 

@@ -1,9 +1,7 @@
 """Stable Diffusion 3 / 3.5 family adapter over diffusers components.
 
 Loads any local SD3-layout pipeline folder (transformer, scheduler, optional vae, two CLIP text
-encoders, optional T5) and reproduces the diffusers prompt encoding: penultimate CLIP hidden
-states concatenated on features, zero-padded to the joint width, followed by the T5 tokens
-(or zeros of the same width when T5 is absent).
+encoders, optional T5) and encodes prompts with the diffusers pipeline's own `encode_prompt`.
 """
 
 from __future__ import annotations
@@ -51,7 +49,8 @@ class SD3Model(DiffusionModel):
         prompt_cache_size: int = 4096,
     ):
         super().__init__(prompt_cache_size)
-        from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
+        from diffusers import (AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel,
+                               StableDiffusion3Pipeline)
         from transformers import CLIPTextModelWithProjection, CLIPTokenizer
 
         folder = check_pipeline_folder(path)
@@ -68,47 +67,49 @@ class SD3Model(DiffusionModel):
             self.vae = AutoencoderKL.from_pretrained(folder / "vae", torch_dtype=self.dtype).to(self.device)
             self.vae.requires_grad_(False).eval()
 
-        self.clip_encoders, self.clip_tokenizers = [], []
         for suffix in ("", "_2"):
-            if (folder / f"text_encoder{suffix}" / "config.json").is_file():
-                enc = CLIPTextModelWithProjection.from_pretrained(folder / f"text_encoder{suffix}", torch_dtype=self.dtype)
-                self.clip_encoders.append(enc.to(self.device).requires_grad_(False).eval())
-                self.clip_tokenizers.append(CLIPTokenizer.from_pretrained(folder / f"tokenizer{suffix}"))
-        if not self.clip_encoders:
-            raise ModelFolderError(f"model folder `{folder}` has no text_encoder/: an SD3 pipeline needs its CLIP encoders")
-        self.t5_encoder = self.t5_tokenizer = None
-        if (folder / "text_encoder_3" / "config.json").is_file():
+            if not (folder / f"text_encoder{suffix}" / "config.json").is_file():
+                raise ModelFolderError(f"model folder `{folder}` has no text_encoder{suffix}/: an SD3 pipeline needs "
+                                       "both CLIP encoders (text_encoder/, text_encoder_2/ with their tokenizers)")
+        clip = [CLIPTextModelWithProjection.from_pretrained(folder / f"text_encoder{suffix}", torch_dtype=self.dtype)
+                .to(self.device).requires_grad_(False).eval() for suffix in ("", "_2")]
+        clip_tok = [CLIPTokenizer.from_pretrained(folder / f"tokenizer{suffix}") for suffix in ("", "_2")]
+        # T5 only when its tokens are used (max_sequence_length 0 = zero T5 tokens, no T5 forward)
+        t5 = t5_tok = None
+        if (folder / "text_encoder_3" / "config.json").is_file() and self.max_sequence_length > 0:
             from transformers import AutoTokenizer, T5EncoderModel
 
-            self.t5_encoder = T5EncoderModel.from_pretrained(folder / "text_encoder_3", torch_dtype=self.dtype)
-            self.t5_encoder.to(self.device).requires_grad_(False).eval()
-            self.t5_tokenizer = AutoTokenizer.from_pretrained(folder / "tokenizer_3")
+            t5 = T5EncoderModel.from_pretrained(folder / "text_encoder_3", torch_dtype=self.dtype)
+            t5 = t5.to(self.device).requires_grad_(False).eval()
+            t5_tok = AutoTokenizer.from_pretrained(folder / "tokenizer_3")
         self.transformer.requires_grad_(False)
+        # The diffusers pipeline over the same modules: its encode_prompt is the prompt encoding.
+        self.pipeline = StableDiffusion3Pipeline(
+            transformer=self.transformer, scheduler=self.scheduler, vae=self.vae,
+            text_encoder=clip[0], tokenizer=clip_tok[0], text_encoder_2=clip[1], tokenizer_2=clip_tok[1],
+            text_encoder_3=t5, tokenizer_3=t5_tok,
+        )
         cfg = self.transformer.config
-        self.joint_dim = cfg.joint_attention_dim
         self.patch_size = cfg.patch_size
         self.in_channels = cfg.in_channels
         self.vae_scale = 2 ** (len(self.vae.config.block_out_channels) - 1) if self.vae is not None else 1
 
+    @property
+    def clip_encoders(self) -> list:
+        return [self.pipeline.text_encoder, self.pipeline.text_encoder_2]
+
+    @property
+    def t5_encoder(self):
+        return self.pipeline.text_encoder_3
+
     # --- text -----------------------------------------------------------------------------
     def _encode_uncached(self, prompts: list[str]) -> PromptEmbeds:
-        seqs, pooled = [], []
-        for tok, enc in zip(self.clip_tokenizers, self.clip_encoders):
-            ids = tok(prompts, padding="max_length", max_length=tok.model_max_length,
-                      truncation=True, return_tensors="pt").input_ids.to(self.device)
-            out = enc(ids, output_hidden_states=True)
-            pooled.append(out[0])
-            seqs.append(out.hidden_states[-2])
-        clip_seq = torch.cat(seqs, dim=-1)
-        clip_seq = torch.nn.functional.pad(clip_seq, (0, self.joint_dim - clip_seq.shape[-1]))
-        if self.t5_encoder is not None:
-            ids = self.t5_tokenizer(prompts, padding="max_length", max_length=self.max_sequence_length,
-                                    truncation=True, return_tensors="pt").input_ids.to(self.device)
-            t5_seq = self.t5_encoder(ids)[0]
-        else:
-            t5_seq = clip_seq.new_zeros(len(prompts), self.max_sequence_length, self.joint_dim)
-        embeds = torch.cat([clip_seq, t5_seq.to(clip_seq.dtype)], dim=1)
-        return PromptEmbeds(embeds.to(self.dtype), torch.cat(pooled, dim=-1).to(self.dtype))
+        """diffusers' `encode_prompt` (CLIP penultimate states padded to the joint width, then
+        T5 tokens, or zeros of max_sequence_length without T5), without guidance."""
+        embeds, _, pooled, _ = self.pipeline.encode_prompt(
+            prompts, prompts, prompts, device=self.device, do_classifier_free_guidance=False,
+            max_sequence_length=self.max_sequence_length)
+        return PromptEmbeds(embeds.to(self.dtype), pooled.to(self.dtype))
 
     # --- denoiser -------------------------------------------------------------------------
     def _forward(self, latents, sigmas, text: PromptEmbeds):

@@ -106,7 +106,7 @@ def build_tiny_sd3(
     *,
     resolution: int = 32,
     with_vae: bool = True,
-    with_t5: bool = False,
+    with_t5: bool = True,
     words: Iterable[str] | None = None,
     text_hidden: int = 32,
     text_layers: int = 2,
@@ -120,8 +120,10 @@ def build_tiny_sd3(
 ) -> Path:
     """Write a tiny random SD3 pipeline folder (diffusers layout) to `path`; returns the path.
 
-    Without T5, diffusers loads the folder with
-    `StableDiffusion3Pipeline.from_pretrained(path, text_encoder_3=None, tokenizer_3=None)`.
+    With the defaults (VAE and T5, the full SD3.5 layout) diffusers loads it with
+    `StableDiffusion3Pipeline.from_pretrained(path)`. diffusers requires every SD3 component, so a
+    folder built without T5 needs `text_encoder_3=None, tokenizer_3=None` there, and a pixel-space
+    one (`with_vae=False`) `vae=None` and `output_type="latent"`; pixelrl loads all of them as is.
 
     `words` is the tokenizer's training vocabulary (whole words become single tokens);
     each of the two CLIP encoders has width `text_hidden` and `text_layers` layers.
