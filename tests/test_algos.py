@@ -104,12 +104,16 @@ def test_kl_reference_and_exact_forms():
     # mean over dims of (mu - mu_ref)^2 = (1 + 4) / 2 = 2.5
     step = {"mean": torch.tensor([[1.0, 2.0]]), "ref_mean": torch.tensor([[0.0, 0.0]]),
             "std_dev_t": torch.tensor([[0.5]]), "noise_std": torch.tensor([[0.25]])}
-    kl, metrics = get_loss("kl")(step, SimpleNamespace(kl_type="reference"))
+    from pixelrl.algos.kl import step_kl_to_reference
+
+    kl, metrics = step_kl_to_reference(step, "reference")
     assert kl.item() == pytest.approx(2.5 / (2 * 0.25))  # 5
-    kl, _ = get_loss("kl")(step, SimpleNamespace(kl_type="exact"))
+    kl, _ = step_kl_to_reference(step, "exact")
     assert kl.item() == pytest.approx(2.5 / (2 * 0.0625))  # 20 = reference / (-dt) with sqrt(-dt) = 0.5
     with pytest.raises(ConfigError, match="kl_type"):
-        get_loss("kl")(step, SimpleNamespace(kl_type="k3"))
+        step_kl_to_reference(step, "k3")
+    with pytest.raises(ConfigError, match="diffusion_loss.name"):
+        get_loss("kl")  # the KL is a term added to transition losses, not a loss of its own
 
 
 def test_missing_step_keys_list_missing_and_available():

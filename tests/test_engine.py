@@ -86,7 +86,7 @@ def test_full_finetuning_with_kl_keeps_a_frozen_reference(make_engine, tiny_sd3_
 def test_missing_batch_keys_are_listed(make_engine, tiny_sd3_path):
     engine, cfg = make_engine(tiny_sd3_path, diffusion_loss__kl_coef=0.1)
     batch = _batch(engine, cfg)
-    with pytest.raises(MissingBatchKeysError, match=r"loss `kl`.*\['ref_means'\].*available keys"):
+    with pytest.raises(MissingBatchKeysError, match=r"KL term.*\['ref_means'\].*available keys"):
         engine.update(batch)
     del batch.tensors["advantages"]
     with pytest.raises(MissingBatchKeysError, match=r"flow_grpo.*\['advantages'\]"):

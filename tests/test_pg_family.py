@@ -58,7 +58,7 @@ def test_flow_dppo_masks_exactly_the_stated_samples_and_uses_the_raw_advantage()
             "advantages": torch.tensor([1.0, 10.0, -1.0, -1.0]),
             "mean": torch.tensor([[1.0], [0.0], [1.0], [1.0]]), "old_mean": torch.zeros(4, 1),
             "noise_std": torch.ones(4, 1)}
-    loss, metrics = get_loss("flow_dppo")(step, SimpleNamespace(clip_ratio=1e-4, adv_clip_max=5.0, dppo_tau=0.1))
+    loss, metrics = get_loss("flow_dppo")(step, SimpleNamespace(clip_ratio=1e-4, adv_clip_max=5.0, tau=0.1))
     expected = (0.0 - 10 * math.exp(-0.1) + math.exp(0.1) + 0.0) / 4
     assert loss.item() == pytest.approx(expected, abs=1e-6)
     assert metrics["dppo_masked_frac"].item() == 0.5
@@ -70,14 +70,15 @@ def test_flow_dppo_masks_exactly_the_stated_samples_and_uses_the_raw_advantage()
 def test_flow_dppo_default_threshold_is_the_reference_one():
     from pixelrl.core.config import DiffusionLossConfig
 
-    assert DiffusionLossConfig().dppo_tau == 1e-5
+    options = get_loss("flow_dppo").bind(DiffusionLossConfig(name="flow_dppo"))
+    assert options.tau == 1e-5
     # a divergence of 2e-6 (what one update moves a step by) is below it: nothing masked;
     # a divergence of 2e-5 is above it: the sample pushing further is masked
     for divergence, masked in ((2e-6, 0.0), (2e-5, 1.0)):
         step = {"log_prob": torch.tensor([0.01]), "old_log_prob": torch.zeros(1), "advantages": torch.ones(1),
                 "mean": torch.tensor([[math.sqrt(2 * divergence)]]), "old_mean": torch.zeros(1, 1),
                 "noise_std": torch.ones(1, 1)}
-        _, metrics = get_loss("flow_dppo")(step, DiffusionLossConfig())
+        _, metrics = get_loss("flow_dppo")(step, options)
         assert metrics["dppo_masked_frac"].item() == masked
 
 

@@ -1,14 +1,20 @@
-"""Per-step policy-gradient losses for flow-matching policies (pure tensor functions).
+"""Losses for flow-matching policies (pure tensor functions) and their registry.
 
-A loss is called once per trained denoising step with a dict of [B] (or [B, *latent])
-tensors and returns (scalar loss, metrics). It declares two key sets: `batch_keys`, what the
-rollout batch must carry for it, and `step_keys`, what it reads from the step dict. Both are
-checked and a missing key names the loss, the missing keys and the available ones.
+A loss names its objective, the engine path that turns a micro-batch into its inputs:
+`transition` (re-score stored SDE window steps: one call per trained step, inputs are
+log-probs, step means and advantages) or `flow_matching` (noise a clean sample at a sampled
+timestep: inputs are velocities of the policy and, on request, the reference and the old
+policy). It returns (scalar loss, metrics) and declares `batch_keys` (what the batch must carry)
+and `step_keys` (what it reads from the step dict); a missing key names the loss, the missing
+keys and the available ones. Options specific to one loss live in its own params dataclass,
+set in the config under `diffusion_loss.params` and validated at start-up.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Callable, Iterable
 
 import torch
@@ -18,6 +24,9 @@ from pixelrl.core.registry import Registry
 from pixelrl.sampling.sde import mean_over_dims
 
 LOSSES: Registry = Registry("loss", "diffusion_loss.name")
+OBJECTIVES = ("transition", "flow_matching")
+# Fields of `diffusion_loss` every transition loss reads (the rest of a loss's options are its params).
+SHARED_FIELDS = ("clip_ratio", "adv_clip_max", "kl_coef", "kl_type")
 
 
 @dataclass(frozen=True)
@@ -26,10 +35,30 @@ class LossSpec:
     fn: Callable
     batch_keys: tuple[str, ...]
     step_keys: tuple[str, ...]
+    objective: str = "transition"
+    params: type | None = None  # the loss's own options (a dataclass), or None
 
     def __call__(self, step: dict, cfg) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         require_keys(f"loss `{self.name}`", self.step_keys, step.keys())
         return self.fn(step, cfg)
+
+    def bind(self, loss_cfg) -> SimpleNamespace:
+        """The options this loss is called with: the shared `diffusion_loss` fields plus its own
+        params (defaults overridden by `diffusion_loss.params`), checked here."""
+        given = dict(getattr(loss_cfg, "params", None) or {})
+        own = {}
+        if self.params is None:
+            if given:
+                raise ConfigError("diffusion_loss.params", given, f"loss `{self.name}` takes no params")
+        else:
+            known = {f.name for f in dataclasses.fields(self.params)}
+            unknown = sorted(set(given) - known)
+            if unknown:
+                raise ConfigError("diffusion_loss.params", given,
+                                  f"loss `{self.name}` has no param(s) {unknown}; known: {sorted(known)}")
+            own = dataclasses.asdict(self.params(**given))
+        shared = {k: getattr(loss_cfg, k) for k in SHARED_FIELDS if hasattr(loss_cfg, k)}
+        return SimpleNamespace(**shared, **own)
 
 
 def require_keys(consumer: str, needed: Iterable[str], available: Iterable[str]) -> None:
@@ -39,9 +68,13 @@ def require_keys(consumer: str, needed: Iterable[str], available: Iterable[str])
         raise MissingBatchKeysError(consumer, missing, available)
 
 
-def register_loss(name: str, *, batch_keys: Iterable[str], step_keys: Iterable[str], aliases: Iterable[str] = ()):
+def register_loss(name: str, *, batch_keys: Iterable[str], step_keys: Iterable[str], aliases: Iterable[str] = (),
+                  objective: str = "transition", params: type | None = None):
+    if objective not in OBJECTIVES:
+        raise ValueError(f"loss `{name}`: objective must be one of {OBJECTIVES}")
+
     def decorator(fn: Callable) -> LossSpec:
-        spec = LossSpec(name, fn, tuple(batch_keys), tuple(step_keys))
+        spec = LossSpec(name, fn, tuple(batch_keys), tuple(step_keys), objective, params)
         LOSSES.register(name, *aliases)(spec)
         return spec
 
@@ -50,6 +83,12 @@ def register_loss(name: str, *, batch_keys: Iterable[str], step_keys: Iterable[s
 
 def get_loss(name: str) -> LossSpec:
     return LOSSES.get(name)
+
+
+def positive(field: str, value: float) -> None:
+    """Params dataclasses check their own fields (named as in the config)."""
+    if not value > 0:
+        raise ConfigError(f"diffusion_loss.params.{field}", value, "must be positive")
 
 
 def _flat(x: torch.Tensor) -> torch.Tensor:
@@ -98,28 +137,6 @@ def flow_grpo_loss(step: dict, cfg) -> tuple[torch.Tensor, dict]:
     return loss, {"pg_loss": loss.detach(), **ratio_metrics(log_ratio, ratio, cfg.clip_ratio)}
 
 
-KL_TYPES = ("reference", "exact")
-
-
-@register_loss("kl", batch_keys=("ref_means",), step_keys=("mean", "ref_mean", "std_dev_t", "noise_std"))
-def kl_to_reference(step: dict, cfg) -> tuple[torch.Tensor, dict]:
-    """KL between the Gaussian steps of the policy and the reference (same std).
-
-    `reference` (Flow-GRPO code): mean_dims((mu - mu_ref)^2) / (2 std_dev_t^2), no dt.
-    `exact`: divides by the variance actually sampled, (std_dev_t sqrt(-dt))^2 for sde.
-    """
-    sq = mean_over_dims((step["mean"] - step["ref_mean"].to(step["mean"].dtype)) ** 2)
-    kl_type = getattr(cfg, "kl_type", "reference")
-    if kl_type == "reference":
-        var = _flat(step["std_dev_t"]) ** 2
-    elif kl_type == "exact":
-        var = _flat(step["noise_std"]) ** 2
-    else:
-        raise ConfigError("diffusion_loss.kl_type", kl_type, f"choose one of {list(KL_TYPES)}")
-    kl = (sq / (2 * var)).mean()
-    return kl, {"kl": kl.detach()}
-
-
 @register_loss(
     "grpo_guard",
     batch_keys=("latents", "log_probs", "sigmas", "sigmas_next", "advantages", "old_means"),
@@ -146,10 +163,21 @@ def grpo_guard_loss(step: dict, cfg) -> tuple[torch.Tensor, dict]:
     return loss, {"pg_loss": loss.detach(), "guard_bias": bias.detach().mean(), **metrics}
 
 
+@dataclass
+class FlowDPPOParams:
+    # divergence at which a sample-step that keeps pushing is dropped (UniRL's kl_mask_threshold;
+    # one update moves D by ~1e-6 per step, so much larger values never mask)
+    tau: float = 1e-5
+
+    def __post_init__(self):
+        positive("tau", self.tau)
+
+
 @register_loss(
     "flow_dppo",
     batch_keys=("latents", "log_probs", "sigmas", "sigmas_next", "advantages", "old_means"),
     step_keys=("log_prob", "old_log_prob", "advantages", "mean", "old_mean", "noise_std"),
+    params=FlowDPPOParams,
 )
 def flow_dppo_loss(step: dict, cfg) -> tuple[torch.Tensor, dict]:
     """Flow-DPPO: no ratio clipping and no advantage clamp; instead drop a sample-step whose
@@ -164,7 +192,7 @@ def flow_dppo_loss(step: dict, cfg) -> tuple[torch.Tensor, dict]:
     ratio = torch.exp(log_ratio)
     divergence = mean_over_dims((step["mean"] - step["old_mean"].to(step["mean"].dtype)) ** 2) / (
         2 * _flat(step["noise_std"]) ** 2)
-    too_far = divergence.detach() >= cfg.dppo_tau
+    too_far = divergence.detach() >= cfg.tau
     masked_pos = too_far & (ratio > 1) & (adv > 0)
     masked_neg = too_far & (ratio < 1) & (adv < 0)
     keep = (~(masked_pos | masked_neg)).float()

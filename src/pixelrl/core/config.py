@@ -78,13 +78,15 @@ class DiffusionLossConfig:
     adv_clip_max: float = 5.0
     kl_coef: float = 0.0  # beta of the KL to the reference policy
     kl_type: str = "reference"  # reference | exact
-    # flow_dppo: divergence at which a sample-step that keeps pushing is dropped (UniRL's
-    # kl_mask_threshold; one update moves D by ~1e-6 per step, so much larger values never mask)
-    dppo_tau: float = 1e-5
+    # Options of the chosen loss only (its params dataclass in pixelrl.algos), e.g. flow_dppo: {tau: 1e-5}
+    params: dict = field(default_factory=dict)
 
 
 @dataclass
 class AlgorithmConfig:
+    # policy_gradient: SDE trajectories and transition losses (Flow-GRPO family);
+    # direct_preference: clean samples and forward-process losses (Diffusion-DPO, DiffusionNFT, AWM)
+    trainer_type: str = "policy_gradient"
     adv_estimator: str = "grpo"
     norm_adv_by_std_in_grpo: bool = True
     global_std: bool = True  # std of the whole batch (Flow-GRPO) or of each group (DanceGRPO, MixGRPO)
@@ -101,6 +103,14 @@ class AlgorithmConfig:
     # Several rewards: `sum_rewards` normalises sum_k w_k r_k; `sum_advantages` (MixGRPO's
     # advantage_aggr) normalises each reward separately and sums w_k A_k.
     reward_aggregation: str = "sum_rewards"
+    # Losses with an `old` adapter (diffusion_nft, awm): old = d old + (1 - d) current every
+    # `old_policy_update_interval` updates, d from the schedule (copy | linear_to_0_5 | delayed |
+    # awm | constant, the last with d = old_policy_decay).
+    old_policy_schedule: str = "linear_to_0_5"
+    old_policy_decay: float = 0.0
+    old_policy_update_interval: int = 1
+    # direct_preference rollouts: sample with the `old` adapter (DiffusionNFT) or the current policy
+    rollout_policy: str = "current"
 
 
 @dataclass

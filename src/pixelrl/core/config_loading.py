@@ -94,7 +94,8 @@ def _positive(field: str, value, allow_zero: bool = False) -> None:
 def validate(cfg: PixelRLConfig) -> None:
     """Cross-field checks: each error names the field to change and how."""
     from pixelrl.algos.advantages import ADVANTAGE_ESTIMATORS
-    from pixelrl.algos.losses import KL_TYPES, LOSSES
+    from pixelrl.algos.kl import KL_TYPES
+    from pixelrl.algos.losses import LOSSES
     from pixelrl.models.base import DTYPES
     from pixelrl.models.loader import MODEL_TYPES, latent_unit
     from pixelrl.models.lora import LORA_INITS
@@ -115,18 +116,47 @@ def validate(cfg: PixelRLConfig) -> None:
     _choice("rollout.sigma_schedule", r.sigma_schedule, SIGMA_SCHEDULES)
     _choice("rollout.sde_type", r.sde_type, [s for s in SDE_TYPES if s != "ode"])
     _choice("diffusion_loss.name", cfg.diffusion_loss.name, LOSSES.names())
+    LOSSES.get(cfg.diffusion_loss.name).bind(cfg.diffusion_loss)  # the loss's own params, checked
     if cfg.diffusion_loss.name == "grpo_guard" and r.sde_type == "cps":
         raise ConfigError("rollout.sde_type", r.sde_type, "grpo_guard rescales by the step's std, and the cps "
                           "log-prob has no variance term: use rollout.sde_type=sde with grpo_guard")
     for field, value in (("diffusion_loss.clip_ratio", cfg.diffusion_loss.clip_ratio),
                          ("diffusion_loss.adv_clip_max", cfg.diffusion_loss.adv_clip_max),
-                         ("diffusion_loss.dppo_tau", cfg.diffusion_loss.dppo_tau),
                          ("algorithm.adv_eps", cfg.algorithm.adv_eps), ("actor.max_grad_norm", a.max_grad_norm)):
         _positive(field, value)
     _choice("diffusion_loss.kl_type", cfg.diffusion_loss.kl_type, KL_TYPES)
     _choice("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADVANTAGE_ESTIMATORS.names())
     _choice("algorithm.rollout_correction", cfg.algorithm.rollout_correction, ("bypass", "decoupled"))
     _choice("algorithm.reward_aggregation", cfg.algorithm.reward_aggregation, ("sum_rewards", "sum_advantages"))
+    from pixelrl.algos.forward_process import OLD_POLICY_SCHEDULES
+
+    _choice("algorithm.trainer_type", cfg.algorithm.trainer_type, ("policy_gradient", "direct_preference"))
+    _choice("algorithm.old_policy_schedule", cfg.algorithm.old_policy_schedule, OLD_POLICY_SCHEDULES)
+    _choice("algorithm.rollout_policy", cfg.algorithm.rollout_policy, ("current", "old"))
+    _positive("algorithm.old_policy_update_interval", cfg.algorithm.old_policy_update_interval)
+    if not 0 <= cfg.algorithm.old_policy_decay < 1:
+        raise ConfigError("algorithm.old_policy_decay", cfg.algorithm.old_policy_decay, "must be in [0, 1)")
+    objective = LOSSES.get(cfg.diffusion_loss.name).objective
+    wanted = {"policy_gradient": "transition", "direct_preference": "flow_matching"}[cfg.algorithm.trainer_type]
+    if objective != wanted:
+        fitting = [n for n in LOSSES.names() if LOSSES.get(n).objective == wanted]
+        raise ConfigError("diffusion_loss.name", cfg.diffusion_loss.name,
+                          f"algorithm.trainer_type={cfg.algorithm.trainer_type} trains {wanted} losses: {fitting}")
+    if "v_old" in LOSSES.get(cfg.diffusion_loss.name).step_keys and m.lora_rank == 0:
+        raise ConfigError("model.lora_rank", 0, f"{cfg.diffusion_loss.name} keeps the old policy as a second LoRA "
+                          "adapter: use LoRA (model.lora_rank > 0)")
+    if cfg.algorithm.trainer_type == "direct_preference" and cfg.diffusion_loss.kl_coef > 0:
+        raise ConfigError("diffusion_loss.kl_coef", cfg.diffusion_loss.kl_coef, "the KL coefficient belongs to "
+                          "transition losses; forward-process losses set their reference term in diffusion_loss.params")
+    if cfg.diffusion_loss.name == "diffusion_dpo":
+        from pixelrl.core.config import mini_batches_per_epoch
+
+        if cfg.data.train_batch_size % (cfg.trainer.n_workers * mini_batches_per_epoch(cfg)):
+            raise ConfigError("data.train_batch_size", cfg.data.train_batch_size,
+                              "online DPO trains one pair per prompt: the prompts per step must split into "
+                              "trainer.n_workers x mini-batches")
+    if cfg.algorithm.rollout_policy == "old" and "v_old" not in LOSSES.get(cfg.diffusion_loss.name).step_keys:
+        raise ConfigError("algorithm.rollout_policy", "old", f"{cfg.diffusion_loss.name} keeps no old adapter")
     _choice("trainer.strategy", t.strategy, ("ddp", "fsdp2"))
     _choice("trainer.backend", t.backend, ("ray", "local"))
     _choice("reward.placement", cfg.reward.placement, ("colocated", "pool"))

@@ -3,6 +3,7 @@
 Layout of an engine folder (written by rank 0; every rank takes part in gathering):
     trainable.safetensors      exact trainable tensors, by parameter name (for resume)
     adapter/pytorch_lora_weights.safetensors   LoRA in the diffusers layout (`load_lora_weights`)
+    old_adapter.safetensors    the `old` adapter (DiffusionNFT's old policy, AWM's EMA) when kept
     optimizer.pt               full optimizer state (loaded with weights_only=True)
     engine_state.json          lr scheduler state and counters
 """
@@ -32,19 +33,19 @@ def _optimizer_state(engine) -> dict:
     if _distributed():
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-        return get_optimizer_state_dict(engine.model.transformer, engine.optimizer,
+        return get_optimizer_state_dict(engine.model.transformer, engine.learner.optimizer,
                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return engine.optimizer.state_dict()
+    return engine.learner.optimizer.state_dict()
 
 
 def _set_optimizer_state(engine, state: dict) -> None:
     if _distributed():
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-        set_optimizer_state_dict(engine.model.transformer, engine.optimizer, state,
+        set_optimizer_state_dict(engine.model.transformer, engine.learner.optimizer, state,
                                  options=StateDictOptions(full_state_dict=True))
     else:
-        engine.optimizer.load_state_dict(state)
+        engine.learner.optimizer.load_state_dict(state)
 
 
 def peft_key(name: str, adapter_name: str = "default") -> str:
@@ -52,11 +53,16 @@ def peft_key(name: str, adapter_name: str = "default") -> str:
     return name.replace(f".{adapter_name}.", ".")
 
 
+def old_adapter_names(engine) -> list[str]:
+    return [n for n, _ in engine.model.transformer.named_parameters() if "lora_" in n and ".old." in n]
+
+
 def save_engine(engine, folder: str | Path, *, write: bool = True) -> None:
     """Gather on every rank; write the files where `write` is true (rank 0)."""
     folder = Path(folder)
     names = engine.trainable_names()
     weights = full_trainable_state(engine.model.transformer, names)
+    old = full_trainable_state(engine.model.transformer, old_adapter_names(engine)) if engine.has_old_adapter else None
     optimizer = _optimizer_state(engine)
     if not write:
         return
@@ -68,8 +74,10 @@ def save_engine(engine, folder: str | Path, *, write: bool = True) -> None:
         lora = {peft_key(k): v for k, v in weights.items()}
         StableDiffusion3Pipeline.save_lora_weights(folder / "adapter", transformer_lora_layers=lora,
                                                    safe_serialization=True)
+    if old is not None:
+        save_file({k: v.contiguous() for k, v in old.items()}, str(folder / "old_adapter.safetensors"))
     torch.save(optimizer, folder / "optimizer.pt")
-    state = {"lr_scheduler": engine.lr_scheduler.state_dict(), "counters": engine.counters(),
+    state = {"lr_scheduler": engine.learner.lr_scheduler.state_dict(), "counters": engine.counters(),
              "use_lora": engine.use_lora, "trainable_names": names}
     (folder / "engine_state.json").write_text(json.dumps(state, indent=1))
 
@@ -77,6 +85,8 @@ def save_engine(engine, folder: str | Path, *, write: bool = True) -> None:
 def load_engine(engine, folder: str | Path) -> None:
     folder = Path(folder)
     needed = ["trainable.safetensors", "optimizer.pt", "engine_state.json"]
+    if engine.has_old_adapter:
+        needed.append("old_adapter.safetensors")
     missing = [n for n in needed if not (folder / n).is_file()]
     if missing:
         raise CheckpointError(f"checkpoint `{folder}` is incomplete (missing {missing}): resume from another "
@@ -88,6 +98,8 @@ def load_engine(engine, folder: str | Path) -> None:
                               f"({len(state['trainable_names'])} vs {len(names)}): check model.lora_rank / "
                               f"lora_target_modules against the run that wrote it")
     load_trainable_state(engine.model.transformer, load_file(str(folder / "trainable.safetensors")))
+    if engine.has_old_adapter:
+        load_trainable_state(engine.model.transformer, load_file(str(folder / "old_adapter.safetensors")))
     _set_optimizer_state(engine, torch.load(folder / "optimizer.pt", weights_only=True, map_location="cpu"))
-    engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
+    engine.learner.lr_scheduler.load_state_dict(state["lr_scheduler"])
     engine.set_counters(state["counters"])

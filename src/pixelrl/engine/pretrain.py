@@ -9,7 +9,6 @@ weights is what gets evaluated and saved.
 from __future__ import annotations
 
 import json
-import math
 import random
 import shutil
 import time
@@ -19,6 +18,7 @@ import torch
 
 from pixelrl.data.shapes import evaluation_items, prompt_splits, render, vocabulary
 from pixelrl.engine.evaluate import evaluate_geneval, format_table
+from pixelrl.engine.learner import Learner
 from pixelrl.models.base import DiffusionModel
 from pixelrl.models.sd3 import SD3Model
 from pixelrl.models.tiny import build_tiny_sd3
@@ -102,8 +102,7 @@ def pretrain_shapes(out_dir: str | Path, *, steps: int = 6000, seed: int = 0, ba
         m.train()
     n_params = {type(m).__name__: sum(p.numel() for p in m.parameters()) for m in _trainable_modules(model)}
     log(f"parameters: {n_params}")
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
+    learner = Learner(lambda: params, lr=lr, weight_decay=0.0, warmup_steps=warmup, max_grad_norm=1.0)
     stream = ShapesStream(seed)
     gen = torch.Generator().manual_seed(seed)
     val_items = evaluation_items("val", per_category=eval_per_category)
@@ -128,11 +127,10 @@ def pretrain_shapes(out_dir: str | Path, *, steps: int = 6000, seed: int = 0, ba
         captions, images = stream.batch(batch_size)
         text = model._encode_uncached(captions)  # with grad: the text encoders train too
         loss = flow_matching_loss(model, images_to_model_space(images), text, gen)
-        opt.zero_grad(set_to_none=True)
+        learner.zero_grad()
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
+        # a non-finite loss or gradient skips the step; three in a row stop the run
+        grad_norm = learner.step(float(loss.detach())).get("grad_norm", float("nan"))
         step += 1
         decay = min(ema_decay, (1 + step) / (10 + step))
         with torch.no_grad():
@@ -144,8 +142,6 @@ def pretrain_shapes(out_dir: str | Path, *, steps: int = 6000, seed: int = 0, ba
             log_file.flush()
             if step % 500 == 0:
                 log(json.dumps(record))
-            if not math.isfinite(float(loss)):
-                raise FloatingPointError(f"pretraining loss became {float(loss)} at step {step}")
     final = out / "final"
     save_pipeline(ema_model, init, final)
     test = evaluate_geneval(ema_model, evaluation_items("test", per_category=eval_per_category * 2), num_steps=10,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
+import torch
 from torch import nn
 
 
@@ -51,3 +52,54 @@ def lora_state_dict(transformer: nn.Module, adapter_name: str = "default") -> di
     from peft import get_peft_model_state_dict
 
     return get_peft_model_state_dict(transformer, adapter_name=adapter_name)
+
+
+def add_adapter_copy(transformer: nn.Module, new_name: str, source: str = "default") -> None:
+    """A second, frozen adapter `new_name` with the configuration and weights of `source`
+    (DiffusionNFT's `old` policy, AWM's EMA). `source` stays the active, trainable adapter."""
+    import copy
+
+    import warnings
+
+    config = copy.deepcopy(transformer.peft_config[source])
+    with warnings.catch_warnings():  # peft warns about a second adapter: here that is the point
+        warnings.filterwarnings("ignore", message=".*multiple adapters.*")
+        transformer.add_adapter(config, adapter_name=new_name)
+    blend_adapter(transformer, new_name, source, decay=0.0)
+    activate_adapter(transformer, source)
+
+
+def activate_adapter(transformer: nn.Module, name: str) -> None:
+    """Make `name` the only active adapter; its LoRA weights (only) are trainable when `name`
+    is the training adapter, every other parameter stays frozen."""
+    transformer.set_adapter(name)
+    for pname, param in transformer.named_parameters():
+        param.requires_grad_("lora_" in pname and f".{name}." in pname and name == "default")
+
+
+@contextlib.contextmanager
+def adapter_active(transformer: nn.Module, name: str, restore: str = "default"):
+    """Compute with adapter `name` for the duration (e.g. the old policy), then switch back."""
+    activate_adapter(transformer, name)
+    try:
+        yield
+    finally:
+        activate_adapter(transformer, restore)
+
+
+def adapter_params(transformer: nn.Module, name: str) -> dict[str, torch.Tensor]:
+    """The LoRA parameters of adapter `name`, keyed by their name with the adapter removed."""
+    return {n.replace(f".{name}.", "."): p for n, p in transformer.named_parameters()
+            if "lora_" in n and f".{name}." in n}
+
+
+@torch.no_grad()
+def blend_adapter(transformer: nn.Module, target: str, source: str, decay: float) -> None:
+    """target = decay * target + (1 - decay) * source, parameter by parameter (decay 0 copies)."""
+    targets, sources = adapter_params(transformer, target), adapter_params(transformer, source)
+    if targets.keys() != sources.keys():
+        raise ValueError(f"adapters `{target}` and `{source}` have different parameters")
+    for key, param in targets.items():
+        src = sources[key]
+        src = src.full_tensor() if hasattr(src, "full_tensor") and not hasattr(param, "full_tensor") else src
+        param.mul_(decay).add_(src.to(param.dtype), alpha=1.0 - decay)

@@ -1,8 +1,10 @@
-"""The policy-gradient controller (Flow-GRPO and family), on Ray or in one process.
+"""The controller, on Ray or in one process, for both trainer types.
 
-The controller only orchestrates: it takes prompts from the loader, runs the shared
-`policy_gradient_step` against the actor worker group and the reward group, and handles
-checkpoints, validation, dumps and tracking. Workers compute.
+The controller only orchestrates: it takes prompts from the loader, runs the step of
+`algorithm.trainer_type` (`policy_gradient_step` for the Flow-GRPO family,
+`direct_preference_step` for Diffusion-DPO, DiffusionNFT and AWM) against the actor worker
+group and the reward group, and handles checkpoints, validation, dumps and tracking. Workers
+compute.
 """
 
 from __future__ import annotations
@@ -22,9 +24,12 @@ from pixelrl.data.prompts import PromptDataset, make_loader
 from pixelrl.sampling.rollout import SamplingSettings
 from pixelrl.sampling.windows import Window, full_window
 from pixelrl.trainers.checkpointing import find_resume_folder, load_trainer_state, save_checkpoint
+from pixelrl.trainers.direct_preference import direct_preference_step
 from pixelrl.trainers.step import policy_gradient_step
 from pixelrl.trainers.tracking import Tracker, image_grid
 
+# algorithm.trainer_type -> the producer/consumer step the loop runs
+STEPS = {"policy_gradient": policy_gradient_step, "direct_preference": direct_preference_step}
 VAL_SEED_BASE = 1_000_000_007  # validation images use fixed seeds, so every validation is comparable
 
 
@@ -132,6 +137,7 @@ class PolicyGradientTrainer:
         from tqdm import tqdm
 
         cfg, t = self.cfg, self.cfg.trainer
+        step_fn = STEPS[cfg.algorithm.trainer_type]
         data_iter = iter(loader)
         progress = tqdm(total=total, initial=start_step, desc="training", unit="step", dynamic_ncols=True,
                         disable=not os.isatty(2))
@@ -141,8 +147,8 @@ class PolicyGradientTrainer:
             except StopIteration:  # next epoch (the sampler reshuffles with seed + epoch)
                 data_iter = iter(loader)
                 rows = next(data_iter)
-            batch, metrics = policy_gradient_step(self.actor, self.rewards, rows["prompts"], rows["metadata"], step, cfg,
-                                                  num_workers=self.actor.size)
+            batch, metrics = step_fn(self.actor, self.rewards, rows["prompts"], rows["metadata"], step, cfg,
+                                     num_workers=self.actor.size)
             metrics["training/global_step"] = step
             metrics["training/epoch"] = loader.sampler.epoch
             if t.rollout_data_dir:

@@ -134,7 +134,18 @@ def policy_gradient_step(actor, reward_fn, prompts: list[str], metadata: list[di
     with timer.phase("update_actor"):
         actor_metrics = actor.update(train)
 
+    metrics = summary_metrics(batch, scores, actor_metrics, timer)
+    metrics["training/trained_fraction"] = len(train) / len(batch)
+    metrics.update(correction_metrics)
+    metrics["training/window_start"] = window.start
+    metrics["training/window_size"] = window.size
+    return batch, metrics
+
+
+def summary_metrics(batch: Batch, scores: dict, actor_metrics: dict, timer: PhaseTimer) -> dict[str, float]:
+    """Reward, advantage, actor and timing metrics of a step (names as verl-omni's)."""
     num_images = len(batch)
+    rewards = scores["overall"]
     metrics: dict[str, float] = {}
     metrics.update(_stats("critic/rewards", rewards))
     for name, values in scores.items():
@@ -144,15 +155,11 @@ def policy_gradient_step(actor, reward_fn, prompts: list[str], metadata: list[di
     metrics.update({f"critic/rewards/{k}": v for k, v in stats.items()})
     metrics.update(_stats("critic/advantages", batch["advantages"]))
     metrics["critic/advantages/zero_frac"] = float((batch["advantages"] == 0).float().mean())
-    metrics["training/trained_fraction"] = len(train) / num_images
     metrics.update({f"actor/{k}": v for k, v in actor_metrics.items()})
-    metrics.update(correction_metrics)
     total = sum(timer.seconds.values())
     for name, secs in timer.seconds.items():
         metrics[f"timing_s/{name}"] = secs
         metrics[f"timing_per_image_ms/{name}"] = 1000 * secs / num_images
     metrics["timing_s/step"] = total
     metrics["perf/throughput"] = num_images / total
-    metrics["training/window_start"] = window.start
-    metrics["training/window_size"] = window.size
-    return batch, metrics
+    return metrics

@@ -34,12 +34,13 @@ class _Group:
     def _call_all(self, method: str, per_worker_args: list[tuple]) -> list:
         raise NotImplementedError
 
-    def rollout(self, prompts, seeds, *, window=None, settings=None, num_steps=None, noise_seeds=None) -> Batch:
+    def rollout(self, prompts, seeds, *, window=None, settings=None, num_steps=None, noise_seeds=None,
+                policy="current") -> Batch:
         win = (window.start, window.end) if window is not None else None
         sett = settings.as_dict() if settings is not None else None
         parts = _shards(len(prompts), self.size)
         results = self._call_all("rollout", [(prompts[s], seeds[s], win, sett, num_steps,
-                                              None if noise_seeds is None else noise_seeds[s]) for s in parts])
+                                              None if noise_seeds is None else noise_seeds[s], policy) for s in parts])
         return Batch.concat([Batch.from_numpy(r) for r in results])
 
     def score(self, batch: Batch, policy: str) -> Batch:

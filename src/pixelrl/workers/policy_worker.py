@@ -52,20 +52,20 @@ class PolicyWorker:
             if cfg.trainer.strategy == "fsdp2":
                 apply_fsdp2(model.transformer)
                 # FSDP2 made the parameters DTensors: the optimizer must see the sharded ones.
-                self.engine.rebuild_optimizer()
+                self.engine.learner.rebuild()
             else:
-                self.engine.grad_sync = ddp_grad_sync
+                self.engine.learner.grad_sync = ddp_grad_sync
         return {"rank": self.rank, "pid": os.getpid(), "trainable": len(self.engine.trainable_names())}
 
     # --- the engine's three verbs, with numpy transport -------------------------------------
     def rollout(self, prompts: list[str], seeds: list[int], window, settings=None, num_steps=None,
-                noise_seeds=None) -> dict:
+                noise_seeds=None, policy="current") -> dict:
         from pixelrl.sampling.rollout import SamplingSettings
         from pixelrl.sampling.windows import Window
 
         batch = self.engine.rollout(prompts, seeds, window=Window(*window) if window is not None else None,
                                     settings=SamplingSettings(**settings) if settings else None, num_steps=num_steps,
-                                    noise_seeds=noise_seeds)
+                                    noise_seeds=noise_seeds, policy=policy)
         return batch.to_numpy()
 
     def score(self, payload: dict, policy: str) -> dict:

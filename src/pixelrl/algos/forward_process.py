@@ -1,0 +1,267 @@
+"""Forward-process losses: trained on clean samples noised at sampled timesteps, not on stored
+SDE trajectories (objective `flow_matching`). Pure tensor functions; equations and the
+reference-code conventions are in docs/algorithms/ (diffusion_dpo.md, diffusion_nft.md, awm.md).
+
+Notation: x_t = (1 - t) x0 + t eps, the velocity target is eps - x0, "mean over dims" is the
+mean over every non-batch dimension.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from pixelrl.algos.losses import positive, register_loss
+from pixelrl.core.errors import ConfigError
+from pixelrl.sampling.sde import mean_over_dims
+
+
+TIMESTEP_SAMPLERS = ("logit_normal", "grid_permutation", "grid_stratified")
+
+
+def check_timesteps(params) -> None:
+    if params.timesteps not in TIMESTEP_SAMPLERS:
+        raise ConfigError("diffusion_loss.params.timesteps", params.timesteps, f"choose one of {list(TIMESTEP_SAMPLERS)}")
+    if hasattr(params, "num_timesteps"):
+        positive("num_timesteps", params.num_timesteps)
+    if hasattr(params, "timestep_fraction") and not 0 < params.timestep_fraction <= 1:
+        raise ConfigError("diffusion_loss.params.timestep_fraction", params.timestep_fraction, "must be in (0, 1]")
+
+
+def draw_timesteps(kind: str, batch_size: int, *, grid: torch.Tensor, train_sigmas: torch.Tensor,
+                   generator: torch.Generator, num_timesteps: int = 1, fraction: float = 1.0) -> torch.Tensor:
+    """[B, K] noise levels t in (0, 1] at which each sample is trained.
+
+    - logit_normal (Diffusion-DPO on flow models): u ~ sigmoid(N(0, 1)), t = train_sigmas[floor(1000 u)]
+      of the 1000-step training schedule; K = num_timesteps.
+    - grid_permutation (DiffusionNFT): the N sampler grid values (sigmas[:-1], t = 1 included), a
+      random permutation per sample, the first K = max(1, int(N * fraction)).
+    - grid_stratified (AWM): K strata {1}, {2, 3}, {4, 5}, ... of grid indices, one uniform index
+      from each per sample; needs N >= 2K.
+    """
+    n = grid.numel()
+    if kind == "logit_normal":
+        u = torch.sigmoid(torch.randn(batch_size, num_timesteps, generator=generator))
+        idx = (u * train_sigmas.numel()).long().clamp(max=train_sigmas.numel() - 1)
+        return train_sigmas[idx]
+    if kind == "grid_permutation":
+        k = max(1, int(n * fraction))
+        return torch.stack([grid[torch.randperm(n, generator=generator)[:k]] for _ in range(batch_size)])
+    if kind == "grid_stratified":
+        k = num_timesteps
+        if n < 2 * k:
+            raise ConfigError("diffusion_loss.params.num_timesteps", k, f"{k} strata need rollout.num_steps >= {2 * k}")
+        low = torch.tensor([1] + [2 * j for j in range(1, k)])
+        width = torch.tensor([1] + [2] * (k - 1))
+        offsets = (torch.rand(batch_size, k, generator=generator) * width).long()
+        return grid[low + offsets]
+    raise ConfigError("diffusion_loss.params.timesteps", kind, f"choose one of {list(TIMESTEP_SAMPLERS)}")
+
+
+# ----------------------------------------------------------------------------- Diffusion-DPO
+@dataclass
+class DiffusionDPOParams:
+    beta: float = 100.0  # every flow-model recipe uses 100 (the mean over dims sets its scale)
+    # (noise, timestep) draws per pair and epoch; t from the 1000-step training schedule at
+    # idx = floor(1000 u), u ~ LogitNormal(0, 1)
+    timesteps: str = "logit_normal"
+    num_timesteps: int = 1
+
+    def __post_init__(self):
+        positive("beta", self.beta)
+        check_timesteps(self)
+
+
+@register_loss("diffusion_dpo", objective="flow_matching", params=DiffusionDPOParams,
+               batch_keys=("x0", "x0_rejected"),
+               step_keys=("err_chosen", "err_rejected", "ref_err_chosen", "ref_err_rejected"))
+def diffusion_dpo_loss(step: dict, cfg) -> tuple[torch.Tensor, dict]:
+    """Diffusion-DPO on pairs that share noise and timestep; err = mean_dims((v - (eps - x0))^2).
+
+    inside = -0.5 beta ((err_w - err_ref_w) - (err_l - err_ref_l));  L = -log sigmoid(inside)
+    Implicit rewards: chosen -0.5 beta (err_w - err_ref_w), rejected likewise; accuracy = inside > 0.
+    """
+    chosen = -0.5 * cfg.beta * (step["err_chosen"] - step["ref_err_chosen"].detach())
+    rejected = -0.5 * cfg.beta * (step["err_rejected"] - step["ref_err_rejected"].detach())
+    inside = chosen - rejected
+    loss = -F.logsigmoid(inside).mean()
+    return loss, {
+        "dpo_loss": loss.detach(), "implicit_acc": (inside.detach() > 0).float().mean(),
+        "rewards_chosen": chosen.detach().mean(), "rewards_rejected": rejected.detach().mean(),
+        "reward_margin": inside.detach().mean(),
+        "err_chosen": step["err_chosen"].detach().mean(), "err_rejected": step["err_rejected"].detach().mean(),
+        "ref_err_chosen": step["ref_err_chosen"].mean(), "ref_err_rejected": step["ref_err_rejected"].mean(),
+    }
+
+
+# ----------------------------------------------------------------------------- DiffusionNFT
+NFT_ADV_MODES = ("all", "positive_only", "negative_only", "one_only", "binary")
+
+
+def nft_optimality(advantages: torch.Tensor, adv_clip_max: float = 5.0, mode: str = "all") -> torch.Tensor:
+    """Optimality probability r in [0, 1] from advantages: clamp to [-c, c], apply `mode`, then
+    r = clamp(A / c / 2 + 0.5, 0, 1). `binary` gives r in {0.4, 0.5, 0.6} and `one_only`
+    r in {0.5, 0.6} for c = 5 (the mode acts before the division by c, as in the reference)."""
+    c = adv_clip_max
+    a = advantages.clamp(-c, c)
+    if mode == "positive_only":
+        a = a.clamp(0, c)
+    elif mode == "negative_only":
+        a = a.clamp(-c, 0)
+    elif mode == "one_only":
+        a = (a > 0).to(a.dtype)
+    elif mode == "binary":
+        a = torch.sign(a)
+    elif mode != "all":
+        raise ConfigError("diffusion_loss.params.adv_mode", mode, f"choose one of {list(NFT_ADV_MODES)}")
+    return (a / c / 2 + 0.5).clamp(0, 1)
+
+
+@dataclass
+class DiffusionNFTParams:
+    beta: float = 1.0  # mix of current and old velocity in the implicit policies (0.1 for OCR)
+    ref_kl_coef: float = 1e-4  # weight of mean((v - v_ref)^2); the reference code calls it train.beta
+    adv_mode: str = "all"
+    # per sample, a random permutation of the sampler's grid timesteps, of which the first
+    # int(N * fraction) are trained (9 of 10)
+    timesteps: str = "grid_permutation"
+    timestep_fraction: float = 0.99
+
+    def __post_init__(self):
+        positive("beta", self.beta)
+        check_timesteps(self)
+        if self.ref_kl_coef < 0:
+            raise ConfigError("diffusion_loss.params.ref_kl_coef", self.ref_kl_coef, "must be >= 0")
+        if self.adv_mode not in NFT_ADV_MODES:
+            raise ConfigError("diffusion_loss.params.adv_mode", self.adv_mode, f"choose one of {list(NFT_ADV_MODES)}")
+
+
+def _adaptive_x0_error(x0_pred: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+    """mean_dims((x0_pred - x0)^2) / w with w = detach(max(mean_dims(|x0_pred - x0|), 1e-5)) in float64."""
+    with torch.no_grad():
+        w = mean_over_dims((x0_pred.double() - x0.double()).abs()).clamp(min=1e-5)
+    return mean_over_dims((x0_pred - x0) ** 2) / w.to(x0_pred.dtype)
+
+
+@register_loss("diffusion_nft", objective="flow_matching", params=DiffusionNFTParams,
+               batch_keys=("x0", "advantages"),
+               step_keys=("x0", "x_t", "t", "v", "v_old", "v_ref", "advantages"))
+def diffusion_nft_loss(step: dict, cfg) -> tuple[torch.Tensor, dict]:
+    """DiffusionNFT (code form): implicit positive and negative policies around the old one.
+
+    v+ = beta v + (1 - beta) v_old;  v- = (1 + beta) v_old - beta v;  x0+- = x_t - t v+-
+    L = c mean((r err(x0+) + (1 - r) err(x0-)) / beta) + ref_kl_coef mean_B(mean_dims((v - v_ref)^2))
+    with err the adaptively weighted x0 error and c = adv_clip_max.
+    """
+    v, v_old, x0, x_t = step["v"], step["v_old"].detach(), step["x0"], step["x_t"]
+    t = step["t"].reshape(-1, *([1] * (x0.ndim - 1)))
+    r = nft_optimality(step["advantages"], cfg.adv_clip_max, cfg.adv_mode)
+    v_pos = cfg.beta * v + (1 - cfg.beta) * v_old
+    v_neg = (1 + cfg.beta) * v_old - cfg.beta * v
+    pos = _adaptive_x0_error(x_t - t * v_pos, x0)
+    neg = _adaptive_x0_error(x_t - t * v_neg, x0)
+    policy = cfg.adv_clip_max * ((r * pos + (1 - r) * neg) / cfg.beta).mean()
+    kl = mean_over_dims((v - step["v_ref"].detach()) ** 2).mean()
+    loss = policy + cfg.ref_kl_coef * kl
+    return loss, {"policy_loss": policy.detach(), "ref_kl": kl.detach(), "optimality_mean": r.mean(),
+                  "old_deviation": mean_over_dims((v.detach() - v_old) ** 2).mean()}
+
+
+# ----------------------------------------------------------------------------- AWM
+# The reference also offers `t`, `t**2` and `huber` weightings; only these two are built.
+AWM_WEIGHTINGS = ("ghuber", "uniform")
+
+
+@dataclass
+class AWMParams:
+    weighting: str = "ghuber"  # the released default
+    p: float = 0.25  # ghuber exponent
+    beta_ref: float = 1e-3  # weight of mean((v - v_ref)^2): GenEval 1e-3, OCR 3e-3, PickScore 1e-4
+    ema_beta: float = 1.0  # weight of mean((v - v_ema)^2) against the `old` adapter kept as an EMA
+    # one grid index from each stratum {1}, {2, 3}, {4, 5}, ... per sample: 6 timesteps
+    timesteps: str = "grid_stratified"
+    num_timesteps: int = 6
+
+    def __post_init__(self):
+        check_timesteps(self)
+        if self.weighting not in AWM_WEIGHTINGS:
+            raise ConfigError("diffusion_loss.params.weighting", self.weighting, f"choose one of {list(AWM_WEIGHTINGS)}")
+        positive("p", self.p)
+        for name in ("beta_ref", "ema_beta"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"diffusion_loss.params.{name}", getattr(self, name), "must be >= 0")
+
+
+def awm_log_prob(err: torch.Tensor, t: torch.Tensor, weighting: str = "ghuber", p: float = 0.25) -> torch.Tensor:
+    """The surrogate log-likelihood of a per-sample flow-matching error `err` (float64).
+
+    ghuber: -t ((err + 1e-10)^p - 1e-10^p) / p (gradient -t (err + 1e-10)^(p - 1) d err);
+    uniform: -err (the plain advantage-weighted flow-matching loss)."""
+    if weighting == "ghuber":
+        return -t.to(err.dtype) * ((err + 1e-10) ** p - 1e-10 ** p) / p
+    if weighting == "uniform":
+        return -err
+    raise ConfigError("diffusion_loss.params.weighting", weighting, f"choose one of {list(AWM_WEIGHTINGS)}")
+
+
+@register_loss("awm", objective="flow_matching", params=AWMParams,
+               batch_keys=("x0", "advantages"),
+               step_keys=("x0", "eps", "t", "v", "v_ref", "v_old", "advantages"))
+def awm_loss(step: dict, cfg) -> tuple[torch.Tensor, dict]:
+    """Advantage-weighted matching: err = mean_dims((v - (eps - x0))^2) in float64,
+    logp = awm_log_prob(err, t), ratio = exp(logp - detach(logp)) (1 in value),
+    L = mean(-A' ratio) + beta_ref mean((v - v_ref)^2) + ema_beta mean((v - v_ema)^2),
+    A' = clamp(A, -c, c) / c. The gradient is -A' d logp: a per-sample weighted flow-matching loss."""
+    v = step["v"]
+    err = mean_over_dims((v.double() - (step["eps"] - step["x0"]).double()) ** 2)
+    logp = awm_log_prob(err, step["t"], cfg.weighting, cfg.p)
+    ratio = torch.exp(logp - logp.detach())
+    adv = step["advantages"].double().clamp(-cfg.adv_clip_max, cfg.adv_clip_max) / cfg.adv_clip_max
+    policy = (-adv * ratio).mean()
+    ref = mean_over_dims((v - step["v_ref"].detach()) ** 2).mean()
+    ema = mean_over_dims((v - step["v_old"].detach()) ** 2).mean()
+    loss = policy.to(v.dtype) + cfg.beta_ref * ref + cfg.ema_beta * ema
+    return loss, {"policy_loss": policy.detach().float(), "fm_error": err.detach().mean().float(),
+                  "ref_deviation": ref.detach(), "ema_deviation": ema.detach()}
+
+
+# ----------------------------------------------------------------------------- old-policy EMA
+OLD_POLICY_SCHEDULES = ("copy", "linear_to_0_5", "delayed", "awm", "constant")
+
+
+def old_policy_decay(schedule: str, step: int, constant: float = 0.0) -> float:
+    """Decay d of the old-policy update old = d old + (1 - d) current, from the optimizer-step
+    count `step`: copy 0; linear_to_0_5 min(0.001 step, 0.5) (DiffusionNFT default); delayed
+    0 before step 75, then min(0.0075 (step - 75), 0.999) (DiffusionNFT OCR); awm
+    min(0.3, 0.001 step) (AWM's EMA adapter); constant `constant`."""
+    if schedule == "copy":
+        return 0.0
+    if schedule == "linear_to_0_5":
+        return min(0.001 * step, 0.5)
+    if schedule == "delayed":
+        return 0.0 if step < 75 else min(0.0075 * (step - 75), 0.999)
+    if schedule == "awm":
+        return min(0.3, 0.001 * step)
+    if schedule == "constant":
+        return float(constant)
+    raise ConfigError("algorithm.old_policy_schedule", schedule, f"choose one of {list(OLD_POLICY_SCHEDULES)}")
+
+
+def best_worst_pairs(rewards: torch.Tensor, group_ids) -> tuple[list[int], list[int]]:
+    """One (chosen, rejected) pair per group: the highest and the lowest reward, as the last and
+    first entries of a stable ascending sort (ties are still paired; groups of one are skipped).
+    Returns the chosen and the rejected indices, in order of the groups' first appearance."""
+    groups: dict = {}
+    for i, g in enumerate(group_ids.tolist() if isinstance(group_ids, torch.Tensor) else group_ids):
+        groups.setdefault(g, []).append(i)
+    chosen, rejected = [], []
+    values = rewards.tolist()
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        ordered = sorted(members, key=lambda i: values[i])  # Python's sort is stable
+        chosen.append(ordered[-1])
+        rejected.append(ordered[0])
+    return chosen, rejected

@@ -1,0 +1,78 @@
+"""`Learner`: the optimizer side of training, shared by RL updates and pretraining.
+
+It owns AdamW, the warm-up schedule, gradient synchronisation (a hook set by DDP), grad-norm
+clipping and the non-finite policy: an optimizer step whose accumulated loss or gradient norm
+is not finite is skipped and counted, and too many in a row stop the run. Callers accumulate
+gradients with their own backward passes and call `step` once per optimizer step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+
+class Learner:
+    def __init__(self, params_fn: Callable[[], list[torch.nn.Parameter]], *, lr: float,
+                 betas: tuple[float, float] = (0.9, 0.999), weight_decay: float = 0.0, eps: float = 1e-8,
+                 warmup_steps: int = 0, max_grad_norm: float = 1.0, max_consecutive_nonfinite: int = 3):
+        # `params_fn` returns the trainable parameters as they are now: FSDP2 replaces them with
+        # sharded DTensors, after which `rebuild()` builds the optimizer over the new ones.
+        self.params_fn = params_fn
+        self.lr, self.betas, self.weight_decay, self.eps = lr, tuple(betas), weight_decay, eps
+        self.warmup_steps = max(int(warmup_steps), 0)
+        self.max_grad_norm = max_grad_norm
+        self.max_consecutive_nonfinite = max_consecutive_nonfinite
+        self.nonfinite_in_a_row = 0
+        # Called with the parameters after the backward passes of an optimizer step, before
+        # clipping (the DDP all-reduce); None in one process and under FSDP2.
+        self.grad_sync: Callable | None = None
+        self.rebuild()
+
+    @classmethod
+    def from_actor_config(cls, params_fn, acfg) -> "Learner":
+        return cls(params_fn, lr=acfg.lr, betas=tuple(acfg.betas), weight_decay=acfg.weight_decay,
+                   eps=acfg.adam_eps, warmup_steps=acfg.warmup_steps, max_grad_norm=acfg.max_grad_norm,
+                   max_consecutive_nonfinite=acfg.max_consecutive_nonfinite)
+
+    def rebuild(self) -> None:
+        """(Re)create AdamW and its linear warm-up over the current trainable parameters."""
+        self.params = list(self.params_fn())
+        self.optimizer = torch.optim.AdamW(self.params, lr=self.lr, betas=self.betas,
+                                           weight_decay=self.weight_decay, eps=self.eps)
+        warmup = self.warmup_steps
+        self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    @property
+    def current_lr(self) -> float:
+        return self.lr_scheduler.get_last_lr()[0]
+
+    def step(self, loss_total: float) -> dict[str, float]:
+        """Sync, clip and apply the accumulated gradients. Returns the step's metrics; the
+        `stepped` entry is 1.0 when the weights changed, 0.0 when the step was skipped."""
+        if self.grad_sync is not None:
+            self.grad_sync(self.params)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+        if hasattr(grad_norm, "full_tensor"):  # FSDP2: the norm is a DTensor over the shards
+            grad_norm = grad_norm.full_tensor()
+        if not (math.isfinite(loss_total) and torch.isfinite(grad_norm)):
+            # Skip the step rather than poison the weights; too many in a row stops the run.
+            self.zero_grad()
+            self.nonfinite_in_a_row += 1
+            if self.nonfinite_in_a_row >= self.max_consecutive_nonfinite:
+                raise FloatingPointError(
+                    f"{self.nonfinite_in_a_row} consecutive updates had a non-finite loss or gradient "
+                    f"(loss={loss_total}); lower actor.lr or check the reward scale"
+                )
+            return {"stepped": 0.0, "skipped_nonfinite": 1.0}
+        self.nonfinite_in_a_row = 0
+        self.optimizer.step()
+        self.lr_scheduler.step()
+        self.zero_grad()
+        return {"stepped": 1.0, "skipped_nonfinite": 0.0, "grad_norm": float(grad_norm)}

@@ -1,0 +1,172 @@
+"""Objectives: how a micro-batch becomes the inputs of a loss.
+
+The engine's update loop is the same for every loss: mini-batches, micro-batches, one backward
+per (micro-batch, sub-step), one optimizer step per mini-batch. What a sub-step is, and which
+forwards feed the loss, is the objective's business:
+
+- `transition`: a sub-step is one trained window step of the stored SDE trajectory; the step
+  is re-scored under the current weights (log-prob, step mean) and compared with the old
+  policy (and, with a KL coefficient, the reference).
+- `flow_matching` (direct preference / forward-process losses): a sub-step is one sampled
+  timestep per sample; the clean sample x0 is noised with fresh noise, x_t = (1 - t) x0 + t eps,
+  and the loss sees the velocity of the policy (with gradient) and, when it asks for them, of
+  the reference (adapters disabled) and of the `old` adapter (both without gradient). Pairs
+  (Diffusion-DPO) share their noise and timestep. No guidance, as in the references.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pixelrl.algos.forward_process import draw_timesteps
+from pixelrl.algos.kl import KL_BATCH_KEYS, step_kl_to_reference
+from pixelrl.algos.losses import require_keys
+from pixelrl.core.batch import Batch
+from pixelrl.core.seeding import derive_seed
+from pixelrl.models.base import PromptEmbeds
+from pixelrl.sampling.sde import mean_over_dims
+from pixelrl.sampling.rollout import SamplingSettings
+
+
+@dataclass
+class UpdateContext:
+    """What every sub-step of one update shares."""
+
+    settings: SamplingSettings | None
+    old_key: str  # batch key of the old log-probs: decoupled re-score or the rollout's
+    on_policy: bool = True  # no optimizer step since the batch was sampled
+
+
+class TransitionObjective:
+    name = "transition"
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def check_batch(self, batch: Batch) -> None:
+        e = self.engine
+        require_keys(f"loss `{e.loss.name}`", e.loss.batch_keys, batch.keys())
+        if e.cfg.diffusion_loss.kl_coef > 0:
+            require_keys("the KL term (diffusion_loss.kl_coef > 0)", KL_BATCH_KEYS, batch.keys())
+
+    def context(self, batch: Batch) -> UpdateContext:
+        return UpdateContext(SamplingSettings(**batch.info["sampling"]),
+                             "old_log_probs" if "old_log_probs" in batch else "log_probs")
+
+    @staticmethod
+    def trained_steps(micro: Batch) -> torch.Tensor:
+        """[B, K] window-step indices to train: `train_step_index` if given, else all W in order."""
+        if "train_step_index" in micro:
+            return micro["train_step_index"].long()
+        return torch.arange(micro["sigmas"].shape[1]).unsqueeze(0).expand(len(micro), -1)
+
+    def num_substeps(self, batch: Batch) -> int:
+        return self.trained_steps(batch).shape[1]
+
+    def substep_loss(self, micro: Batch, k: int, ctx: UpdateContext):
+        e = self.engine
+        device = e.model.device
+        rows = torch.arange(len(micro))
+        step = self.trained_steps(micro)[:, k]
+        out = e.step_outputs(micro, step, ctx.settings)
+        rollout_lp = micro["log_probs"][rows, step].to(device)
+        inputs = {
+            "log_prob": out.log_prob,
+            "advantages": micro["advantages"].to(device).float(),
+            "mean": out.mean,
+            "std_dev_t": out.std_dev_t,
+            "sqrt_dt": out.sqrt_dt,
+            "noise_std": out.noise_std,
+        }
+        for batch_key, step_key in (("old_means", "old_mean"), ("ref_means", "ref_mean"),
+                                    ("is_weights", "is_weights")):
+            if batch_key in micro:
+                inputs[step_key] = micro[batch_key][rows, step].to(device)
+        if ctx.on_policy:
+            # The current weights are the old policy: take its log-prob AND step mean from this
+            # very forward, so rollout/training kernel drift cannot enter the ratio or the guard bias.
+            inputs["old_log_prob"] = out.log_prob.detach()
+            inputs["old_mean"] = out.mean.detach()
+        else:
+            inputs["old_log_prob"] = micro[ctx.old_key][rows, step].to(device)
+        loss, metrics = e.loss(inputs, e.loss_options)
+        lcfg = e.cfg.diffusion_loss
+        if lcfg.kl_coef > 0:
+            kl, kl_metrics = step_kl_to_reference(inputs, lcfg.kl_type)
+            loss = loss + lcfg.kl_coef * kl
+            metrics.update(kl_metrics)
+        # How far the training forward is from the rollout's log-prob (same weights when on-policy).
+        if ctx.on_policy:
+            metrics["rollout_logp_abs_diff"] = (out.log_prob.detach() - rollout_lp).abs().mean()
+        return loss, metrics
+
+
+class FlowMatchingObjective:
+    name = "flow_matching"
+
+    def __init__(self, engine):
+        self.engine = engine
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        # the 1000-step training schedule as `from_pretrained` builds it (shift applied)
+        self.train_sigmas = FlowMatchEulerDiscreteScheduler.from_config(engine.model.scheduler.config).sigmas.float()
+
+    def check_batch(self, batch: Batch) -> None:
+        require_keys(f"loss `{self.engine.loss.name}`", (*self.engine.loss.batch_keys, "prompts"), batch.keys())
+
+    def context(self, batch: Batch) -> UpdateContext:
+        """Draw every sample's timesteps and noises for this update (deterministic from the
+        engine seed and update count, so a resumed run draws the same ones)."""
+        e, opts = self.engine, self.engine.loss_options
+        gen = torch.Generator().manual_seed(derive_seed(e.cfg.seed * 1_000_003 + e.update_calls, "flow_matching"))
+        t = draw_timesteps(opts.timesteps, len(batch), grid=e.sigmas[:-1], train_sigmas=self.train_sigmas,
+                           generator=gen, num_timesteps=getattr(opts, "num_timesteps", 1),
+                           fraction=getattr(opts, "timestep_fraction", 1.0))
+        x0 = batch["x0"]
+        batch["fm_t"] = t
+        batch["fm_eps"] = torch.randn((len(batch), t.shape[1], *x0.shape[1:]), generator=gen)
+        return UpdateContext(None, "")
+
+    def num_substeps(self, batch: Batch) -> int:
+        return batch["fm_t"].shape[1]
+
+    def substep_loss(self, micro: Batch, k: int, ctx: UpdateContext):
+        e = self.engine
+        device = e.model.device
+        needs = set(e.loss.step_keys)
+        text = e.model.encode_prompts(micro["prompts"])
+        t = micro["fm_t"][:, k].to(device)
+        eps = micro["fm_eps"][:, k].to(device)
+        t_ = t.reshape(-1, *([1] * (eps.ndim - 1)))
+        clean = [micro["x0"].to(device)] + ([micro["x0_rejected"].to(device)] if "x0_rejected" in micro else [])
+        x_t = torch.cat([(1 - t_) * x0 + t_ * eps for x0 in clean])
+        times, cond = t.repeat(len(clean)), PromptEmbeds.cat([text] * len(clean))
+
+        def velocity():
+            return e.model.predict_velocity(x_t, times, cond)
+
+        v = velocity()
+        with torch.no_grad():
+            v_ref = v_old = None
+            if needs & {"v_ref", "ref_err_chosen"}:
+                with e.policy("reference"):
+                    v_ref = velocity()
+            if "v_old" in needs:
+                with e.policy("old"):
+                    v_old = velocity()
+        target = torch.cat([eps - x0 for x0 in clean])
+        if "x0_rejected" in micro:  # a pair: errors of the chosen and rejected halves
+            err = mean_over_dims((v - target) ** 2)
+            ref_err = mean_over_dims((v_ref - target) ** 2)
+            b = len(micro)
+            inputs = {"err_chosen": err[:b], "err_rejected": err[b:], "ref_err_chosen": ref_err[:b],
+                      "ref_err_rejected": ref_err[b:]}
+        else:
+            inputs = {"x0": clean[0], "x_t": x_t, "t": t, "eps": eps, "v": v, "v_ref": v_ref, "v_old": v_old,
+                      "advantages": micro["advantages"].to(device).float()}
+        return e.loss(inputs, e.loss_options)
+
+
+OBJECTIVE_CLASSES = {"transition": TransitionObjective, "flow_matching": FlowMatchingObjective}

@@ -1,0 +1,104 @@
+"""Diffusion-DPO, DiffusionNFT and AWM losses against hand-computed numbers."""
+
+import math
+
+import pytest
+import torch
+
+from pixelrl.algos import get_loss
+from pixelrl.algos.forward_process import awm_log_prob, nft_optimality
+from pixelrl.core.config import DiffusionLossConfig
+from pixelrl.core.errors import ConfigError
+
+
+def _options(name, **params):
+    return get_loss(name).bind(DiffusionLossConfig(name=name, params=params))
+
+
+def test_diffusion_dpo_at_known_errors():
+    step = {"err_chosen": torch.tensor([0.10, 0.20]), "ref_err_chosen": torch.tensor([0.12, 0.20]),
+            "err_rejected": torch.tensor([0.15, 0.10]), "ref_err_rejected": torch.tensor([0.14, 0.12])}
+    loss, m = get_loss("diffusion_dpo")(step, _options("diffusion_dpo"))  # beta 100
+    # pair 1: chosen -50 (0.10 - 0.12) = 1, rejected -50 (0.15 - 0.14) = -0.5, inside 1.5
+    # pair 2: chosen 0, rejected -50 (0.10 - 0.12) = 1, inside -1
+    expected = (math.log1p(math.exp(-1.5)) + math.log1p(math.exp(1.0))) / 2
+    assert loss.item() == pytest.approx(expected, abs=1e-5)
+    assert m["implicit_acc"].item() == 0.5 and m["reward_margin"].item() == pytest.approx(0.25, abs=1e-5)
+    assert m["rewards_chosen"].item() == pytest.approx(0.5, abs=1e-5)
+    assert m["rewards_rejected"].item() == pytest.approx(0.25, abs=1e-5)
+
+
+def test_diffusion_dpo_gradient_only_through_the_policy_errors():
+    err_w = torch.tensor([0.1], requires_grad=True)
+    ref_w = torch.tensor([0.1], requires_grad=True)
+    step = {"err_chosen": err_w, "ref_err_chosen": ref_w, "err_rejected": torch.tensor([0.1]),
+            "ref_err_rejected": torch.tensor([0.1])}
+    loss, _ = get_loss("diffusion_dpo")(step, _options("diffusion_dpo", beta=2.0))
+    loss.backward()
+    # d/d err_w of -log sigmoid(-(err_w - ref_w)) at 0: sigmoid(0) * 1 = 0.5
+    assert err_w.grad.item() == pytest.approx(0.5) and ref_w.grad is None
+
+
+def test_nft_optimality_modes():
+    adv = torch.tensor([-7.0, -2.5, 0.0, 2.5, 7.0])
+    expected = {
+        "all": [0.0, 0.25, 0.5, 0.75, 1.0],
+        "positive_only": [0.5, 0.5, 0.5, 0.75, 1.0],
+        "negative_only": [0.0, 0.25, 0.5, 0.5, 0.5],
+        "one_only": [0.5, 0.5, 0.5, 0.6, 0.6],
+        "binary": [0.4, 0.4, 0.5, 0.6, 0.6],
+    }
+    for mode, values in expected.items():
+        assert torch.allclose(nft_optimality(adv, 5.0, mode), torch.tensor(values)), mode
+    with pytest.raises(ConfigError, match="adv_mode"):
+        _options("diffusion_nft", adv_mode="sometimes")
+
+
+def test_diffusion_nft_loss_and_gradient_hand_computed():
+    v = torch.tensor([[1.0]], requires_grad=True)
+    step = {"x0": torch.tensor([[0.0]]), "x_t": torch.tensor([[1.0]]), "t": torch.tensor([0.5]), "v": v,
+            "v_old": torch.tensor([[0.6]]), "v_ref": torch.tensor([[0.8]]), "advantages": torch.tensor([2.5])}
+    loss, m = get_loss("diffusion_nft")(step, _options("diffusion_nft"))  # beta 1, ref_kl 1e-4, c 5
+    # r = 0.75; x0+ = 1 - 0.5 * 1 = 0.5 -> 0.25 / 0.5 = 0.5; v- = 2 * 0.6 - 1 = 0.2, x0- = 0.9 -> 0.81 / 0.9 = 0.9
+    # policy = 5 (0.75 * 0.5 + 0.25 * 0.9) = 3; KL = (1 - 0.8)^2 = 0.04
+    assert m["policy_loss"].item() == pytest.approx(3.0, abs=1e-6)
+    assert loss.item() == pytest.approx(3.0 + 1e-4 * 0.04, abs=1e-6)
+    loss.backward()
+    # the adaptive weights are constants: 5 (0.75 * 2 * 0.5 * -0.5 / 0.5 + 0.25 * 2 * 0.9 * 0.5 / 0.9) + 1e-4 * 2 * 0.2
+    assert v.grad.item() == pytest.approx(-3.75 + 1.25 + 4e-5, abs=1e-6)
+
+
+def test_awm_ghuber_log_prob_and_gradient_hand_computed():
+    err = torch.tensor([0.25], dtype=torch.float64)
+    t = torch.tensor([0.6])
+    assert awm_log_prob(err, t).item() == pytest.approx(-0.6 * (0.25 ** 0.25 - 1e-10 ** 0.25) / 0.25, rel=1e-6)
+    assert awm_log_prob(err, t, "uniform").item() == -0.25
+    v = torch.tensor([[1.0, 0.0]], requires_grad=True)
+    step = {"x0": torch.zeros(1, 2), "eps": torch.tensor([[0.5, 0.5]]), "t": t, "v": v,
+            "v_ref": v.detach().clone(), "v_old": v.detach().clone(), "advantages": torch.tensor([2.5])}
+    loss, m = get_loss("awm")(step, _options("awm"))
+    assert loss.item() == pytest.approx(-0.5)  # -A' with A' = 2.5 / 5 and ratio 1 in value
+    assert m["fm_error"].item() == pytest.approx(0.25)
+    loss.backward()
+    # -A' d logp / dv = 0.5 * 0.6 * 0.25^(-0.75) * (v - target), target (0.5, 0.5)
+    g = 0.5 * 0.6 * 0.25 ** -0.75 * 0.5
+    assert torch.allclose(v.grad, torch.tensor([[g, -g]]), atol=1e-6)
+
+
+def test_awm_reference_and_ema_terms():
+    v = torch.tensor([[1.0, 1.0]], requires_grad=True)
+    step = {"x0": torch.zeros(1, 2), "eps": torch.tensor([[1.0, 1.0]]), "t": torch.tensor([0.5]), "v": v,
+            "v_ref": torch.tensor([[0.0, 1.0]]), "v_old": torch.tensor([[1.0, 0.0]]), "advantages": torch.tensor([0.0])}
+    loss, m = get_loss("awm")(step, _options("awm", beta_ref=0.1, ema_beta=2.0))
+    # err 0 and A 0: only 0.1 * mean((1, 0)) + 2 * mean((0, 1)) = 0.05 + 1
+    assert loss.item() == pytest.approx(1.05)
+    assert m["ref_deviation"].item() == pytest.approx(0.5) and m["ema_deviation"].item() == pytest.approx(0.5)
+
+
+def test_loss_params_are_validated_by_name():
+    with pytest.raises(ConfigError, match=r"diffusion_loss\.params.*betta"):
+        _options("diffusion_dpo", betta=5)
+    with pytest.raises(ConfigError, match=r"diffusion_loss\.params\.beta"):
+        _options("diffusion_nft", beta=0.0)
+    with pytest.raises(ConfigError, match="takes no params"):
+        _options("flow_grpo", tau=1.0)
