@@ -21,6 +21,8 @@ PAPER_SCHEDULES = {
     "flow_dppo_sd35": 2,
     "dance_grpo_sd35": 2,      # 24 samples per GPU, accumulation 12
     "mixgrpo_sd35": 4,         # 12 samples per GPU, accumulation 3
+    "nft_sd35": 1,             # DiffusionNFT: one optimizer step per epoch (GenEval)
+    "awm_sd35": 1,             # AWM: one step per rollout batch (its ratio is always 1)
 }
 
 
