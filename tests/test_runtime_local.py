@@ -100,3 +100,20 @@ def test_export_pipeline_and_adapter_load_in_diffusers(tmp_path, tiny_sd3_path):
     assert fused.shape == (1, 32, 32, 3)
     assert abs(fused - plain).max() > 1e-4  # training changed the model
     assert abs(fused - adapted).max() < 1e-3  # fused pipeline == base + adapter
+
+
+def test_time_budget_stops_after_the_step_that_uses_it_with_a_checkpoint(tmp_path, tiny_pixel_path):
+    """A tiny budget is used up by the first step: the run stops there, saved and validated as at
+    its last step, and a resume with the budget lifted continues from it."""
+    val = tmp_path / "val.jsonl"
+    val.write_text(json.dumps({"prompt": "a red circle", "data_source": "shapes"}))
+    budget = ("trainer.time_budget_s=0.001", "trainer.total_training_steps=3", f"data.val_files=[{val}]",
+              "val_kwargs.num_steps=2")
+    code, run = train_cli(tmp_path, tiny_pixel_path, *LOCAL, *budget)
+    assert code == 0
+    metrics = read_metrics(run)
+    assert len(metrics) == 1 and "val-core/shapes/reward/mean@1" in metrics[0]
+    assert sorted(p.name for p in (run / "checkpoints").glob("global_step_*")) == ["global_step_1"]
+    code, _ = train_cli(tmp_path, tiny_pixel_path, *LOCAL, *budget[1:])
+    assert code == 0
+    assert [m["training/global_step"] for m in read_metrics(run)] == [1, 2, 3]

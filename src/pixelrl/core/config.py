@@ -35,6 +35,8 @@ class RolloutConfig:
     negative_prompt: str = ""
     noise_level: float = 0.7
     sde_type: str = "sde"  # sde | cps | dance_sde
+    # deterministic sampler when noise_level = 0: euler | dpm2 (DPM-Solver++ 2M, DiffusionNFT's)
+    solver: str = "euler"
     sde_window_size: int = 0  # 0 = full window (steps 0 .. N-2)
     sde_window_range: list[int] | None = None  # [r0, r1) for the random window
     # random: Flow-GRPO-Fast (start drawn per step from the rollout seed);
@@ -111,6 +113,9 @@ class AlgorithmConfig:
     old_policy_update_interval: int = 1
     # direct_preference rollouts: sample with the `old` adapter (DiffusionNFT) or the current policy
     rollout_policy: str = "current"
+    # direct_preference only: `online` samples and scores pairs each step; `offline` (Diffusion-DPO)
+    # reads (prompt, chosen, rejected) rows from data.train_files (see pixelrl.data.preferences)
+    sample_source: str = "online"
 
 
 @dataclass
@@ -164,6 +169,9 @@ class TrainerConfig:
     save_freq: int = 0  # 0 = only at the last step; -1 = never
     test_freq: int = 0  # 0 = only at the last step; -1 = never
     val_before_train: bool = False
+    # stop after the step at which the summed step time of this process reaches this many
+    # seconds, saving and validating as at the last step (0 = no budget)
+    time_budget_s: float = 0.0
     resume_mode: str = "auto"  # auto | disable | <path to a global_step_N folder>
     max_ckpt_to_keep: int = 0  # 0 = keep all
     rollout_data_dir: str = ""  # dump each step's rollouts (JSONL + images) here when set

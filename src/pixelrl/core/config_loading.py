@@ -99,6 +99,7 @@ def validate(cfg: PixelRLConfig) -> None:
     from pixelrl.models.base import DTYPES
     from pixelrl.models.loader import MODEL_TYPES, latent_unit
     from pixelrl.models.lora import LORA_INITS
+    from pixelrl.sampling.multistep import SOLVERS
     from pixelrl.rewards.registry import REWARDS, check_reward_options
     from pixelrl.sampling.schedule import SIGMA_SCHEDULES
     from pixelrl.sampling.sde import SDE_TYPES
@@ -155,6 +156,14 @@ def validate(cfg: PixelRLConfig) -> None:
             raise ConfigError("data.train_batch_size", cfg.data.train_batch_size,
                               "online DPO trains one pair per prompt: the prompts per step must split into "
                               "trainer.n_workers x mini-batches")
+    _choice("algorithm.sample_source", cfg.algorithm.sample_source, ("online", "offline"))
+    if cfg.algorithm.sample_source == "offline":
+        if cfg.algorithm.trainer_type != "direct_preference" or cfg.diffusion_loss.name != "diffusion_dpo":
+            raise ConfigError("algorithm.sample_source", "offline", "offline preference data trains Diffusion-DPO: "
+                              "set algorithm.trainer_type=direct_preference and diffusion_loss.name=diffusion_dpo")
+        if not d.train_files:
+            raise ConfigError("data.train_files", list(d.train_files), "offline DPO reads (prompt, chosen, rejected) "
+                              "rows from a .jsonl or .parquet file: write one with `pixelrl make-preferences`")
     if cfg.algorithm.rollout_policy == "old" and "v_old" not in LOSSES.get(cfg.diffusion_loss.name).step_keys:
         raise ConfigError("algorithm.rollout_policy", "old", f"{cfg.diffusion_loss.name} keeps no old adapter")
     _choice("trainer.strategy", t.strategy, ("ddp", "fsdp2"))
@@ -168,6 +177,11 @@ def validate(cfg: PixelRLConfig) -> None:
         _positive(field, value)
     _positive("rollout.noise_level", r.noise_level, allow_zero=True)
     _positive("diffusion_loss.kl_coef", cfg.diffusion_loss.kl_coef, allow_zero=True)
+    _positive("trainer.time_budget_s", t.time_budget_s, allow_zero=True)
+    _choice("rollout.solver", r.solver, SOLVERS)
+    if r.solver != "euler" and r.noise_level > 0:
+        raise ConfigError("rollout.solver", r.solver, "a multistep solver samples deterministically: set "
+                          "rollout.noise_level=0 or rollout.solver=euler")
     _choice("rollout.sde_window_schedule", r.sde_window_schedule, WINDOW_SCHEDULES)
     if r.sde_window_size and r.sde_window_schedule == "random":
         check_window_args(r.num_steps, r.sde_window_size, r.sde_window_range)

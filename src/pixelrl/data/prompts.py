@@ -40,44 +40,47 @@ def _normalise(path: Path, row: int, record, prompt_key: str) -> dict:
     return {"prompt": prompt, "data_source": str(record.get("data_source") or path.stem), "metadata": metadata}
 
 
+def read_records(path: Path, required_key: str, kinds: str = ".jsonl, .parquet or .txt"):
+    """(row number, record) of a .jsonl or .parquet file; a bad line names the file and row."""
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json"):
+        with path.open() as handle:
+            for number, line in enumerate(handle, start=1):
+                if line.strip():
+                    try:
+                        yield number, json.loads(line)
+                    except json.JSONDecodeError as err:
+                        raise _row_error(path, number, f"not valid JSON ({err.msg} at column {err.colno})") from None
+    elif suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+        if required_key not in table.column_names:
+            raise DatasetError(f"{path}: no `{required_key}` column (columns: {table.column_names}); set data.prompt_key")
+        yield from enumerate(table.to_pylist(), start=1)
+    else:
+        raise DatasetError(f"data file `{path}`: unsupported type `{suffix}`; use {kinds}")
+
+
 def read_prompt_file(path: str | Path, prompt_key: str = "prompt") -> list[dict]:
     from pixelrl.core.assets import resolve
 
     path = Path(resolve(str(path), "data.train_files"))
     if not path.is_file():
         raise DatasetError(f"prompt file `{path}` does not exist: check data.train_files / data.val_files")
-    rows: list[dict] = []
-    suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".json"):
-        with path.open() as handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise _row_error(path, number, f"not valid JSON ({err.msg} at column {err.colno})") from None
-                rows.append(_normalise(path, number, record, prompt_key))
-    elif suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        table = pq.read_table(path)
-        if prompt_key not in table.column_names:
-            raise DatasetError(f"{path}: no `{prompt_key}` column (columns: {table.column_names}); set data.prompt_key")
-        for number, record in enumerate(table.to_pylist(), start=1):
-            rows.append(_normalise(path, number, record, prompt_key))
-    elif suffix == ".txt":
-        for number, line in enumerate(path.read_text().splitlines(), start=1):
-            if line.strip():
-                rows.append({"prompt": line.strip(), "data_source": path.stem, "metadata": {}})
+    if path.suffix.lower() == ".txt":
+        rows = [{"prompt": line.strip(), "data_source": path.stem, "metadata": {}}
+                for line in path.read_text().splitlines() if line.strip()]
     else:
-        raise DatasetError(f"prompt file `{path}`: unsupported type `{suffix}`; use .jsonl, .parquet or .txt")
+        rows = [_normalise(path, number, record, prompt_key) for number, record in read_records(path, prompt_key)]
     if not rows:
         raise DatasetError(f"prompt file `{path}` has no prompts")
     return rows
 
 
 class PromptDataset(torch.utils.data.Dataset):
+    """Rows as read: {prompt, data_source, metadata}."""
+
     def __init__(self, rows: list[dict]):
         self.rows = rows
 
@@ -136,7 +139,8 @@ class EpochSampler(torch.utils.data.Sampler):
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
 
-def make_loader(dataset: PromptDataset, batch_size: int, *, shuffle: bool, seed: int, drop_last: bool):
+def make_loader(dataset: torch.utils.data.Dataset, batch_size: int, *, shuffle: bool, seed: int, drop_last: bool,
+                collate_fn=collate_rows):
     """A `torchdata` StatefulDataLoader over an `EpochSampler`: its position is checkpointed."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -144,4 +148,4 @@ def make_loader(dataset: PromptDataset, batch_size: int, *, shuffle: bool, seed:
         raise DatasetError(f"the dataset has {len(dataset)} prompts, fewer than data.train_batch_size = {batch_size}")
     sampler = EpochSampler(len(dataset), shuffle=shuffle, seed=seed)
     return StatefulDataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last,
-                              collate_fn=collate_rows, num_workers=0)
+                              collate_fn=collate_fn, num_workers=0)

@@ -40,6 +40,7 @@ class PolicyEngine:
             sde_type=cfg.rollout.sde_type,
             guidance_scale=cfg.rollout.guidance_scale,
             logprob_reduction=cfg.rollout.logprob_reduction,
+            solver=cfg.rollout.solver,
         )
         self.sigmas = schedule_sigmas(model.scheduler, cfg.rollout.num_steps, cfg.rollout.sigma_schedule)
 
@@ -193,6 +194,17 @@ class PolicyEngine:
                 means.append(torch.stack(mu, 1))
         prefix = "ref" if policy == "reference" else "old"
         return Batch({f"{prefix}_log_probs": torch.cat(log_probs), f"{prefix}_means": torch.cat(means)})
+
+    @torch.no_grad()
+    def encode(self, batch: Batch) -> Batch:
+        """Clean latents of given images (offline preference pairs): `x0` from `images` and
+        `x0_rejected` from `images_rejected`, through the model's autoencoder when it has one."""
+        require_keys("encode", ("images", "images_rejected"), batch.keys())
+        out = {}
+        for source, target in (("images", "x0"), ("images_rejected", "x0_rejected")):
+            out[target] = torch.cat([self.model.encode(part[source]).cpu()
+                                     for part in batch.split(max(1, self.cfg.rollout.micro_batch_size))])
+        return Batch(out)
 
     # ------------------------------------------------------------------ update
     def trainable_names(self) -> list[str]:

@@ -113,9 +113,19 @@ class DiffusionModel(ABC):
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Latents -> uint8 images [B, H, W, 3] on CPU."""
 
+    @abstractmethod
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 images [B, H, W, 3] -> clean latents x0 (float32, on the model's device), the
+        inverse of `decode` up to the autoencoder's error."""
+
     # --- training helpers -----------------------------------------------------------------
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.transformer.parameters() if p.requires_grad]
+
+
+def from_uint8_images(images: torch.Tensor) -> torch.Tensor:
+    """uint8 [B, H, W, 3] -> [-1, 1] float32 channel-first images (the inverse of to_uint8_images)."""
+    return images.permute(0, 3, 1, 2).float() / 127.5 - 1.0
 
 
 def to_uint8_images(pixels: torch.Tensor) -> torch.Tensor:

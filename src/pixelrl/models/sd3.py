@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from pixelrl.core.errors import ModelFolderError
-from pixelrl.models.base import DiffusionModel, PromptEmbeds, resolve_dtype, to_uint8_images
+from pixelrl.models.base import DiffusionModel, PromptEmbeds, from_uint8_images, resolve_dtype, to_uint8_images
 
 # Attention projections of the joint transformer blocks (image and text streams).
 SD3_LORA_TARGETS = (
@@ -139,3 +139,15 @@ class SD3Model(DiffusionModel):
         cfg = self.vae.config
         z = latents.to(self.dtype) / cfg.scaling_factor + (cfg.shift_factor or 0.0)
         return to_uint8_images(self.vae.decode(z, return_dict=False)[0])
+
+    @torch.no_grad()
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        """The posterior mean (not a sample) of the VAE, so the same image always gives the same
+        x0 and a resumed run sees the latents an uninterrupted one saw."""
+        self.latent_shape(images.shape[1], images.shape[2])  # names a size the model cannot take
+        pixels = from_uint8_images(images).to(self.device)
+        if self.vae is None:
+            return pixels
+        cfg = self.vae.config
+        z = self.vae.encode(pixels.to(self.dtype)).latent_dist.mode()
+        return ((z.float() - (cfg.shift_factor or 0.0)) * cfg.scaling_factor).float()

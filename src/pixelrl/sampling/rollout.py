@@ -15,6 +15,7 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from pixelrl.core.seeding import sample_generators
 from pixelrl.models.base import DiffusionModel, PromptEmbeds
+from pixelrl.sampling.multistep import DPMSolverPP2M
 from pixelrl.sampling.sde import StepOutput, sde_step
 from pixelrl.sampling.windows import Window
 
@@ -25,6 +26,9 @@ class SamplingSettings:
     sde_type: str = "sde"
     guidance_scale: float = 4.5
     logprob_reduction: str = "mean"
+    # deterministic steps: euler (the ODE limit of the SDE step) | dpm2 (DPM-Solver++ 2M; only
+    # for fully deterministic sampling, the multistep history would straddle SDE steps)
+    solver: str = "euler"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -112,10 +116,18 @@ def rollout(
                      dtype=torch.float32)
     sigma_max_next = float(sigmas[1])
 
+    if settings.solver == "dpm2" and window.size:
+        raise ValueError("the dpm2 solver samples deterministically: use an empty window (rollout.noise_level=0)")
+    multistep = DPMSolverPP2M() if settings.solver == "dpm2" else None
+
     latents, log_probs, means = [], [], []
     for i in range(num_steps):
         sigma = sigmas[i].to(device).expand(batch)
         sigma_next = sigmas[i + 1].to(device).expand(batch)
+        if multistep is not None:
+            v = model.predict_velocity(x, sigma, text, guidance_scale=settings.guidance_scale, negative=negative)
+            x = multistep.step(x, v, float(sigmas[i]), float(sigmas[i + 1]))
+            continue
         stochastic = i in window
         if i == window.start and window.size:
             latents.append(x)

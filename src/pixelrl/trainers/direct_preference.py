@@ -8,7 +8,7 @@ objective, noising them again at sampled timesteps. DiffusionNFT samples with it
 
 from __future__ import annotations
 
-import torch
+import numpy as np
 
 from pixelrl.algos.forward_process import best_worst_pairs
 from pixelrl.algos.advantages import group_reward_stats
@@ -53,3 +53,25 @@ def direct_preference_step(actor, reward_fn, prompts: list[str], metadata: list[
     if cfg.diffusion_loss.name == "diffusion_dpo":
         metrics["training/pairs"] = len(train)
     return batch, metrics
+
+
+def offline_preference_step(actor, rows: dict, cfg) -> dict[str, float]:
+    """Diffusion-DPO on a batch of dataset pairs: encode chosen and rejected images to clean
+    latents on the workers, then update. A row holds its whole pair, so no mini-batch splits one."""
+    timer = PhaseTimer()
+    with timer.phase("encode"):
+        pairs = actor.encode(Batch({"images": rows["chosen"], "images_rejected": rows["rejected"]}))
+    train = Batch({"x0": pairs["x0"], "x0_rejected": pairs["x0_rejected"]}, {"prompts": rows["prompts"]},
+                  {"num_mini_batches": mini_batches_per_epoch(cfg)})
+    with timer.phase("update_actor"):
+        actor_metrics = actor.update(train)
+    metrics = {f"actor/{k}": v for k, v in actor_metrics.items()}
+    for key, values in rows["scores"].items():
+        known = [v for v in values if v is not None]
+        if known:
+            metrics[f"data/{key}/mean"] = float(np.mean(known))
+    metrics.update({f"timing_s/{name}": secs for name, secs in timer.seconds.items()})
+    metrics["timing_s/step"] = sum(timer.seconds.values())
+    metrics["training/pairs"] = len(train)
+    metrics["perf/throughput"] = len(train) / metrics["timing_s/step"]  # pairs per second
+    return metrics

@@ -20,11 +20,12 @@ from PIL import Image
 
 from pixelrl.core.config import PixelRLConfig
 from pixelrl.core.config_loading import to_yaml
-from pixelrl.data.prompts import PromptDataset, make_loader
+from pixelrl.data.preferences import PreferenceDataset, collate_preferences
+from pixelrl.data.prompts import PromptDataset, collate_rows, make_loader
 from pixelrl.sampling.rollout import SamplingSettings
 from pixelrl.sampling.windows import Window, full_window
 from pixelrl.trainers.checkpointing import find_resume_folder, load_trainer_state, save_checkpoint
-from pixelrl.trainers.direct_preference import direct_preference_step
+from pixelrl.trainers.direct_preference import direct_preference_step, offline_preference_step
 from pixelrl.trainers.step import policy_gradient_step
 from pixelrl.trainers.tracking import Tracker, image_grid
 
@@ -38,11 +39,13 @@ def run_dir_of(cfg: PixelRLConfig) -> Path:
     return Path(t.default_local_dir) / t.project_name / t.experiment_name
 
 
-def _every(freq: int, step: int, last: int) -> bool:
-    """freq > 0: every freq steps and at the last; 0: only at the last; -1: never."""
+def _every(freq: int, step: int, last: int | bool) -> bool:
+    """freq > 0: every freq steps and at the last; 0: only at the last; -1: never. `last` is the
+    last step's number, or whether this step is the last."""
     if freq < 0:
         return False
-    return step == last or (freq > 0 and step % freq == 0)
+    is_last = last if isinstance(last, bool) else step == last
+    return is_last or (freq > 0 and step % freq == 0)
 
 
 class PolicyGradientTrainer:
@@ -58,8 +61,11 @@ class PolicyGradientTrainer:
     # ------------------------------------------------------------------ set-up
     def _datasets(self):
         d = self.cfg.data
-        train = (PromptDataset.from_files(d.train_files, d.prompt_key) if d.train_files
-                 else PromptDataset.from_prompts(d.prompts))
+        if self.cfg.algorithm.sample_source == "offline":
+            train = PreferenceDataset.from_files(d.train_files, self.cfg.rollout.resolution, d.prompt_key)
+        else:
+            train = (PromptDataset.from_files(d.train_files, d.prompt_key) if d.train_files
+                     else PromptDataset.from_prompts(d.prompts))
         val = PromptDataset.from_files(d.val_files, d.prompt_key) if d.val_files else None
         return train, val
 
@@ -104,8 +110,9 @@ class PolicyGradientTrainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(self.cfg_yaml)
         train_set, val_set = self._datasets()
+        offline = cfg.algorithm.sample_source == "offline"
         loader = make_loader(train_set, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed,
-                             drop_last=True)
+                             drop_last=True, collate_fn=collate_preferences if offline else collate_rows)
         total = t.total_training_steps or len(loader) * t.total_epochs
         try:
             self.init_workers()
@@ -139,6 +146,7 @@ class PolicyGradientTrainer:
         cfg, t = self.cfg, self.cfg.trainer
         step_fn = STEPS[cfg.algorithm.trainer_type]
         data_iter = iter(loader)
+        train_seconds = 0.0  # summed step time of this process, for trainer.time_budget_s
         progress = tqdm(total=total, initial=start_step, desc="training", unit="step", dynamic_ncols=True,
                         disable=not os.isatty(2))
         for step in range(start_step + 1, total + 1):
@@ -147,25 +155,35 @@ class PolicyGradientTrainer:
             except StopIteration:  # next epoch (the sampler reshuffles with seed + epoch)
                 data_iter = iter(loader)
                 rows = next(data_iter)
-            batch, metrics = step_fn(self.actor, self.rewards, rows["prompts"], rows["metadata"], step, cfg,
-                                     num_workers=self.actor.size)
+            if cfg.algorithm.sample_source == "offline":
+                batch, metrics = None, offline_preference_step(self.actor, rows, cfg)
+            else:
+                batch, metrics = step_fn(self.actor, self.rewards, rows["prompts"], rows["metadata"], step, cfg,
+                                         num_workers=self.actor.size)
             metrics["training/global_step"] = step
             metrics["training/epoch"] = loader.sampler.epoch
-            if t.rollout_data_dir:
+            train_seconds += metrics["timing_s/step"]
+            out_of_time = 0 < t.time_budget_s <= train_seconds
+            last = step == total or out_of_time
+            if t.rollout_data_dir and batch is not None:
                 self._dump(Path(t.rollout_data_dir) / f"step_{step:06d}", batch)
-            if t.log_image_grid_every and step % t.log_image_grid_every == 0:
+            if t.log_image_grid_every and step % t.log_image_grid_every == 0 and batch is not None:
                 self._grid(tracker, "train/samples", batch, step)
-            if _every(t.save_freq, step, total):
+            if _every(t.save_freq, step, last):
                 save_checkpoint(self.ckpt_root, step, self.actor.save, loader.state_dict(), self.cfg_yaml,
                                 t.max_ckpt_to_keep)
-            if val_set is not None and _every(t.test_freq, step, total):
+            if val_set is not None and _every(t.test_freq, step, last):
                 val_metrics = self.validate(val_set, step, tracker)
                 metrics.update(val_metrics)
                 val_history.append(val_metrics)
             tracker.log(metrics, step)
             history.append(metrics)
             progress.update(1)
-            progress.set_postfix(reward=f"{metrics['critic/rewards/mean']:.4f}")
+            if "critic/rewards/mean" in metrics:
+                progress.set_postfix(reward=f"{metrics['critic/rewards/mean']:.4f}")
+            if out_of_time:
+                self.console(f"time budget of {t.time_budget_s:.0f} s used after step {step}: stopping")
+                break
         progress.close()
         return history, val_history
 

@@ -43,13 +43,17 @@ class _Group:
                                               None if noise_seeds is None else noise_seeds[s], policy) for s in parts])
         return Batch.concat([Batch.from_numpy(r) for r in results])
 
+    def _sharded(self, batch: Batch) -> list[dict]:
+        return [batch.select(range(s.start, s.stop)).to_numpy() for s in _shards(len(batch), self.size)]
+
     def score(self, batch: Batch, policy: str) -> Batch:
-        payloads = [batch.select(range(s.start, s.stop)).to_numpy() for s in _shards(len(batch), self.size)]
-        return Batch.concat([Batch.from_numpy(r) for r in self._call_all("score", [(p, policy) for p in payloads])])
+        return Batch.concat([Batch.from_numpy(r) for r in self._call_all("score", [(p, policy) for p in self._sharded(batch)])])
+
+    def encode(self, batch: Batch) -> Batch:
+        return Batch.concat([Batch.from_numpy(r) for r in self._call_all("encode", [(p,) for p in self._sharded(batch)])])
 
     def update(self, batch: Batch) -> dict[str, float]:
-        payloads = [batch.select(range(s.start, s.stop)).to_numpy() for s in _shards(len(batch), self.size)]
-        metrics = self._call_all("update", [(p,) for p in payloads])
+        metrics = self._call_all("update", [(p,) for p in self._sharded(batch)])
         return {k: float(np.mean([m[k] for m in metrics])) for k in metrics[0]}
 
     def trainable_states(self) -> list[dict]:

@@ -57,7 +57,7 @@ class PolicyWorker:
                 self.engine.learner.grad_sync = ddp_grad_sync
         return {"rank": self.rank, "pid": os.getpid(), "trainable": len(self.engine.trainable_names())}
 
-    # --- the engine's three verbs, with numpy transport -------------------------------------
+    # --- the engine's verbs, with numpy transport -------------------------------------
     def rollout(self, prompts: list[str], seeds: list[int], window, settings=None, num_steps=None,
                 noise_seeds=None, policy="current") -> dict:
         from pixelrl.sampling.rollout import SamplingSettings
@@ -70,6 +70,9 @@ class PolicyWorker:
 
     def score(self, payload: dict, policy: str) -> dict:
         return self.engine.score(Batch.from_numpy(payload), policy).to_numpy()
+
+    def encode(self, payload: dict) -> dict:
+        return self.engine.encode(Batch.from_numpy(payload)).to_numpy()
 
     def update(self, payload: dict) -> dict:
         return self.engine.update(Batch.from_numpy(payload))
