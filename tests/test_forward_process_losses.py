@@ -73,6 +73,9 @@ def test_awm_ghuber_log_prob_and_gradient_hand_computed():
     t = torch.tensor([0.6])
     assert awm_log_prob(err, t).item() == pytest.approx(-0.6 * (0.25 ** 0.25 - 1e-10 ** 0.25) / 0.25, rel=1e-6)
     assert awm_log_prob(err, t, "uniform").item() == -0.25
+    assert awm_log_prob(err, t, "t").item() == pytest.approx(-0.6 * 0.25)
+    assert awm_log_prob(err, t, "t**2").item() == pytest.approx(-0.36 * 0.25)
+    assert awm_log_prob(err, t, "huber").item() == pytest.approx(-0.6 * (0.5 - 1e-5), rel=1e-6)
     v = torch.tensor([[1.0, 0.0]], requires_grad=True)
     step = {"x0": torch.zeros(1, 2), "eps": torch.tensor([[0.5, 0.5]]), "t": t, "v": v,
             "v_ref": v.detach().clone(), "v_old": v.detach().clone(), "advantages": torch.tensor([2.5])}

@@ -170,8 +170,7 @@ def diffusion_nft_loss(step: dict, cfg) -> tuple[torch.Tensor, dict]:
 
 
 # ----------------------------------------------------------------------------- AWM
-# The reference also offers `t`, `t**2` and `huber` weightings; only these two are built.
-AWM_WEIGHTINGS = ("ghuber", "uniform")
+AWM_WEIGHTINGS = ("ghuber", "uniform", "t", "t**2", "huber")
 
 
 @dataclass
@@ -195,14 +194,22 @@ class AWMParams:
 
 
 def awm_log_prob(err: torch.Tensor, t: torch.Tensor, weighting: str = "ghuber", p: float = 0.25) -> torch.Tensor:
-    """The surrogate log-likelihood of a per-sample flow-matching error `err` (float64).
+    """The surrogate log-likelihood of a per-sample flow-matching error `err` (float64) at noise level t.
 
-    ghuber: -t ((err + 1e-10)^p - 1e-10^p) / p (gradient -t (err + 1e-10)^(p - 1) d err);
-    uniform: -err (the plain advantage-weighted flow-matching loss)."""
+    ghuber (the released default): -t ((err + 1e-10)^p - 1e-10^p) / p, gradient -t (err + 1e-10)^(p-1) d err;
+    uniform: -err (the plain advantage-weighted flow-matching loss); t: -t err; t**2: -t^2 err;
+    huber: -t (sqrt(err + 1e-10) - 1e-5)."""
+    t = t.to(err.dtype)
     if weighting == "ghuber":
-        return -t.to(err.dtype) * ((err + 1e-10) ** p - 1e-10 ** p) / p
+        return -t * ((err + 1e-10) ** p - 1e-10 ** p) / p
     if weighting == "uniform":
         return -err
+    if weighting == "t":
+        return -t * err
+    if weighting == "t**2":
+        return -t ** 2 * err
+    if weighting == "huber":
+        return -t * (torch.sqrt(err + 1e-10) - 1e-5)
     raise ConfigError("diffusion_loss.params.weighting", weighting, f"choose one of {list(AWM_WEIGHTINGS)}")
 
 
