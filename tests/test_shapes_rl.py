@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 
 from pixelrl.core.assets import BUILTIN
@@ -22,15 +23,27 @@ def test_shipped_weights_load_and_generate_recognisable_shapes():
     assert result["strict"]["colors"] >= 0.5  # the base model draws a requested coloured shape
 
 
-def test_a_short_rl_run_on_the_shipped_model_raises_the_training_reward(tmp_path):
-    """Flow-GRPO-Fast on 4 two-object prompts: the fixed-seed mean reward on them goes up."""
+SHORT_RUNS = {  # config: (steps, overrides); each method's own sampler and guidance
+    "shapes_flow_grpo": (12, ["rollout.sde_window_size=2", "actor.lr=1e-3"]),
+    "shapes_nft": (6, []),
+    "shapes_awm": (6, []),
+    "shapes_dpo": (10, []),
+}
+
+
+@pytest.mark.parametrize("config", sorted(SHORT_RUNS))
+def test_a_short_run_of_each_method_on_the_shipped_model_raises_its_reward(config, tmp_path):
+    """Flow-GRPO-Fast, DiffusionNFT, AWM and online DPO through `pixelrl train` on 4 two-object
+    prompts: the fixed-seed mean reward of the trained policy on them beats the base model's."""
     from conftest import read_metrics
     from pixelrl.cli import main
+    from pixelrl.core.config_loading import load_config
     from pixelrl.data.shapes import prompt_splits
-    from pixelrl.engine.evaluate import load_for_eval
+    from pixelrl.engine.evaluate import generate, load_for_eval
     from pixelrl.rewards import get_reward
-    from pixelrl.engine.evaluate import generate
 
+    steps, overrides = SHORT_RUNS[config]
+    guidance = load_config(config, []).rollout.guidance_scale
     rows = [r for r in prompt_splits()["train"] if r["category"] == "two_object"][:4]
     data = tmp_path / "two_object.jsonl"
     data.write_text("\n".join(json.dumps({"prompt": r["prompt"], "data_source": r["category"],
@@ -41,18 +54,18 @@ def test_a_short_rl_run_on_the_shipped_model_raises_the_training_reward(tmp_path
     seeds = list(range(5000, 5000 + len(prompts)))
 
     def fixed_seed_reward(model):
-        images = generate(model, prompts, seeds, num_steps=10, guidance_scale=4.0)
+        images = generate(model, prompts, seeds, num_steps=10, guidance_scale=guidance)
         return float(reward(images, prompts, metadata)["shapes_geneval"].mean())
 
     before = fixed_seed_reward(load_for_eval("builtin:shapes"))
-    code = main(["train", "--config-name", "shapes_flow_grpo", f"data.train_files=[{data}]", "data.train_batch_size=4",
-                 "rollout.sde_window_size=2", "actor.lr=1e-3", "trainer.total_training_steps=12",
-                 "trainer.save_freq=12", "trainer.logger=[jsonl]", f"trainer.default_local_dir={tmp_path}",
+    code = main(["train", "--config-name", config, f"data.train_files=[{data}]", "data.train_batch_size=4",
+                 f"trainer.total_training_steps={steps}", "trainer.experiment_name=short", *overrides,
+                 f"trainer.save_freq={steps}", "trainer.logger=[jsonl]", f"trainer.default_local_dir={tmp_path}",
                  "data.val_files=[]"])
     assert code == 0
-    run = tmp_path / "pixelrl" / "shapes_demo"
-    after = fixed_seed_reward(load_for_eval(checkpoint=str(run / "checkpoints" / "global_step_12")))
+    run = tmp_path / "pixelrl" / "short"
+    after = fixed_seed_reward(load_for_eval(checkpoint=str(run / "checkpoints" / f"global_step_{steps}")))
     train = [m["critic/rewards/mean"] for m in read_metrics(run)]
-    print(f"fixed-seed reward {before:.4f} -> {after:.4f}")
+    print(f"{config}: fixed-seed reward {before:.4f} -> {after:.4f}")
     assert after > before + 0.03, (before, after, train)
     assert torch.isfinite(torch.tensor(train)).all()
