@@ -35,7 +35,7 @@ def run_one(args) -> dict:
     from pixelrl.core.config import PixelRLConfig
     from pixelrl.models import build_tiny_sd3
     from pixelrl.rewards import RewardSpec, WeightedReward
-    from pixelrl.trainers.in_process import build_engine
+    from pixelrl.engine import PolicyEngine
     from pixelrl.trainers.step import policy_gradient_step
 
     torch.set_num_threads(args.threads)
@@ -49,7 +49,7 @@ def run_one(args) -> dict:
         cfg.rollout.sde_window_size = args.window
         cfg.rollout.micro_batch_size = args.prompts * args.n
         cfg.actor.ppo_micro_batch_size = args.micro
-        engine = build_engine(cfg)
+        engine = PolicyEngine.from_config(cfg)
         reward = WeightedReward([RewardSpec("jpeg_compressibility")])
         counts = {"fwd_nograd": 0, "fwd_grad": 0}
 

@@ -121,7 +121,9 @@ def test_each_direct_preference_method_raises_jpeg_compressibility(loss, tiny_pi
     """The production step (`direct_preference_step`, what the trainer runs) on the tiny model:
     a fixed-seed evaluation of unseen seeds improves by a clear margin."""
     from pixelrl.trainers.direct_preference import direct_preference_step
-    from pixelrl.trainers.in_process import build_engine, build_reward, mean_reward
+    from pixelrl.engine import PolicyEngine
+    from pixelrl.engine.evaluate import fixed_seed_reward as mean_reward
+    from pixelrl.rewards import WeightedReward
 
     lr, steps, extra, gain = LEARNING_RUNS[loss]
     prompts = ["a red circle", "two blue squares", "a cat", "a house"]
@@ -130,7 +132,7 @@ def test_each_direct_preference_method_raises_jpeg_compressibility(loss, tiny_pi
     if loss == "awm":
         cfg.diffusion_loss.params = {"num_timesteps": 2}  # 2 strata of the 6-step grid
     cfg.data.train_batch_size = 4
-    engine, reward = build_engine(cfg), build_reward(cfg)
+    engine, reward = PolicyEngine.from_config(cfg), WeightedReward.from_functions(cfg.reward.functions)
     eval_prompts, eval_seeds = prompts * 4, list(range(10_000, 10_016))
     before = mean_reward(engine, reward, eval_prompts, eval_seeds)
     history = [direct_preference_step(engine, reward, prompts, [{}] * 4, step, cfg)[1] for step in range(1, steps + 1)]

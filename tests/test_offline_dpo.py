@@ -122,7 +122,9 @@ def test_offline_dpo_through_pixelrl_train_learns_from_a_written_dataset(tmp_pat
     policy's own samples compress better (JPEG reward) than the base model's."""
     from pixelrl.core.config_loading import load_config
     from pixelrl.engine.checkpoint import load_engine
-    from pixelrl.trainers.in_process import build_engine, build_reward, mean_reward
+    from pixelrl.engine import PolicyEngine
+    from pixelrl.engine.evaluate import fixed_seed_reward as mean_reward
+    from pixelrl.rewards import WeightedReward
 
     prompts = ["a red circle", "two blue squares", "a cat", "a house"]
     path = _write_pairs(tmp_path / "data", prompts)
@@ -138,7 +140,7 @@ def test_offline_dpo_through_pixelrl_train_learns_from_a_written_dataset(tmp_pat
     assert np.mean([m["actor/implicit_acc"] for m in metrics[-4:]]) > np.mean([m["actor/implicit_acc"] for m in metrics[:2]])
 
     cfg = load_config(str(run / "config.yaml"), [])
-    engine, reward = build_engine(cfg), build_reward(cfg)
+    engine, reward = PolicyEngine.from_config(cfg), WeightedReward.from_functions(cfg.reward.functions)
     eval_prompts, eval_seeds = prompts * 4, list(range(10_000, 10_016))
     before = mean_reward(engine, reward, eval_prompts, eval_seeds)
     load_engine(engine, str(run / "checkpoints" / "global_step_12" / "actor"))

@@ -22,12 +22,6 @@ from pathlib import Path
 from pixelrl.core.quiet import quiet_libraries
 
 
-DEMO_PROMPTS = [
-    "a red circle", "two blue squares", "a cat on a house", "a green tree",
-    "a yellow star", "a car in the city", "three purple triangles", "a flower",
-]
-
-
 def cmd_demo(args) -> int:
     import torch
 
@@ -39,44 +33,37 @@ def cmd_demo(args) -> int:
 
 
 def cmd_demo_jpeg(args) -> int:
+    """`configs/flow_grpo_tiny.yaml` through the regular trainer in one process, on a tiny random
+    model built on first use, with a fixed-seed evaluation before and after."""
     import torch
 
-    from pixelrl.core.config import PixelRLConfig
+    from pixelrl.core.config_loading import load_config
+    from pixelrl.engine import PolicyEngine
+    from pixelrl.engine.checkpoint import load_engine
+    from pixelrl.engine.evaluate import fixed_seed_reward
     from pixelrl.models import build_tiny_sd3
-    from pixelrl.trainers.in_process import build_engine, build_reward, mean_reward, train_in_process
+    from pixelrl.rewards import WeightedReward
+    from pixelrl.trainers.policy_gradient import PolicyGradientTrainer
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     run_dir = Path(args.run_dir)
     model_dir = run_dir / "tiny_sd3"
     if not (model_dir / "model_index.json").is_file():
         build_tiny_sd3(model_dir, resolution=32, with_vae=False, with_t5=False, seed=args.seed)
-    cfg = PixelRLConfig(seed=args.seed)
-    cfg.model.path = str(model_dir)
-    cfg.model.max_sequence_length = 0
-    cfg.model.lora_rank, cfg.model.lora_alpha = 8, 16
-    cfg.rollout.resolution, cfg.rollout.n, cfg.rollout.num_steps = 32, 4, 6
-    cfg.rollout.guidance_scale = 1.0
-    cfg.actor.lr = 1e-2
-    cfg.data.prompts = DEMO_PROMPTS
-    cfg.data.train_batch_size = 4
-    cfg.trainer.total_training_steps = args.steps
-
-    engine, reward = build_engine(cfg), build_reward(cfg)
-    eval_prompts = DEMO_PROMPTS * 2
+    cfg = load_config("flow_grpo_tiny", [f"model.path={model_dir}", f"seed={args.seed}", "trainer.backend=local",
+                                         f"trainer.total_training_steps={args.steps}", "trainer.resume_mode=disable",
+                                         f"trainer.default_local_dir={run_dir}", "trainer.logger=[console,jsonl]"])
+    engine, reward = PolicyEngine.from_config(cfg), WeightedReward.from_functions(cfg.reward.functions)
+    eval_prompts = list(cfg.data.prompts) * 2
     eval_seeds = list(range(10_000, 10_000 + len(eval_prompts)))
     print(f"pixelrl demo: Flow-GRPO on a tiny random SD3 model ({model_dir}), reward = JPEG compressibility "
           f"(-kB at quality 95), {cfg.data.train_batch_size} prompts x {cfg.rollout.n} images per step")
-    before = mean_reward(engine, reward, eval_prompts, eval_seeds)
+    before = fixed_seed_reward(engine, reward, eval_prompts, eval_seeds)
     print(f"fixed-seed eval reward before: {before:.4f}")
     start = time.time()
-
-    def show(step, m):
-        print(f"step {step:3d}  reward {m['critic/rewards/mean']:.4f}  (min {m['critic/rewards/min']:.3f} "
-              f"max {m['critic/rewards/max']:.3f})  grad_norm {m['actor/grad_norm']:.2e}  "
-              f"{m['perf/throughput']:.1f} img/s", flush=True)
-
-    train_in_process(cfg, engine, reward, on_step=show)
-    after = mean_reward(engine, reward, eval_prompts, eval_seeds)
+    result = PolicyGradientTrainer(cfg).fit()
+    load_engine(engine, str(Path(result["run_dir"]) / "checkpoints" / f"global_step_{args.steps}" / "actor"))
+    after = fixed_seed_reward(engine, reward, eval_prompts, eval_seeds)
     print(f"fixed-seed eval reward after:  {after:.4f}  (change {after - before:+.4f}) "
           f"in {time.time() - start:.0f} s")
     return 0

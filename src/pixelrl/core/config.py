@@ -49,6 +49,11 @@ class RolloutConfig:
     logprob_reduction: str = "mean"  # mean over latent dims (reference) | sum (= mean x dims)
     same_noise_per_group: bool = False  # DanceGRPO: one initial noise shared by a prompt's n images
     micro_batch_size: int = 16  # samples per denoiser forward during rollout
+    # 0 = colocated: the actor workers sample with their own weights. N > 0 = a separate pool of
+    # N optimizer-free rollout workers that receive the actor's weights after every step
+    # (needed by trainer.mode one_step_off and async).
+    n_workers: int = 0
+    num_cpus_per_worker: int = 1
 
 
 @dataclass
@@ -182,6 +187,11 @@ class TrainerConfig:
     num_cpus_per_worker: int = 1
     strategy: str = "ddp"  # ddp | fsdp2
     ray_address: str = ""  # "" = $RAY_ADDRESS or a local cluster; "auto" joins a running one
+    # sync: batch i is sampled with the weights after step i - 1. one_step_off: with those after
+    # step i - 2, so sampling batch i + 1 overlaps training on batch i. async: after step
+    # i - 1 - max_staleness. The schedule is fixed, so async runs are reproducible and resume exactly.
+    mode: str = "sync"
+    max_staleness: int = 2  # async only: how many steps older than on-policy a batch's weights are
 
 
 @dataclass

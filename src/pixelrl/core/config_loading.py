@@ -91,6 +91,25 @@ def _positive(field: str, value, allow_zero: bool = False) -> None:
         raise ConfigError(field, value, "must be " + ("non-negative" if allow_zero else "positive"))
 
 
+def _check_rollout_pool(cfg: PixelRLConfig) -> None:
+    """Modes that sample ahead need a separate rollout pool, and only transition losses re-score
+    (and so correct) a stale batch."""
+    r, t = cfg.rollout, cfg.trainer
+    _choice("trainer.mode", t.mode, ("sync", "one_step_off", "async"))
+    _positive("trainer.max_staleness", t.max_staleness, allow_zero=True)
+    _positive("rollout.n_workers", r.n_workers, allow_zero=True)
+    _positive("rollout.num_cpus_per_worker", r.num_cpus_per_worker)
+    if t.mode != "sync" and r.n_workers == 0:
+        raise ConfigError("rollout.n_workers", 0, f"trainer.mode={t.mode} samples ahead on a separate rollout pool: "
+                          "set rollout.n_workers=1 (or more)")
+    if r.n_workers and (cfg.algorithm.trainer_type != "policy_gradient" or cfg.algorithm.sample_source != "online"):
+        raise ConfigError("rollout.n_workers", r.n_workers, "a separate rollout pool serves the policy-gradient "
+                          "trainer; direct-preference and offline runs sample on the actor workers (rollout.n_workers=0)")
+    if r.n_workers and (cfg.data.train_batch_size * r.n) % r.n_workers:
+        raise ConfigError("rollout.n_workers", r.n_workers, f"the {cfg.data.train_batch_size * r.n} images of a step "
+                          "must split evenly over the rollout workers")
+
+
 def validate(cfg: PixelRLConfig) -> None:
     """Cross-field checks: each error names the field to change and how."""
     from pixelrl.algos.advantages import ADVANTAGE_ESTIMATORS
@@ -169,6 +188,7 @@ def validate(cfg: PixelRLConfig) -> None:
     _choice("trainer.strategy", t.strategy, ("ddp", "fsdp2"))
     _choice("trainer.backend", t.backend, ("ray", "local"))
     _choice("reward.placement", cfg.reward.placement, ("colocated", "pool"))
+    _check_rollout_pool(cfg)
     for field, value in (("rollout.n", r.n), ("rollout.num_steps", r.num_steps), ("rollout.resolution", r.resolution),
                          ("data.train_batch_size", d.train_batch_size), ("actor.ppo_epochs", a.ppo_epochs),
                          ("actor.ppo_micro_batch_size", a.ppo_micro_batch_size), ("trainer.n_workers", t.n_workers),

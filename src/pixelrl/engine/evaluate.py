@@ -30,6 +30,14 @@ def generate(model: DiffusionModel, prompts: list[str], seeds: list[int], *, num
     return torch.cat(images)
 
 
+@torch.no_grad()
+def fixed_seed_reward(engine, reward, prompts: list[str], seeds: list[int]) -> float:
+    """Mean overall reward of one image per (prompt, seed), sampled with the engine's own
+    rollout settings: a fixed-seed evaluation of its current policy."""
+    batch = engine.rollout(prompts, seeds)
+    return float(reward(batch["images"], prompts, [{}] * len(prompts))["overall"].mean())
+
+
 def geneval_scores(images: torch.Tensor, items: list[dict]) -> dict:
     """Strict 0/1 and partial-credit scores per category; `overall` is the mean of the category
     strict scores (GenEval's convention)."""

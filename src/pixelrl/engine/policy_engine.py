@@ -29,7 +29,10 @@ POLICIES = ("current", "old", "reference")
 
 
 class PolicyEngine:
-    def __init__(self, model: DiffusionModel, cfg: PixelRLConfig):
+    """`trains=False` builds a rollout-only engine (a separate rollout pool's worker): the same
+    model and adapters, no optimizer; it receives weights with `load_weights`."""
+
+    def __init__(self, model: DiffusionModel, cfg: PixelRLConfig, trains: bool = True):
         self.model = model
         self.cfg = cfg
         self.loss = get_loss(cfg.diffusion_loss.name)
@@ -65,13 +68,22 @@ class PolicyEngine:
         if not model.trainable_parameters():
             raise ConfigError("model.lora_target_modules", mcfg.lora_target_modules, "no parameter is trainable")
         # The optimizer side (AdamW, warm-up, clipping, non-finite policy, DDP grad-sync hook).
-        self.learner = Learner.from_actor_config(model.trainable_parameters, cfg.actor)
+        self.learner = Learner.from_actor_config(model.trainable_parameters, cfg.actor) if trains else None
         # Counts optimizer steps; a batch remembers the version that sampled it, so the engine
         # knows when the current weights ARE the rollout policy.
         self.policy_version = 0
         self.update_calls = 0
         # Ranks sharing each optimizer step; `actor.ppo_mini_batch_size` counts images over all.
         self.data_parallel_size = 1
+
+    @classmethod
+    def from_config(cls, cfg: PixelRLConfig, trains: bool = True) -> "PolicyEngine":
+        """Load `cfg.model` and build the engine around it (one process, no Ray)."""
+        from pixelrl.models import load_model
+
+        m = cfg.model
+        return cls(load_model(m.type, m.path, device=m.device, dtype=m.dtype,
+                              max_sequence_length=m.max_sequence_length), cfg, trains)
 
     # ------------------------------------------------------------------ rollout
     @property
@@ -210,9 +222,26 @@ class PolicyEngine:
     def trainable_names(self) -> list[str]:
         return [n for n, p in self.model.transformer.named_parameters() if p.requires_grad]
 
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The trained weights as full CPU tensors (the LoRA state, or the whole denoiser)."""
+        from pixelrl.engine.distributed import full_trainable_state
+
+        return full_trainable_state(self.model.transformer, self.trainable_names())
+
+    def load_weights(self, state: dict[str, torch.Tensor], policy_version: int) -> None:
+        """Take another engine's `weights()` and its version (weight sync to a rollout engine)."""
+        from pixelrl.engine.distributed import load_trainable_state
+
+        names = set(self.trainable_names())
+        if set(state) != names:
+            raise ValueError(f"weight sync: expected {len(names)} tensors named like {sorted(names)[:2]}, "
+                             f"got {len(state)} named like {sorted(state)[:2]}")
+        load_trainable_state(self.model.transformer, state)
+        self.policy_version = int(policy_version)
+
     def counters(self) -> dict:
         return {"policy_version": self.policy_version, "update_calls": self.update_calls,
-                "nonfinite_in_a_row": self.learner.nonfinite_in_a_row}
+                "nonfinite_in_a_row": self.learner.nonfinite_in_a_row if self.learner else 0}
 
     def set_counters(self, state: dict) -> None:
         self.policy_version = int(state["policy_version"])
@@ -230,6 +259,8 @@ class PolicyEngine:
         as the detached current one: the ratio of the first mini-batch is exactly 1 and numerical
         noise between rollout and training forwards cannot leak into it.
         """
+        if self.learner is None:
+            raise RuntimeError("a rollout-only engine (trains=False) does not update")
         objective = self.objective
         objective.check_batch(batch)
         acfg = self.cfg.actor

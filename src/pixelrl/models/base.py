@@ -63,14 +63,16 @@ class DiffusionModel(ABC):
         """Run the frozen text encoders on `prompts` (no grad)."""
 
     def encode_prompts(self, prompts: list[str]) -> PromptEmbeds:
-        """Embeddings for `prompts`, encoding each distinct string once and caching it (LRU)."""
+        """Embeddings for `prompts`, encoding each distinct string once and caching it (LRU).
+
+        A prompt is encoded on its own: batched matmuls round differently with the batch's
+        size, so a prompt's embedding would depend on which prompts missed the cache with it,
+        and a resumed run (empty cache) would drift from an uninterrupted one in the last bit.
+        """
         missing = list(dict.fromkeys(p for p in prompts if p not in self._prompt_cache))
-        if missing:
-            with torch.no_grad():
-                fresh = self._encode_uncached(missing)
-            for i, p in enumerate(missing):
-                pooled = None if fresh.pooled is None else fresh.pooled[i : i + 1]
-                self._prompt_cache[p] = PromptEmbeds(fresh.embeds[i : i + 1], pooled)
+        with torch.no_grad():
+            for p in missing:
+                self._prompt_cache[p] = self._encode_uncached([p])
         parts = []
         for p in prompts:
             self._prompt_cache.move_to_end(p)

@@ -30,6 +30,11 @@ class WeightedReward:
         self.specs = specs
         self.functions: list[RewardFn] = [get_reward(s.name, **s.options) for s in specs]
 
+    @classmethod
+    def from_functions(cls, functions: list[dict]) -> "WeightedReward":
+        """From `reward.functions` entries: {name, weight (1.0), options ({})}."""
+        return cls([RewardSpec(f["name"], float(f.get("weight", 1.0)), dict(f.get("options", {}))) for f in functions])
+
     def __call__(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> dict[str, torch.Tensor]:
         batch = images.shape[0]
         scores: dict[str, torch.Tensor] = {}

@@ -1,9 +1,9 @@
-"""One direct-preference step as data: Diffusion-DPO, DiffusionNFT and AWM.
+"""The direct-preference consumer: Diffusion-DPO, DiffusionNFT and AWM.
 
-Same producer shape as the policy-gradient step (prompts -> seeded samples -> rewards ->
-advantages), but only the final clean samples are kept: the consumer trains the `flow_matching`
-objective, noising them again at sampled timesteps. DiffusionNFT samples with its `old` adapter
-(`algorithm.rollout_policy: old`); DPO pairs the best and worst image of each prompt.
+The producer is the shared one (`make_rollout`), but only the final clean samples are used: the
+consumer trains the `flow_matching` objective, noising them again at sampled timesteps.
+DiffusionNFT samples with its `old` adapter (`algorithm.rollout_policy: old`); DPO pairs the
+best and worst image of each prompt.
 """
 
 from __future__ import annotations
@@ -11,34 +11,18 @@ from __future__ import annotations
 import numpy as np
 
 from pixelrl.algos.forward_process import best_worst_pairs
-from pixelrl.algos.advantages import group_reward_stats
 from pixelrl.core.batch import Batch
 from pixelrl.core.config import mini_batches_per_epoch
-from pixelrl.sampling.windows import Window, choose_window
-from pixelrl.trainers.step import PhaseTimer, aggregate_advantages, expand_prompts, step_seed, summary_metrics
+from pixelrl.trainers.step import PhaseTimer, Rollout, make_rollout, summary_metrics
 
 
-def direct_preference_step(actor, reward_fn, prompts: list[str], metadata: list[dict], global_step: int, cfg,
-                           uids=None, num_workers: int = 1) -> tuple[Batch, dict[str, float]]:
-    """generate (current or old policy) -> reward -> advantages (-> pairs) -> update."""
+def train_on_clean_samples(actor, rollout: Rollout, cfg, num_workers: int = 1,
+                           actor_version: int | None = None) -> dict[str, float]:
+    """(best/worst pairs) -> update on the clean samples. Forward-process losses never re-score
+    the sampler's trajectory, so `actor_version` changes nothing here."""
     timer = PhaseTimer()
-    seed = step_seed(cfg.rollout.seed, global_step)
-    samples = expand_prompts(prompts, metadata, cfg.rollout.n, seed, uids)
-    r = cfg.rollout
-    # Only the clean sample is kept: a deterministic sampler stores no trajectory at all.
-    window = (Window(0, 0) if r.noise_level == 0 else
-              choose_window(r.num_steps, r.sde_window_size, r.sde_window_range, seed, schedule=r.sde_window_schedule,
-                            global_step=global_step, window_seed=r.window_seed, stride=r.mixgrpo_stride,
-                            iters_per_group=r.mixgrpo_iters_per_group, rollback=r.mixgrpo_rollback))
-    with timer.phase("gen"):
-        batch = actor.rollout(samples["prompts"], samples["seeds"], window=window,
-                              policy=cfg.algorithm.rollout_policy)
-        batch.update(Batch(values={"metadata": samples["metadata"], "uids": samples["uids"]}))
-    with timer.phase("reward"):
-        scores = reward_fn(batch["images"], batch["prompts"], batch["metadata"])
-        batch["rewards"] = scores["overall"]
+    batch = rollout.batch
     with timer.phase("adv"):
-        batch["advantages"] = aggregate_advantages(scores, batch["uids"], cfg)
         if cfg.diffusion_loss.name == "diffusion_dpo":
             chosen, rejected = best_worst_pairs(batch["rewards"], batch["uids"])
             train = Batch({"x0": batch["x0"][chosen], "x0_rejected": batch["x0"][rejected]},
@@ -49,10 +33,17 @@ def direct_preference_step(actor, reward_fn, prompts: list[str], metadata: list[
         train.info["num_mini_batches"] = mini_batches_per_epoch(cfg)
     with timer.phase("update_actor"):
         actor_metrics = actor.update(train)
-    metrics = summary_metrics(batch, scores, actor_metrics, timer)
+    metrics = summary_metrics(rollout, actor_metrics, timer)
     if cfg.diffusion_loss.name == "diffusion_dpo":
         metrics["training/pairs"] = len(train)
-    return batch, metrics
+    return metrics
+
+
+def direct_preference_step(actor, reward_fn, prompts: list[str], metadata: list[dict], global_step: int, cfg,
+                           uids=None, num_workers: int = 1) -> tuple[Batch, dict[str, float]]:
+    """The synchronous step: `make_rollout` (current or old policy) then `train_on_clean_samples`."""
+    rollout = make_rollout(actor, reward_fn, prompts, metadata, global_step, cfg, uids)
+    return rollout.batch, train_on_clean_samples(actor, rollout, cfg, num_workers)
 
 
 def offline_preference_step(actor, rows: dict, cfg) -> dict[str, float]:

@@ -1,16 +1,17 @@
 """The controller, on Ray or in one process, for both trainer types.
 
-The controller only orchestrates: it takes prompts from the loader, runs the step of
-`algorithm.trainer_type` (`policy_gradient_step` for the Flow-GRPO family,
-`direct_preference_step` for Diffusion-DPO, DiffusionNFT and AWM) against the actor worker
-group and the reward group, and handles checkpoints, validation, dumps and tracking. Workers
-compute.
+The controller only orchestrates: it takes prompts from the loader, runs the producer
+(`make_rollout`) and the consumer of `algorithm.trainer_type` (`train_on` for the Flow-GRPO
+family, `train_on_clean_samples` for Diffusion-DPO, DiffusionNFT and AWM) against the actor
+worker group and the reward group, and handles checkpoints, validation, dumps and tracking.
+Workers compute.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -24,13 +25,15 @@ from pixelrl.data.preferences import PreferenceDataset, collate_preferences
 from pixelrl.data.prompts import PromptDataset, collate_rows, make_loader
 from pixelrl.sampling.rollout import SamplingSettings
 from pixelrl.sampling.windows import Window, full_window
-from pixelrl.trainers.checkpointing import find_resume_folder, load_trainer_state, save_checkpoint
-from pixelrl.trainers.direct_preference import direct_preference_step, offline_preference_step
-from pixelrl.trainers.step import policy_gradient_step
+from pixelrl.core.errors import ConfigError
+from pixelrl.trainers.ahead import AheadProducer
+from pixelrl.trainers.checkpointing import find_resume_folder, load_rollouts, load_trainer_state, save_checkpoint
+from pixelrl.trainers.direct_preference import offline_preference_step, train_on_clean_samples
+from pixelrl.trainers.step import make_rollout, train_on
 from pixelrl.trainers.tracking import Tracker, image_grid
 
-# algorithm.trainer_type -> the producer/consumer step the loop runs
-STEPS = {"policy_gradient": policy_gradient_step, "direct_preference": direct_preference_step}
+# algorithm.trainer_type -> the consumer of the shared producer's rollouts
+CONSUMERS = {"policy_gradient": train_on, "direct_preference": train_on_clean_samples}
 VAL_SEED_BASE = 1_000_000_007  # validation images use fixed seeds, so every validation is comparable
 
 
@@ -48,6 +51,16 @@ def _every(freq: int, step: int, last: int | bool) -> bool:
     return is_last or (freq > 0 and step % freq == 0)
 
 
+def timeline_metrics(info: dict, train_start: float, train_end: float) -> dict[str, float]:
+    """Wall-clock phase boundaries of a step (seconds since the epoch), for timelines: sampling
+    and scoring as the workers saw them, training as the driver did."""
+    out = {"timeline/train_start": train_start, "timeline/train_end": train_end}
+    for key in ("gen_start", "gen_end", "reward_start", "reward_end"):
+        if key in info:
+            out[f"timeline/{key}"] = float(info[key])
+    return out
+
+
 class PolicyGradientTrainer:
     def __init__(self, cfg: PixelRLConfig, console=print):
         self.cfg = cfg
@@ -55,7 +68,7 @@ class PolicyGradientTrainer:
         self.run_dir = run_dir_of(cfg)
         self.ckpt_root = self.run_dir / "checkpoints"
         self.cfg_yaml = to_yaml(cfg)
-        self.actor = self.rewards = None
+        self.actor = self.rewards = self.pool = None
         self._ray_started = False
 
     # ------------------------------------------------------------------ set-up
@@ -72,26 +85,30 @@ class PolicyGradientTrainer:
     def init_workers(self) -> None:
         from pixelrl.workers.group import LocalWorkerGroup, RayWorkerGroup, RewardGroup
 
-        t, r = self.cfg.trainer, self.cfg.reward
+        t, r, ro = self.cfg.trainer, self.cfg.reward, self.cfg.rollout
         if t.backend == "ray":
             import ray
 
             address = t.ray_address or os.environ.get("RAY_ADDRESS") or None
             if not ray.is_initialized():
-                kwargs = {} if address else {"num_cpus": max(os.cpu_count() or 1,
-                                                             t.n_workers * t.num_cpus_per_worker)}
+                kwargs = {} if address else {"num_cpus": max(os.cpu_count() or 1, t.n_workers * t.num_cpus_per_worker
+                                                             + ro.n_workers * ro.num_cpus_per_worker)}
                 ray.init(address=address, include_dashboard=False, ignore_reinit_error=True,
                          log_to_driver=False, **kwargs)
                 self._ray_started = True
             gpus = 1 if self.cfg.model.device.startswith("cuda") else 0
             self.actor = RayWorkerGroup(self.cfg_yaml, t.n_workers, t.num_cpus_per_worker, gpus)
+            if ro.n_workers:
+                self.pool = RayWorkerGroup(self.cfg_yaml, ro.n_workers, ro.num_cpus_per_worker, gpus, role="rollout")
         else:
             self.actor = LocalWorkerGroup(self.cfg_yaml)
+            if ro.n_workers:
+                self.pool = LocalWorkerGroup(self.cfg_yaml, role="rollout", size=ro.n_workers)
         self.rewards = RewardGroup([dict(f) for f in r.functions], backend=t.backend, placement=r.placement,
                                    num_workers=r.num_workers, num_cpus=r.num_cpus)
 
     def shutdown(self) -> None:
-        for group in (self.actor, self.rewards):
+        for group in (self.actor, self.pool, self.rewards):
             if group is not None:
                 try:
                     group.shutdown()
@@ -116,12 +133,14 @@ class PolicyGradientTrainer:
         total = t.total_training_steps or len(loader) * t.total_epochs
         try:
             self.init_workers()
-            start_step = 0
+            start_step, queued = 0, []
+            self.actor_version = 0  # the actor's optimizer steps: a batch from an older one is stale
             resume = find_resume_folder(self.ckpt_root, t.resume_mode)
             if resume is not None:
                 start_step, loader_state = load_trainer_state(resume)
                 loader.load_state_dict(loader_state)
-                self.actor.load(str(resume / "actor"))
+                self.actor_version = self.actor.load(str(resume / "actor"))["policy_version"]
+                queued = load_rollouts(resume / "rollout_queue")
                 self.console(f"resumed from {resume} (global step {start_step})")
             from omegaconf import OmegaConf
 
@@ -133,33 +152,53 @@ class PolicyGradientTrainer:
                     val_metrics = self.validate(val_set, 0, tracker)
                     tracker.log(val_metrics, 0)
                     val_history.append(val_metrics)
-                history, val_history = self._loop(loader, start_step, total, val_set, tracker, history, val_history)
+                history, val_history = self._loop(loader, start_step, total, val_set, tracker, history, val_history,
+                                                  queued)
             finally:
                 tracker.close()
             return {"history": history, "val": val_history, "run_dir": str(self.run_dir)}
         finally:
             self.shutdown()
 
-    def _loop(self, loader, start_step, total, val_set, tracker, history, val_history):
+    def _loop(self, loader, start_step, total, val_set, tracker, history, val_history, queued):
         from tqdm import tqdm
 
         cfg, t = self.cfg, self.cfg.trainer
-        step_fn = STEPS[cfg.algorithm.trainer_type]
+        consume = CONSUMERS[cfg.algorithm.trainer_type]
         data_iter = iter(loader)
+
+        def next_rows():
+            nonlocal data_iter
+            try:
+                return next(data_iter)
+            except StopIteration:  # next epoch (the sampler reshuffles with seed + epoch)
+                data_iter = iter(loader)
+                return next(data_iter)
+
+        ahead = None
+        if self.pool is not None:
+            ahead = AheadProducer(self.pool, self.actor, self.rewards, cfg, next_rows)
+            ahead.start(start_step + 1, queued)
+        elif queued:
+            raise ConfigError("trainer.mode", t.mode, "the checkpoint holds batches sampled ahead by a rollout pool: "
+                              "resume with the rollout.n_workers and trainer.mode it was saved with")
         train_seconds = 0.0  # summed step time of this process, for trainer.time_budget_s
         progress = tqdm(total=total, initial=start_step, desc="training", unit="step", dynamic_ncols=True,
                         disable=not os.isatty(2))
         for step in range(start_step + 1, total + 1):
-            try:
-                rows = next(data_iter)
-            except StopIteration:  # next epoch (the sampler reshuffles with seed + epoch)
-                data_iter = iter(loader)
-                rows = next(data_iter)
             if cfg.algorithm.sample_source == "offline":
-                batch, metrics = None, offline_preference_step(self.actor, rows, cfg)
+                batch, metrics = None, offline_preference_step(self.actor, next_rows(), cfg)
             else:
-                batch, metrics = step_fn(self.actor, self.rewards, rows["prompts"], rows["metadata"], step, cfg,
-                                         num_workers=self.actor.size)
+                if ahead is not None:
+                    rollout = ahead.rollout_for(step, total)
+                else:
+                    rows = next_rows()
+                    rollout = make_rollout(self.actor, self.rewards, rows["prompts"], rows["metadata"], step, cfg)
+                train_start = time.time()
+                batch, metrics = rollout.batch, consume(self.actor, rollout, cfg, num_workers=self.actor.size,
+                                                        actor_version=self.actor_version)
+                self.actor_version = int(metrics["actor/policy_version"])
+                metrics.update(timeline_metrics(batch.info, train_start, time.time()))
             metrics["training/global_step"] = step
             metrics["training/epoch"] = loader.sampler.epoch
             train_seconds += metrics["timing_s/step"]
@@ -171,7 +210,7 @@ class PolicyGradientTrainer:
                 self._grid(tracker, "train/samples", batch, step)
             if _every(t.save_freq, step, last):
                 save_checkpoint(self.ckpt_root, step, self.actor.save, loader.state_dict(), self.cfg_yaml,
-                                t.max_ckpt_to_keep)
+                                t.max_ckpt_to_keep, queued=ahead.queued() if ahead is not None else None)
             if val_set is not None and _every(t.test_freq, step, last):
                 val_metrics = self.validate(val_set, step, tracker)
                 metrics.update(val_metrics)

@@ -1,4 +1,10 @@
-"""One policy-gradient step as data, shared by every controller (in-process or Ray).
+"""One training step as data, split into a producer and a consumer (every controller uses them).
+
+Producer (`make_rollout`): prompts -> seeded samples -> rewards -> advantages, returned as a
+`Rollout` tagged with the policy version that sampled it. Consumer (`train_on`): a rollout ->
+(re-score old log-probs) -> (reference) -> update -> metrics. The synchronous trainer runs one
+after the other; the asynchronous ones (pixelrl.trainers.async_schedule) run the producer on a
+separate rollout pool ahead of the consumer.
 
 `actor` is anything with `rollout(prompts, seeds, window=...)`, `score(batch, policy)` and
 `update(batch)`: a `PolicyEngine` in one process, or a worker group that shards the batch.
@@ -10,6 +16,7 @@ from __future__ import annotations
 import time
 import uuid
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import torch
 
@@ -18,7 +25,7 @@ from pixelrl.algos.rollout_correction import rollout_correction_weights
 from pixelrl.core.batch import Batch
 from pixelrl.core.config import mini_batches_per_epoch
 from pixelrl.core.seeding import derive_seed
-from pixelrl.sampling.windows import choose_window, trained_step_indices
+from pixelrl.sampling.windows import Window, choose_window, trained_step_indices
 
 # Sample seeds live in disjoint ranges per step: seed_i = step_seed * SEED_STRIDE + i, so two
 # steps never reuse a noise seed.
@@ -83,35 +90,78 @@ def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
     return {f"{prefix}/mean": float(v.mean()), f"{prefix}/max": float(v.max()), f"{prefix}/min": float(v.min())}
 
 
-def policy_gradient_step(actor, reward_fn, prompts: list[str], metadata: list[dict], global_step: int, cfg,
-                         uids=None, num_workers: int = 1) -> tuple[Batch, dict[str, float]]:
-    """generate -> reward -> advantages (-> drop zero ones) -> (re-score old) -> (reference) -> update.
+# ---------------------------------------------------------------------------------- producer
+@dataclass
+class Rollout:
+    """A scored batch with its advantages, tagged with its step and the policy that sampled it:
+    `batch.info["policy_version"]` counts the sampler's optimizer steps, `weights_step` the
+    training steps its weights had seen (step - 1 when on-policy)."""
 
-    Returns the whole scored batch (for dumps) and the step's metrics; `num_workers` is the size
-    of the actor group, so that a reduced batch still splits evenly.
+    step: int
+    batch: Batch
+    scores: dict[str, torch.Tensor]
+    window: Window
+    seconds: dict[str, float] = field(default_factory=dict)
+    weights_step: int = 0
+
+
+def plan_rollout(prompts: list[str], metadata: list[dict], global_step: int, cfg, uids=None) -> tuple[Batch, Window]:
+    """What step `global_step` samples: prompts with uids repeated n times, per-sample seeds (and
+    DanceGRPO's shared group noise seeds), and the SDE window. A deterministic sampler
+    (noise_level 0, direct-preference rollouts) stores no transition, so its window is empty."""
+    r = cfg.rollout
+    seed = step_seed(r.seed, global_step)
+    request = expand_prompts(prompts, metadata, r.n, seed, uids)
+    if r.same_noise_per_group:
+        request["noise_seeds"] = group_noise_seeds(request["seeds"], r.n)
+    if r.noise_level == 0:
+        return request, Window(0, 0)
+    return request, choose_window(r.num_steps, r.sde_window_size, r.sde_window_range, seed,
+                                  schedule=r.sde_window_schedule, global_step=global_step,
+                                  window_seed=r.window_seed, stride=r.mixgrpo_stride,
+                                  iters_per_group=r.mixgrpo_iters_per_group, rollback=r.mixgrpo_rollback)
+
+
+def finish_rollout(step: int, request: Batch, window: Window, batch: Batch, scores: dict, cfg,
+                   seconds: dict[str, float], weights_step: int) -> Rollout:
+    """Attach the request's metadata and uids and the rewards to a sampled batch; advantages."""
+    batch.update(Batch(values={"metadata": request["metadata"], "uids": request["uids"]}))
+    start = time.perf_counter()
+    batch["rewards"] = scores["overall"]
+    batch["advantages"] = aggregate_advantages(scores, batch["uids"], cfg)
+    seconds = {**seconds, "adv": time.perf_counter() - start}
+    return Rollout(step, batch, scores, window, seconds, weights_step)
+
+
+def make_rollout(actor, reward_fn, prompts: list[str], metadata: list[dict], global_step: int, cfg,
+                 uids=None) -> Rollout:
+    """The synchronous producer: sample with the actor's current weights, score, advantages."""
+    timer = PhaseTimer()
+    request, window = plan_rollout(prompts, metadata, global_step, cfg, uids)
+    with timer.phase("gen"):
+        batch = actor.rollout(request["prompts"], request["seeds"], window=window,
+                              noise_seeds=request.get("noise_seeds"), policy=cfg.algorithm.rollout_policy)
+    with timer.phase("reward"):
+        scores = reward_fn(batch["images"], batch["prompts"], request["metadata"])
+    return finish_rollout(global_step, request, window, batch, scores, cfg, timer.seconds, global_step - 1)
+
+
+# ---------------------------------------------------------------------------------- consumer
+def train_on(actor, rollout: Rollout, cfg, num_workers: int = 1, actor_version: int | None = None) -> dict[str, float]:
+    """(timesteps to train) -> (drop zero advantages) -> (re-score old) -> (reference) -> update.
+
+    `num_workers` is the size of the actor group, so that a reduced batch still splits evenly.
+    `actor_version` is the actor's optimizer-step count: a batch sampled by an older version
+    (asynchronous rollout) is re-scored under the current weights and importance-weighted
+    (decoupled rollout correction), whatever `algorithm.rollout_correction` says.
     """
     timer = PhaseTimer()
-    seed = step_seed(cfg.rollout.seed, global_step)
-    samples = expand_prompts(prompts, metadata, cfg.rollout.n, seed, uids)
-    r = cfg.rollout
-    window = choose_window(r.num_steps, r.sde_window_size, r.sde_window_range, seed,
-                           schedule=r.sde_window_schedule, global_step=global_step, window_seed=r.window_seed,
-                           stride=r.mixgrpo_stride, iters_per_group=r.mixgrpo_iters_per_group,
-                           rollback=r.mixgrpo_rollback)
-
-    noise_seeds = group_noise_seeds(samples["seeds"], r.n) if r.same_noise_per_group else None
-    with timer.phase("gen"):
-        batch = actor.rollout(samples["prompts"], samples["seeds"], window=window, noise_seeds=noise_seeds)
-        batch.update(Batch(values={"metadata": samples["metadata"], "uids": samples["uids"]}))
-    with timer.phase("reward"):
-        scores = reward_fn(batch["images"], batch["prompts"], batch["metadata"])
-        rewards = scores["overall"]
-        batch["rewards"] = rewards
+    batch, r = rollout.batch, cfg.rollout
+    seed = step_seed(r.seed, rollout.step)
     with timer.phase("adv"):
-        batch["advantages"] = aggregate_advantages(scores, batch["uids"], cfg)
         if cfg.actor.timestep_fraction < 1.0 or cfg.actor.permute_timesteps:
             batch["train_step_index"] = trained_step_indices(
-                window.size, len(batch), num_steps=r.num_steps, fraction=cfg.actor.timestep_fraction,
+                rollout.window.size, len(batch), num_steps=r.num_steps, fraction=cfg.actor.timestep_fraction,
                 permute=cfg.actor.permute_timesteps, seed=derive_seed(seed, "trained_steps"))
         num_mini = mini_batches_per_epoch(cfg)
         train = batch
@@ -120,8 +170,9 @@ def policy_gradient_step(actor, reward_fn, prompts: list[str], metadata: list[di
                                        torch.Generator().manual_seed(derive_seed(seed, "zero_advantage")))
             train = batch.select(keep)
         train.info["num_mini_batches"] = num_mini
+    stale = actor_version is not None and batch.info.get("policy_version", actor_version) != actor_version
     correction_metrics: dict[str, float] = {}
-    if cfg.algorithm.rollout_correction == "decoupled":
+    if cfg.algorithm.rollout_correction == "decoupled" or stale:
         with timer.phase("old_log_prob"):
             train.update(actor.score(train, "old"))
             a = cfg.algorithm
@@ -134,16 +185,27 @@ def policy_gradient_step(actor, reward_fn, prompts: list[str], metadata: list[di
     with timer.phase("update_actor"):
         actor_metrics = actor.update(train)
 
-    metrics = summary_metrics(batch, scores, actor_metrics, timer)
+    metrics = summary_metrics(rollout, actor_metrics, timer)
     metrics["training/trained_fraction"] = len(train) / len(batch)
     metrics.update(correction_metrics)
-    metrics["training/window_start"] = window.start
-    metrics["training/window_size"] = window.size
-    return batch, metrics
+    metrics["training/window_start"] = rollout.window.start
+    metrics["training/window_size"] = rollout.window.size
+    if actor_version is not None and "policy_version" in batch.info:
+        metrics["training/policy_versions_behind"] = actor_version - batch.info["policy_version"]
+    return metrics
 
 
-def summary_metrics(batch: Batch, scores: dict, actor_metrics: dict, timer: PhaseTimer) -> dict[str, float]:
-    """Reward, advantage, actor and timing metrics of a step (names as verl-omni's)."""
+def policy_gradient_step(actor, reward_fn, prompts: list[str], metadata: list[dict], global_step: int, cfg,
+                         uids=None, num_workers: int = 1) -> tuple[Batch, dict[str, float]]:
+    """The synchronous step: `make_rollout` then `train_on` with the same actor."""
+    rollout = make_rollout(actor, reward_fn, prompts, metadata, global_step, cfg, uids)
+    return rollout.batch, train_on(actor, rollout, cfg, num_workers)
+
+
+def summary_metrics(rollout: Rollout, actor_metrics: dict, timer: PhaseTimer) -> dict[str, float]:
+    """Reward, advantage, actor and timing metrics of a step (names as verl-omni's). Timing
+    sums the producer's phases (gen, reward, adv) and the consumer's."""
+    batch, scores = rollout.batch, rollout.scores
     num_images = len(batch)
     rewards = scores["overall"]
     metrics: dict[str, float] = {}
@@ -156,10 +218,14 @@ def summary_metrics(batch: Batch, scores: dict, actor_metrics: dict, timer: Phas
     metrics.update(_stats("critic/advantages", batch["advantages"]))
     metrics["critic/advantages/zero_frac"] = float((batch["advantages"] == 0).float().mean())
     metrics.update({f"actor/{k}": v for k, v in actor_metrics.items()})
-    total = sum(timer.seconds.values())
+    seconds = dict(rollout.seconds)
     for name, secs in timer.seconds.items():
+        seconds[name] = seconds.get(name, 0.0) + secs
+    total = sum(seconds.values())
+    for name, secs in seconds.items():
         metrics[f"timing_s/{name}"] = secs
         metrics[f"timing_per_image_ms/{name}"] = 1000 * secs / num_images
     metrics["timing_s/step"] = total
     metrics["perf/throughput"] = num_images / total
+    metrics["training/staleness"] = rollout.step - 1 - rollout.weights_step
     return metrics

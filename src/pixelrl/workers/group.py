@@ -26,66 +26,119 @@ def _shards(n: int, parts: int) -> list[slice]:
     return [slice(i * size, (i + 1) * size) for i in range(parts)]
 
 
+GATHERS = ("batch", "mean", "first", "all")
+
+
+class Pending:
+    """A group call in flight: `result()` waits for every worker and gathers their answers."""
+
+    def __init__(self, group: "_Group", handles: list, gather: str):
+        self.group, self.handles, self.gather = group, handles, gather
+
+    def result(self):
+        results = self.group._wait(self.handles)
+        if self.gather == "batch":
+            return Batch.concat([Batch.from_numpy(r) for r in results])
+        if self.gather == "mean":  # metrics dicts: the mean over ranks
+            return {k: float(np.mean([m[k] for m in results])) for k in results[0]}
+        return results[0] if self.gather == "first" else results
+
+
 class _Group:
-    """Shared sharding logic; subclasses say how to call a method on every worker."""
+    """One generic call for every verb; subclasses say how to start a method on every worker
+    (`_launch`) and how to wait for the answers (`_wait`)."""
 
     size: int
 
-    def _call_all(self, method: str, per_worker_args: list[tuple]) -> list:
+    def _launch(self, method: str, per_worker_args: list[tuple]) -> list:
         raise NotImplementedError
 
+    def _wait(self, handles: list) -> list:
+        raise NotImplementedError
+
+    def submit(self, verb: str, batch: Batch | None = None, *args, gather: str = "batch") -> Pending:
+        """Start `verb` on every worker: with a `batch`, each worker gets its equal shard (as
+        numpy) followed by `args`; without, every worker gets `args`. Returns at once on Ray."""
+        if gather not in GATHERS:
+            raise ValueError(f"gather must be one of {GATHERS}, got {gather!r}")
+        if batch is None:
+            per_worker = [args] * self.size
+        else:
+            per_worker = [(batch.select(range(s.start, s.stop)).to_numpy(), *args)
+                          for s in _shards(len(batch), self.size)]
+        return Pending(self, self._launch(verb, per_worker), gather)
+
+    def call(self, verb: str, batch: Batch | None = None, *args, gather: str = "batch"):
+        """`submit` and wait."""
+        return self.submit(verb, batch, *args, gather=gather).result()
+
+    # The engine's verbs under their own names, so a step runs on a group or on an engine alike.
     def rollout(self, prompts, seeds, *, window=None, settings=None, num_steps=None, noise_seeds=None,
                 policy="current") -> Batch:
-        win = (window.start, window.end) if window is not None else None
-        sett = settings.as_dict() if settings is not None else None
-        parts = _shards(len(prompts), self.size)
-        results = self._call_all("rollout", [(prompts[s], seeds[s], win, sett, num_steps,
-                                              None if noise_seeds is None else noise_seeds[s], policy) for s in parts])
-        return Batch.concat([Batch.from_numpy(r) for r in results])
-
-    def _sharded(self, batch: Batch) -> list[dict]:
-        return [batch.select(range(s.start, s.stop)).to_numpy() for s in _shards(len(batch), self.size)]
+        return self.call("rollout", rollout_request(prompts, seeds, noise_seeds), *rollout_options(
+            window, settings, num_steps, policy))
 
     def score(self, batch: Batch, policy: str) -> Batch:
-        return Batch.concat([Batch.from_numpy(r) for r in self._call_all("score", [(p, policy) for p in self._sharded(batch)])])
+        return self.call("score", batch, policy)
 
     def encode(self, batch: Batch) -> Batch:
-        return Batch.concat([Batch.from_numpy(r) for r in self._call_all("encode", [(p,) for p in self._sharded(batch)])])
+        return self.call("encode", batch)
 
     def update(self, batch: Batch) -> dict[str, float]:
-        metrics = self._call_all("update", [(p,) for p in self._sharded(batch)])
-        return {k: float(np.mean([m[k] for m in metrics])) for k in metrics[0]}
+        return self.call("update", batch, gather="mean")
 
     def trainable_states(self) -> list[dict]:
         """Every rank's full trainable weights (numpy), in rank order."""
-        return self._call_all("trainable_state", [()] * self.size)
+        return self.call("trainable_state", gather="all")
 
     def save(self, folder: str) -> None:
-        self._call_all("save", [(folder,)] * self.size)
+        self.call("save", None, folder, gather="all")
 
     def load(self, folder: str) -> dict:
-        return self._call_all("load", [(folder,)] * self.size)[0]
+        return self.call("load", None, folder, gather="first")
+
+
+def rollout_request(prompts, seeds, noise_seeds=None) -> Batch:
+    values = {"prompts": list(prompts), "seeds": list(seeds)}
+    if noise_seeds is not None:
+        values["noise_seeds"] = list(noise_seeds)
+    return Batch(values=values)
+
+
+def rollout_options(window=None, settings=None, num_steps=None, policy="current") -> tuple:
+    """The rollout verb's arguments after the request, as plain data for transport."""
+    return ((window.start, window.end) if window is not None else None,
+            settings.as_dict() if settings is not None else None, num_steps, policy)
 
 
 class LocalWorkerGroup(_Group):
-    """One in-process worker: no Ray, no process group. For debugging and fast tests."""
+    """In-process workers, no Ray: one actor (no process group), or `size` independent rollout
+    workers. Calls run when submitted, in order. For debugging and fast tests."""
 
-    def __init__(self, cfg_yaml: str):
-        self.size = 1
-        self.worker = PolicyWorker(cfg_yaml)
-        self.worker.setup()
+    def __init__(self, cfg_yaml: str, role: str = "actor", size: int = 1):
+        if role == "actor" and size != 1:
+            raise ValueError("an in-process actor group has one worker (use Ray for data parallelism)")
+        self.size = size
+        self.workers = [PolicyWorker(cfg_yaml, rank, 1, role=role) for rank in range(size)]
+        for worker in self.workers:
+            worker.setup()
 
-    def _call_all(self, method, per_worker_args):
-        return [getattr(self.worker, method)(*per_worker_args[0])]
+    def _launch(self, method, per_worker_args):
+        return [getattr(w, method)(*args) for w, args in zip(self.workers, per_worker_args)]
+
+    def _wait(self, handles):
+        return handles
 
     def shutdown(self) -> None:
-        self.worker.shutdown()
+        for worker in self.workers:
+            worker.shutdown()
 
 
 class RayWorkerGroup(_Group):
-    """N Ray actors in a placement group, forming one torch.distributed group."""
+    """N Ray actors in a placement group: actors form one torch.distributed group; rollout
+    workers (`role="rollout"`) are independent samplers."""
 
-    def __init__(self, cfg_yaml: str, n_workers: int, num_cpus: int, num_gpus: int = 0):
+    def __init__(self, cfg_yaml: str, n_workers: int, num_cpus: int, num_gpus: int = 0, role: str = "actor"):
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -100,17 +153,18 @@ class RayWorkerGroup(_Group):
                 num_cpus=num_cpus, num_gpus=num_gpus,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self.placement,
                                                                      placement_group_bundle_index=rank),
-            ).remote(cfg_yaml, rank, n_workers, num_cpus)
+            ).remote(cfg_yaml, rank, n_workers if role == "actor" else 1, num_cpus, role)
             for rank in range(n_workers)
         ]
+        self.role = role
         try:
-            master = self._get([self.workers[0].address.remote()])[0]
-            self._get([w.setup.remote(master) for w in self.workers])
+            master = self._wait([self.workers[0].address.remote()])[0] if role == "actor" else None
+            self._wait([w.setup.remote(master) for w in self.workers])
         except BaseException:
             self.shutdown()  # release the actors and their reserved resources before reporting
             raise
 
-    def _get(self, refs: list) -> list:
+    def _wait(self, refs: list) -> list:
         import ray
         from ray.exceptions import RayActorError, RayTaskError
 
@@ -124,11 +178,11 @@ class RayWorkerGroup(_Group):
                         ray.get(ref)
                     except (RayActorError, RayTaskError) as worker_err:
                         reason = str(worker_err).strip().splitlines()
-                        raise WorkerDiedError(f"actor worker rank {rank} failed: {' '.join(reason[-3:])}") from err
-            raise WorkerDiedError(f"an actor worker failed: {err}") from err
+                        raise WorkerDiedError(f"{self.role} worker rank {rank} failed: {' '.join(reason[-3:])}") from err
+            raise WorkerDiedError(f"a {self.role} worker failed: {err}") from err
 
-    def _call_all(self, method, per_worker_args):
-        return self._get([getattr(w, method).remote(*args) for w, args in zip(self.workers, per_worker_args)])
+    def _launch(self, method, per_worker_args):
+        return [getattr(w, method).remote(*args) for w, args in zip(self.workers, per_worker_args)]
 
     def shutdown(self) -> None:
         import ray
@@ -178,6 +232,28 @@ class RewardGroup:
                     for w, c in zip(self.workers, chunks) if len(c)]
             parts = ray.get(refs)
         return {k: torch.from_numpy(np.concatenate([p[k] for p in parts])) for k in parts[0]}
+
+    def submit(self, rollout: Pending, metadata: list[dict]) -> list:
+        """Score a rollout still in flight. On Ray each rollout shard goes to a reward worker as
+        an object reference: scoring starts when that shard is sampled, and neither the driver
+        nor the rollout pool waits for it. In one process, scores now."""
+        if self.local is not None:
+            batch = rollout.result()
+            return [self.local.score_rollout(batch.to_numpy(), metadata)]
+        parts = _shards(len(metadata), len(rollout.handles))
+        return [self.workers[i % len(self.workers)].score_rollout.remote(ref, metadata[part])
+                for i, (ref, part) in enumerate(zip(rollout.handles, parts))]
+
+    def collect(self, handles: list) -> tuple[dict[str, torch.Tensor], float, float]:
+        """The scores of `submit`, and when scoring started and ended (wall clock)."""
+        if self.local is not None:
+            parts = handles
+        else:
+            import ray
+
+            parts = ray.get(handles)
+        scores = {k: torch.from_numpy(np.concatenate([p["scores"][k] for p in parts])) for k in parts[0]["scores"]}
+        return scores, min(p["start"] for p in parts), max(p["end"] for p in parts)
 
     def shutdown(self) -> None:
         if self.workers:

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import os
 import socket
+import time
+
+import numpy as np
 
 from pixelrl.core.batch import Batch
 
@@ -19,9 +22,11 @@ def _free_port() -> int:
 
 
 class PolicyWorker:
-    def __init__(self, cfg_yaml: str, rank: int = 0, world_size: int = 1, num_threads: int | None = None):
+    def __init__(self, cfg_yaml: str, rank: int = 0, world_size: int = 1, num_threads: int | None = None,
+                 role: str = "actor"):
         self.cfg_yaml, self.rank, self.world_size = cfg_yaml, rank, world_size
         self.num_threads = num_threads
+        self.role = role  # actor (trains) | rollout (samples with weights it is sent)
         self.engine = None
 
     def address(self) -> tuple[str, int]:
@@ -35,7 +40,6 @@ class PolicyWorker:
         from pixelrl.core.quiet import quiet_libraries
         from pixelrl.engine import PolicyEngine
         from pixelrl.engine.distributed import apply_fsdp2, broadcast_parameters, ddp_grad_sync, init_process_group
-        from pixelrl.models import load_model
 
         quiet_libraries()
         if self.num_threads:
@@ -43,9 +47,8 @@ class PolicyWorker:
         cfg = from_yaml_text(self.cfg_yaml)
         if self.world_size > 1:
             init_process_group(self.rank, self.world_size, master[0], master[1], cfg.model.device)
-        model = load_model(cfg.model.type, cfg.model.path, device=cfg.model.device, dtype=cfg.model.dtype,
-                           max_sequence_length=cfg.model.max_sequence_length)
-        self.engine = PolicyEngine(model, cfg)
+        self.engine = PolicyEngine.from_config(cfg, trains=self.role == "actor")
+        model = self.engine.model
         self.engine.data_parallel_size = self.world_size
         if self.world_size > 1:
             broadcast_parameters(model.transformer)
@@ -58,14 +61,18 @@ class PolicyWorker:
         return {"rank": self.rank, "pid": os.getpid(), "trainable": len(self.engine.trainable_names())}
 
     # --- the engine's verbs, with numpy transport -------------------------------------
-    def rollout(self, prompts: list[str], seeds: list[int], window, settings=None, num_steps=None,
-                noise_seeds=None, policy="current") -> dict:
+    def rollout(self, request: dict, window, settings=None, num_steps=None, policy="current") -> dict:
+        """Sample the request's (prompt, seed[, noise seed]) rows; see `rollout_options`."""
         from pixelrl.sampling.rollout import SamplingSettings
         from pixelrl.sampling.windows import Window
 
-        batch = self.engine.rollout(prompts, seeds, window=Window(*window) if window is not None else None,
+        request = Batch.from_numpy(request)
+        started = time.time()
+        batch = self.engine.rollout(request["prompts"], request["seeds"],
+                                    window=Window(*window) if window is not None else None,
                                     settings=SamplingSettings(**settings) if settings else None, num_steps=num_steps,
-                                    noise_seeds=noise_seeds, policy=policy)
+                                    noise_seeds=request.get("noise_seeds"), policy=policy)
+        batch.info.update(gen_start=started, gen_end=time.time())  # wall clock, for timelines
         return batch.to_numpy()
 
     def score(self, payload: dict, policy: str) -> dict:
@@ -76,6 +83,18 @@ class PolicyWorker:
 
     def update(self, payload: dict) -> dict:
         return self.engine.update(Batch.from_numpy(payload))
+
+    def weights(self) -> dict:
+        """The trained weights (numpy) and their version; every rank must join (FSDP gathers)."""
+        return {"version": self.engine.policy_version,
+                "state": {k: v.numpy() for k, v in self.engine.weights().items()}}
+
+    def load_weights(self, payload: dict) -> int:
+        import torch
+
+        self.engine.load_weights({k: torch.from_numpy(np.array(v, copy=True)) for k, v in payload["state"].items()},
+                                 payload["version"])
+        return self.engine.policy_version
 
     def trainable_state(self) -> dict:
         """This rank's full (unsharded) trainable weights as numpy arrays (to check ranks agree)."""

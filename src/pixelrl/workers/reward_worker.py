@@ -16,13 +16,12 @@ class RewardWorker:
 
         import pixelrl.rewards  # noqa: F401
         from pixelrl.core.quiet import quiet_libraries
-        from pixelrl.rewards import RewardSpec, WeightedReward
+        from pixelrl.rewards import WeightedReward
 
         quiet_libraries()
         if self.num_threads:
             torch.set_num_threads(self.num_threads)
-        self.reward = WeightedReward([RewardSpec(f["name"], float(f.get("weight", 1.0)), dict(f.get("options", {})))
-                                      for f in self.functions])
+        self.reward = WeightedReward.from_functions(self.functions)
         return self.reward.component_names
 
     def score(self, images: np.ndarray, prompts: list[str], metadata: list[dict]) -> dict[str, np.ndarray]:
@@ -30,3 +29,11 @@ class RewardWorker:
 
         out = self.reward(torch.from_numpy(np.array(images, copy=True)), prompts, metadata)
         return {k: v.numpy() for k, v in out.items()}
+
+    def score_rollout(self, payload: dict, metadata: list[dict]) -> dict:
+        """Score a rollout shard (the rollout verb's numpy payload); with wall-clock start/end."""
+        import time
+
+        start = time.time()
+        scores = self.score(payload["tensors"]["images"], payload["values"]["prompts"], metadata)
+        return {"scores": scores, "start": start, "end": time.time()}
