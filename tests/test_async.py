@@ -37,8 +37,10 @@ def test_zero_staleness_on_a_rollout_pool_reproduces_the_synchronous_trainer_bit
     assert [m["critic/rewards/mean"] for m in a] == [m["critic/rewards/mean"] for m in b]
     assert all(m["training/staleness"] == 0 and m["training/policy_versions_behind"] == 0 for m in b)
     assert _same_weights(_weights(colocated, 3), _weights(pooled, 3))
-    # the pool's batches were sampled by its own worker, then scored
+    # the pool's batches were sampled by its own worker, then scored; colocated, phases take turns
     assert all(m["timeline/gen_start"] < m["timeline/gen_end"] <= m["timeline/reward_end"] for m in b)
+    assert all(m["timeline/gen_start"] < m["timeline/gen_end"] <= m["timeline/reward_start"] < m["timeline/reward_end"]
+               <= m["timeline/train_start"] < m["timeline/train_end"] for m in a)
 
 
 def test_one_step_off_samples_with_weights_one_step_old_and_corrects_them(tmp_path, tiny_pixel_path):
@@ -103,3 +105,35 @@ def test_modes_that_sample_ahead_need_a_pool_and_a_transition_loss(tmp_path, tin
     assert code == 2 and "rollout.n_workers" in capsys.readouterr().err
     code, _ = train_cli(tmp_path, tiny_pixel_path, *LOCAL, "trainer.mode=later")
     assert code == 2 and "trainer.mode" in capsys.readouterr().err
+
+
+RAY = ("trainer.logger=[jsonl]", "data.train_batch_size=2", "actor.ppo_mini_batch_size=4", "trainer.save_freq=-1")
+
+
+def test_zero_staleness_on_a_ray_rollout_pool_reproduces_the_ray_synchronous_trainer_bitwise(ray_cluster, tmp_path,
+                                                                                             tiny_pixel_path):
+    steps = ("trainer.total_training_steps=3", "trainer.save_freq=3")
+    code, colocated = train_cli(tmp_path / "colocated", tiny_pixel_path, *RAY, *steps)
+    assert code == 0
+    code, pooled = train_cli(tmp_path / "pooled", tiny_pixel_path, *RAY, *steps, *POOL, "trainer.mode=async",
+                             "trainer.max_staleness=0", "rollout.num_cpus_per_worker=1")
+    assert code == 0
+    a, b = read_metrics(colocated), read_metrics(pooled)
+    assert [m["critic/rewards/mean"] for m in a] == [m["critic/rewards/mean"] for m in b]
+    assert all(m["training/staleness"] == 0 for m in b)
+    assert _same_weights(_weights(colocated, 3), _weights(pooled, 3))
+
+
+def test_a_slow_reward_is_scored_while_the_actor_trains_in_one_step_off_mode(ray_cluster, tmp_path, tiny_pixel_path):
+    """Scoring batch i + 1 (a reward that waits 0.1 s per image, like a remote scorer) overlaps
+    training on batch i; in the synchronous loop it cannot."""
+    slow = "reward.functions=[{name: delayed, weight: 1.0, options: {seconds_per_image: 0.1}}]"
+    code, run = train_cli(tmp_path, tiny_pixel_path, *RAY, *POOL, slow, "trainer.mode=one_step_off",
+                          "rollout.num_cpus_per_worker=1", "trainer.total_training_steps=5")
+    assert code == 0
+    m = read_metrics(run)
+    assert all(r["timeline/reward_end"] - r["timeline/reward_start"] >= 0.8 for r in m)  # 8 images
+    assert all(r["timeline/reward_end"] <= r["timeline/train_start"] for r in m)  # a batch is scored before training
+    overlaps = [min(m[j]["timeline/train_end"], m[j + 1]["timeline/reward_end"])
+                - max(m[j]["timeline/train_start"], m[j + 1]["timeline/reward_start"]) for j in range(1, 4)]
+    assert all(o > 0 for o in overlaps), overlaps

@@ -67,3 +67,31 @@ def test_unknown_reward_option_is_named():
     # and at start-up, before any worker exists, naming the config field
     with pytest.raises(ConfigError, match=r"reward\.functions\[0\]\.options.*qualty"):
         load_config("flow_grpo_tiny", ["reward.functions=[{name: jpeg_compressibility, options: {qualty: 90}}]"])
+
+
+def test_delayed_reward_returns_the_named_rewards_scores_after_its_wait():
+    import time
+
+    images = torch.randint(0, 256, (3, 16, 16, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    slow = get_reward("delayed", reward="jpeg_compressibility", seconds_per_image=0.1, reward_options={"scale": 2.0})
+    started = time.perf_counter()
+    scores = slow(images, [""] * 3, [{}] * 3)
+    assert time.perf_counter() - started >= 0.3
+    assert torch.equal(scores["jpeg_compressibility"],
+                       get_reward("jpeg_compressibility", scale=2.0)(images, [], [])["jpeg_compressibility"])
+
+
+@pytest.mark.parametrize("options, field", [
+    ({"reward": "delayed"}, "options.reward"),
+    ({"reward": "no_such_reward"}, "options.reward"),
+    ({"seconds_per_image": -1}, "options.seconds_per_image"),
+    ({"reward_options": {"sharpness": 1}}, "options.reward_options"),
+])
+def test_delayed_reward_options_are_checked_with_the_config(tiny_pixel_path, options, field):
+    from pixelrl.core.config_loading import load_config
+    from pixelrl.core.errors import ConfigError
+
+    spec = "{name: delayed, weight: 1.0, options: %s}" % str(options).replace("'", "")
+    with pytest.raises(ConfigError) as error:
+        load_config("flow_grpo_tiny", [f"model.path={tiny_pixel_path}", f"reward.functions=[{spec}]"])
+    assert f"reward.functions[0].{field}" in str(error.value)

@@ -32,6 +32,10 @@ def check_reward_options(name: str, options: dict, field: str = "reward.function
     unknown = [k for k in options if k not in params]
     if unknown:
         raise ConfigError(field, dict(options), f"reward `{name}` has no option(s) {unknown}; known: {sorted(params)}")
+    # a factory may check its option values too (cheaply: no model is loaded before workers start)
+    check_values = getattr(REWARDS.get(name), "check_options", None)
+    if check_values is not None:
+        check_values(options, field)
 
 
 def get_reward(name: str, **options) -> RewardFn:

@@ -141,8 +141,10 @@ def make_rollout(actor, reward_fn, prompts: list[str], metadata: list[dict], glo
     with timer.phase("gen"):
         batch = actor.rollout(request["prompts"], request["seeds"], window=window,
                               noise_seeds=request.get("noise_seeds"), policy=cfg.algorithm.rollout_policy)
+    reward_start = time.time()
     with timer.phase("reward"):
         scores = reward_fn(batch["images"], batch["prompts"], request["metadata"])
+    batch.info.update(reward_start=reward_start, reward_end=time.time())  # wall clock, for timelines
     return finish_rollout(global_step, request, window, batch, scores, cfg, timer.seconds, global_step - 1)
 
 

@@ -38,7 +38,13 @@ class Pending:
     def result(self):
         results = self.group._wait(self.handles)
         if self.gather == "batch":
-            return Batch.concat([Batch.from_numpy(r) for r in results])
+            parts = [Batch.from_numpy(r) for r in results]
+            merged = Batch.concat(parts)
+            # each worker stamps its own sampling; the group's runs from the first start to the last end
+            for key, pick in (("gen_start", min), ("gen_end", max)):
+                if all(key in p.info for p in parts):
+                    merged.info[key] = pick(p.info[key] for p in parts)
+            return merged
         if self.gather == "mean":  # metrics dicts: the mean over ranks
             return {k: float(np.mean([m[k] for m in results])) for k in results[0]}
         return results[0] if self.gather == "first" else results
