@@ -125,3 +125,16 @@ def test_resolution_is_checked_against_the_model_folder_before_any_worker(tiny_s
     with pytest.raises(ConfigError, match="rollout.resolution.*multiple of 4"):
         load_config("flow_grpo_tiny", [f"model.path={tiny_sd3_path}", "rollout.resolution=30"])
     load_config("flow_grpo_tiny", [f"model.path={tiny_sd3_path}", "rollout.resolution=32"])
+
+
+@pytest.mark.parametrize("override, field", [
+    ("actor.lr=inf", "actor.lr"), ("actor.lr=nan", "actor.lr"), ("actor.adam_eps=0", "actor.adam_eps"),
+    ("rollout.guidance_scale=nan", "rollout.guidance_scale"), ("val_kwargs.guidance_scale=inf", "val_kwargs.guidance_scale"),
+    ("diffusion_loss.clip_ratio=nan", "diffusion_loss.clip_ratio"), ("actor.max_grad_norm=-1", "actor.max_grad_norm"),
+])
+def test_non_finite_or_out_of_domain_numbers_are_refused_with_their_field(override, field):
+    assert f"`{field}`" in _error(override)
+
+
+def test_an_infinite_clip_means_no_clipping_and_is_accepted():
+    assert load_config("flow_grpo_tiny", [*BASE, "actor.max_grad_norm=inf"]).actor.max_grad_norm == float("inf")

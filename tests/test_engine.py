@@ -114,3 +114,17 @@ def test_batch_rejects_a_field_of_the_wrong_length():
     batch["rewards"] = torch.zeros(2)
     batch["rewards"] = torch.ones(2)  # replacing a field with one of the same length is fine
     assert len(batch.shard(2)) == 2 and batch.repeat_interleave(2)["prompts"] == ["a", "a", "b", "b"]
+
+
+def test_weights_that_turn_non_finite_stop_the_run_at_that_step():
+    from pixelrl.engine.learner import Learner
+
+    weight = torch.nn.Parameter(torch.ones(3))
+    learner = Learner(lambda: [weight], lr=float("inf"))
+    (weight * torch.tensor([1.0, -1.0, 2.0])).sum().backward()  # a finite loss and gradient ...
+    with pytest.raises(FloatingPointError, match="actor.lr=inf"):  # ... and infinite weights after the step
+        learner.step(1.0)
+    other = torch.nn.Parameter(torch.ones(3))
+    healthy = Learner(lambda: [other], lr=0.1)
+    other.sum().backward()
+    assert healthy.step(1.0)["stepped"] == 1.0 and torch.isfinite(other).all()

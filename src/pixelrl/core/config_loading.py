@@ -86,7 +86,9 @@ def _choice(field: str, value, options) -> None:
         raise ConfigError(field, value, f"choose one of {list(options)}")
 
 
-def _positive(field: str, value, allow_zero: bool = False) -> None:
+def _positive(field: str, value, allow_zero: bool = False, allow_inf: bool = False) -> None:
+    if value != value or (value == float("inf") and not allow_inf):  # NaN, inf
+        raise ConfigError(field, value, "must be a finite number")
     if value < 0 or (value == 0 and not allow_zero):
         raise ConfigError(field, value, "must be " + ("non-negative" if allow_zero else "positive"))
 
@@ -143,7 +145,11 @@ def validate(cfg: PixelRLConfig) -> None:
     for field, value in (("diffusion_loss.clip_ratio", cfg.diffusion_loss.clip_ratio),
                          ("diffusion_loss.adv_clip_max", cfg.diffusion_loss.adv_clip_max),
                          ("algorithm.adv_eps", cfg.algorithm.adv_eps), ("actor.max_grad_norm", a.max_grad_norm)):
-        _positive(field, value)
+        _positive(field, value, allow_inf=field != "algorithm.adv_eps")  # an infinite clip = no clipping
+    _positive("actor.adam_eps", a.adam_eps)
+    _positive("rollout.guidance_scale", r.guidance_scale, allow_zero=True)
+    if cfg.val_kwargs.guidance_scale is not None:
+        _positive("val_kwargs.guidance_scale", cfg.val_kwargs.guidance_scale, allow_zero=True)
     _choice("diffusion_loss.kl_type", cfg.diffusion_loss.kl_type, KL_TYPES)
     _choice("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADVANTAGE_ESTIMATORS.names())
     _choice("algorithm.rollout_correction", cfg.algorithm.rollout_correction, ("bypass", "decoupled"))

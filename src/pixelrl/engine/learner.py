@@ -75,4 +75,22 @@ class Learner:
         self.optimizer.step()
         self.lr_scheduler.step()
         self.zero_grad()
+        self._check_weights_finite()
         return {"stepped": 1.0, "skipped_nonfinite": 0.0, "grad_norm": float(grad_norm)}
+
+    def _check_weights_finite(self) -> None:
+        """A finite gradient can still give non-finite weights (an infinite learning rate, eps = 0
+        with a zero second moment): stop before anything saves or exports them."""
+        bad = torch.zeros(())
+        for p in self.params:
+            local = p.to_local() if hasattr(p, "to_local") else p  # FSDP2: this rank's shard
+            if not torch.isfinite(local.detach()).all():
+                bad = torch.ones(())
+                break
+        if hasattr(self.params[0], "to_local") and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(bad)  # shards differ: every rank must stop together
+        if bad.item() > 0:
+            raise FloatingPointError(
+                f"the weights are not finite after optimizer step {self.lr_scheduler.last_epoch} "
+                f"(actor.lr={self.lr}, actor.adam_eps={self.eps}): the run stops here, before a checkpoint; "
+                "lower actor.lr or raise actor.adam_eps")

@@ -9,9 +9,14 @@
                                     tensors as safetensors, the rest as JSON
     <run>/checkpoints/latest_checkpointed_iteration.txt
 
-A checkpoint is written into `global_step_N.tmp` and renamed when complete; the pointer is
-rewritten (temp file + os.replace) only after that, so a crash at any moment leaves the
-previous checkpoint as the latest valid one.
+A checkpoint is written into `global_step_N.tmp`, every file and folder of it fsync'ed, and
+renamed when complete; the pointer is rewritten (temp file + fsync + os.replace) only after
+that, so a crash or a power loss at any moment leaves the previous checkpoint as the latest
+valid one. A folder is never deleted in place: it is first renamed to `global_step_N.deleting`
+(which nothing reads), so a kill mid-deletion never leaves a half-deleted `global_step_N`;
+leftovers of either kind are removed by the next save. Re-saving a step moves the old folder
+aside only once the new one is complete. Rotation (`max_keep`) removes only checkpoints older
+than the one just written, never that one.
 """
 
 from __future__ import annotations
@@ -37,27 +42,58 @@ def _before_commit(tmp_folder: Path) -> None:
 def save_checkpoint(root: Path, step: int, save_actor, loader_state: dict, config_yaml: str, max_keep: int = 0,
                     queued: list | None = None) -> Path:
     root.mkdir(parents=True, exist_ok=True)
+    for leftover in [*root.glob("global_step_*.tmp"), *root.glob("global_step_*.deleting")]:
+        shutil.rmtree(leftover, ignore_errors=True)  # an interrupted save or deletion
     final = root / f"global_step_{step}"
     tmp = root / f"global_step_{step}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     save_actor(str(tmp / "actor"))
     torch.save(loader_state, tmp / "data.pt")
-    (tmp / "trainer_state.json").write_text(json.dumps({"global_step": step}))
     (tmp / "config.yaml").write_text(config_yaml)
     if queued:
         save_rollouts(tmp / "rollout_queue", queued)
+    (tmp / "trainer_state.json").write_text(json.dumps({"global_step": step}))  # last: marks it complete
     _before_commit(tmp)
-    if final.exists():
-        shutil.rmtree(final)
+    sync_tree(tmp)
+    if final.exists():  # re-saving a step: the old folder goes only now that the new one is complete
+        _delete(final)
     os.replace(tmp, final)
+    _sync(root)
     pointer_tmp = root / (POINTER + ".tmp")
     pointer_tmp.write_text(str(step))
+    _sync(pointer_tmp)
     os.replace(pointer_tmp, root / POINTER)
+    _sync(root)
     if max_keep > 0:
-        for old in sorted(list_checkpoints(root))[:-max_keep]:
-            shutil.rmtree(root / f"global_step_{old}", ignore_errors=True)
+        older = [s for s in list_checkpoints(root) if s < step]
+        for old in older[:max(0, len(older) - (max_keep - 1))]:
+            _delete(root / f"global_step_{old}")
     return final
+
+
+def _sync(path: Path) -> None:
+    """fsync a file or a folder (a folder's entry list: renames and new files in it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_tree(folder: Path) -> None:
+    for sub, _, files in os.walk(folder):
+        for name in files:
+            _sync(Path(sub) / name)
+        _sync(Path(sub))
+
+
+def _delete(folder: Path) -> None:
+    """Rename out of the step namespace first, so that a kill mid-deletion leaves no partial step."""
+    doomed = folder.with_name(folder.name + ".deleting")
+    shutil.rmtree(doomed, ignore_errors=True)
+    os.replace(folder, doomed)
+    _sync(folder.parent)
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def list_checkpoints(root: Path) -> list[int]:
@@ -80,6 +116,12 @@ def find_resume_folder(root: Path, resume_mode: str) -> Path | None:
         return None
     step = pointer.read_text().strip()
     folder = root / f"global_step_{step}"
+    staged = root / f"global_step_{step}.tmp"
+    if not folder.is_dir() and (staged / "trainer_state.json").is_file():
+        # killed while re-saving this step, between moving the old folder aside and renaming the
+        # new (complete, synced) one into place: finish the rename
+        os.replace(staged, folder)
+        _sync(root)
     if not folder.is_dir():
         raise ConfigError("trainer.resume_mode", "auto",
                           f"{pointer} points at step {step} but {folder} is missing: fix the pointer or resume_mode=disable")

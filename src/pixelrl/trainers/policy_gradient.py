@@ -145,7 +145,8 @@ class PolicyGradientTrainer:
             from omegaconf import OmegaConf
 
             tracker = Tracker(t.logger, self.run_dir, t.project_name, t.experiment_name,
-                              OmegaConf.to_container(OmegaConf.create(self.cfg_yaml)), console=self.console)
+                              OmegaConf.to_container(OmegaConf.create(self.cfg_yaml)), console=self.console,
+                              resumed_step=start_step if resume is not None else None)
             history, val_history = [], []
             try:
                 if t.val_before_train and val_set is not None and start_step == 0:
@@ -208,15 +209,17 @@ class PolicyGradientTrainer:
                 self._dump(Path(t.rollout_data_dir) / f"step_{step:06d}", batch)
             if t.log_image_grid_every and step % t.log_image_grid_every == 0 and batch is not None:
                 self._grid(tracker, "train/samples", batch, step)
-            if _every(t.save_freq, step, last):
-                save_checkpoint(self.ckpt_root, step, self.actor.save, loader.state_dict(), self.cfg_yaml,
-                                t.max_ckpt_to_keep, queued=ahead.queued() if ahead is not None else None)
             if val_set is not None and _every(t.test_freq, step, last):
                 val_metrics = self.validate(val_set, step, tracker)
                 metrics.update(val_metrics)
                 val_history.append(val_metrics)
+            # the row first: a kill between the two re-runs the step and replaces the row on resume;
+            # the other order would lose it for good
             tracker.log(metrics, step)
             history.append(metrics)
+            if _every(t.save_freq, step, last):
+                save_checkpoint(self.ckpt_root, step, self.actor.save, loader.state_dict(), self.cfg_yaml,
+                                t.max_ckpt_to_keep, queued=ahead.queued() if ahead is not None else None)
             progress.update(1)
             if "critic/rewards/mean" in metrics:
                 progress.set_postfix(reward=f"{metrics['critic/rewards/mean']:.4f}")

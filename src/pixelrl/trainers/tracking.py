@@ -38,7 +38,11 @@ def image_grid(images: np.ndarray, captions: list[str] | None = None, ncols: int
 
 
 class Tracker:
-    def __init__(self, loggers: list[str], run_dir: Path, project: str, experiment: str, config: dict, console=print):
+    def __init__(self, loggers: list[str], run_dir: Path, project: str, experiment: str, config: dict, console=print,
+                 resumed_step: int | None = None):
+        """`resumed_step`: the step of the checkpoint this run continues from. A step's row is
+        logged before its checkpoint is written, so rows past that step belong to steps that
+        will be run again: they are dropped (jsonl) or purged (tensorboard), never doubled."""
         self.loggers = list(loggers)
         self.run_dir = Path(run_dir)
         self.console = console
@@ -46,11 +50,15 @@ class Tracker:
         self._tb = None
         self._wandb = None
         if "jsonl" in self.loggers:
-            self._jsonl = (self.run_dir / "metrics.jsonl").open("a")
+            path = self.run_dir / "metrics.jsonl"
+            if resumed_step is not None and path.is_file():
+                _keep_rows_up_to(path, resumed_step)
+            self._jsonl = path.open("a")
         if "tensorboard" in self.loggers:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+            self._tb = SummaryWriter(str(self.run_dir / "tensorboard"), 
+                                     purge_step=None if resumed_step is None else resumed_step + 1)
         if "wandb" in self.loggers:
             try:
                 import wandb
@@ -95,3 +103,23 @@ class Tracker:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+def _keep_rows_up_to(path: Path, step: int) -> None:
+    """Rewrite `path` (atomically) without the rows of steps after `step`; the validation row of
+    step 0 stays. A torn last line (a kill mid-write) goes too."""
+    kept, dropped = [], 0
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            dropped += 1
+            continue
+        if row.get("step", 0) <= step:
+            kept.append(line)
+        else:
+            dropped += 1
+    if dropped:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, path)

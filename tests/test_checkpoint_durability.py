@@ -1,0 +1,134 @@
+"""Checkpoints survive kills and power loss: fsync before every rename, no half-deleted step
+folder, rotation that never deletes what was just written, and metrics rows that are neither
+lost nor doubled by a resume."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import read_metrics, train_cli
+from pixelrl.trainers import checkpointing
+from pixelrl.trainers.checkpointing import POINTER, list_checkpoints, save_checkpoint
+
+
+def _fake_actor(folder: str) -> None:
+    Path(folder).mkdir()
+    (Path(folder) / "trainable.safetensors").write_bytes(b"weights")
+
+
+def _save(root, step, max_keep=0, marker="a"):
+    return save_checkpoint(root, step, _fake_actor, {"marker": marker}, "config: 1", max_keep)
+
+
+def _complete(folder: Path) -> bool:
+    return (folder / "trainer_state.json").is_file() and (folder / "actor" / "trainable.safetensors").is_file()
+
+
+def test_every_file_and_folder_is_synced_before_it_is_renamed_into_place(tmp_path, monkeypatch):
+    synced = []
+    real_fsync = os.fsync
+
+    def record(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(checkpointing.os, "fsync", record)
+    _save(tmp_path, 1)
+    tmp = str(tmp_path / "global_step_1.tmp")
+    for name in ("data.pt", "trainer_state.json", "config.yaml", "actor/trainable.safetensors", "actor"):
+        assert f"{tmp}/{name}" in synced, name
+    assert tmp in synced  # the folder's own entries
+    assert str(tmp_path / (POINTER + ".tmp")) in synced  # the pointer's text, before its rename
+    assert synced.count(str(tmp_path)) >= 2  # the renames of the folder and of the pointer
+
+
+def test_a_kill_during_rotation_leaves_no_half_deleted_step_folder(tmp_path, monkeypatch):
+    for step in (1, 2, 3):
+        _save(tmp_path, step)
+    real_rmtree = checkpointing.shutil.rmtree
+
+    def killed_midway(path, ignore_errors=False):
+        if str(path).endswith(".deleting") and Path(path).is_dir():
+            (Path(path) / "data.pt").unlink()  # part of the folder is gone ...
+            raise KeyboardInterrupt("kill during rotation")  # ... when the kill comes
+        real_rmtree(path, ignore_errors=ignore_errors)
+
+    monkeypatch.setattr(checkpointing.shutil, "rmtree", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        _save(tmp_path, 4, max_keep=1)
+    # every folder named like a step is a complete checkpoint, and the pointer names the new one
+    assert list_checkpoints(tmp_path) and all(_complete(tmp_path / f"global_step_{s}") for s in list_checkpoints(tmp_path))
+    assert (tmp_path / POINTER).read_text() == "4"
+    monkeypatch.setattr(checkpointing.shutil, "rmtree", real_rmtree)
+    _save(tmp_path, 5, max_keep=1)  # the next save clears what the kill left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_5", POINTER]
+
+
+def test_a_kill_while_resaving_a_step_never_loses_it(tmp_path, monkeypatch):
+    import torch
+
+    from pixelrl.trainers.checkpointing import find_resume_folder
+
+    _save(tmp_path, 1, marker="first")
+
+    def crash(tmp_folder):
+        raise KeyboardInterrupt("kill before the new folder is complete")
+
+    monkeypatch.setattr(checkpointing, "_before_commit", crash)
+    with pytest.raises(KeyboardInterrupt):
+        _save(tmp_path, 1, marker="second")
+    assert torch.load(tmp_path / "global_step_1" / "data.pt", weights_only=True) == {"marker": "first"}
+
+    # killed after the old folder was moved aside, before the new one was renamed in
+    monkeypatch.setattr(checkpointing, "_before_commit", lambda tmp_folder: None)
+    real_replace = checkpointing.os.replace
+
+    def killed_at_rename(src, dst):
+        if str(src).endswith("global_step_1.tmp"):
+            raise KeyboardInterrupt("kill between the two renames")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(checkpointing.os, "replace", killed_at_rename)
+    with pytest.raises(KeyboardInterrupt):
+        _save(tmp_path, 1, marker="third")
+    monkeypatch.setattr(checkpointing.os, "replace", real_replace)
+    folder = find_resume_folder(tmp_path, "auto")  # finishes the rename of the complete new folder
+    assert folder == tmp_path / "global_step_1" and _complete(folder)
+    assert torch.load(folder / "data.pt", weights_only=True) == {"marker": "third"}
+
+
+def test_rotation_after_resuming_from_an_older_step_never_deletes_what_it_just_wrote(tmp_path):
+    for step in range(1, 7):  # a first run kept everything
+        _save(tmp_path, step)
+    # resumed from step 4 with max_keep 2: writes step 5
+    _save(tmp_path, 5, max_keep=2)
+    assert (tmp_path / POINTER).read_text() == "5"
+    assert list_checkpoints(tmp_path) == [4, 5, 6]  # 4 = the newest older one; 6 belongs to the first run
+    assert all(_complete(tmp_path / f"global_step_{s}") for s in (4, 5, 6))
+
+
+def test_a_kill_between_a_steps_row_and_its_checkpoint_neither_loses_nor_doubles_the_row(tmp_path, tiny_pixel_path,
+                                                                                       monkeypatch):
+    args = ("trainer.backend=local", "trainer.logger=[jsonl]", "data.train_batch_size=2",
+            "actor.ppo_mini_batch_size=4", "trainer.save_freq=1", "trainer.total_training_steps=3")
+    code, straight = train_cli(tmp_path / "straight", tiny_pixel_path, *args)
+    assert code == 0
+
+    def crash(tmp_folder):
+        if tmp_folder.name.startswith("global_step_2"):
+            raise KeyboardInterrupt("kill while writing the step-2 checkpoint")
+
+    monkeypatch.setattr(checkpointing, "_before_commit", crash)
+    code, run = train_cli(tmp_path / "killed", tiny_pixel_path, *args)
+    assert code == 130
+    assert [m["step"] for m in read_metrics(run)] == [1, 2]  # step 2's row was written before its checkpoint
+    assert (run / "checkpoints" / POINTER).read_text() == "1"
+    monkeypatch.setattr(checkpointing, "_before_commit", lambda tmp_folder: None)
+    code, _ = train_cli(tmp_path / "killed", tiny_pixel_path, *args)
+    assert code == 0
+    rows = read_metrics(run)
+    assert [m["step"] for m in rows] == [1, 2, 3]  # step 2 ran again and replaced its row
+    assert [m["critic/rewards/mean"] for m in rows] == [m["critic/rewards/mean"] for m in read_metrics(straight)]
+    assert json.loads((run / "checkpoints" / "global_step_3" / "trainer_state.json").read_text())["global_step"] == 3
