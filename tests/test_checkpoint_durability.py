@@ -132,3 +132,14 @@ def test_a_kill_between_a_steps_row_and_its_checkpoint_neither_loses_nor_doubles
     assert [m["step"] for m in rows] == [1, 2, 3]  # step 2 ran again and replaced its row
     assert [m["critic/rewards/mean"] for m in rows] == [m["critic/rewards/mean"] for m in read_metrics(straight)]
     assert json.loads((run / "checkpoints" / "global_step_3" / "trainer_state.json").read_text())["global_step"] == 3
+
+
+@pytest.mark.parametrize("text", ["../../elsewhere", "3/../../x", "", "-1"])
+def test_the_latest_pointer_must_name_a_step_not_a_path(tmp_path, text):
+    from pixelrl.core.errors import ConfigError
+    from pixelrl.trainers.checkpointing import find_resume_folder
+
+    _save(tmp_path, 3)
+    (tmp_path / POINTER).write_text(text)
+    with pytest.raises(ConfigError, match="not a step number"):
+        find_resume_folder(tmp_path, "auto")

@@ -115,6 +115,9 @@ def find_resume_folder(root: Path, resume_mode: str) -> Path | None:
     if not pointer.is_file():
         return None
     step = pointer.read_text().strip()
+    if not step.isdigit():  # the pointer names a step of this run, never a path
+        raise ConfigError("trainer.resume_mode", "auto", f"{pointer} holds {step[:40]!r}, not a step number: "
+                          f"write the step of a checkpoint in {root} into it, or use resume_mode=disable")
     folder = root / f"global_step_{step}"
     staged = root / f"global_step_{step}.tmp"
     if not folder.is_dir() and (staged / "trainer_state.json").is_file():
