@@ -143,3 +143,56 @@ def test_the_latest_pointer_must_name_a_step_not_a_path(tmp_path, text):
     (tmp_path / POINTER).write_text(text)
     with pytest.raises(ConfigError, match="not a step number"):
         find_resume_folder(tmp_path, "auto")
+
+
+@pytest.fixture(scope="module")
+def two_saved_steps(tmp_path_factory, tiny_pixel_path):
+    out = tmp_path_factory.mktemp("two_steps")
+    code, run = train_cli(out, tiny_pixel_path, "trainer.backend=local", "trainer.logger=[jsonl]",
+                          "data.train_batch_size=2", "actor.ppo_mini_batch_size=4", "trainer.save_freq=1",
+                          "trainer.total_training_steps=2")
+    assert code == 0
+    return out
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+
+
+@pytest.mark.parametrize("damage, file", [
+    (lambda step: _truncate(step / "actor" / "trainable.safetensors"), "trainable.safetensors"),
+    (lambda step: (step / "actor" / "trainable.safetensors").write_bytes(b"\xff" * 64), "trainable.safetensors"),
+    (lambda step: _truncate(step / "actor" / "optimizer.pt"), "optimizer.pt"),
+    (lambda step: _truncate(step / "data.pt"), "data.pt"),
+    (lambda step: (step / "actor" / "engine_state.json").write_text(""), "engine_state.json"),
+    (lambda step: (step / "trainer_state.json").write_text("{"), "trainer_state.json"),
+], ids=["truncated_weights", "garbage_weights", "truncated_optimizer", "truncated_loader", "empty_engine_state",
+        "broken_trainer_state"])
+def test_a_corrupted_checkpoint_file_is_named_with_the_checkpoint_to_fall_back_to(two_saved_steps, tmp_path,
+                                                                                 tiny_pixel_path, capsys, damage, file):
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(two_saved_steps, out)
+    root = out / "pixelrl" / "flow_grpo_tiny" / "checkpoints"
+    damage(root / "global_step_2")
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    code, _ = train_cli(out, tiny_pixel_path, "trainer.backend=local", "trainer.logger=[jsonl]",
+                        "data.train_batch_size=2", "actor.ppo_mini_batch_size=4", "trainer.total_training_steps=3")
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert f"global_step_2/{file}" in err.replace("actor/", "") or f"global_step_2/actor/{file}" in err
+    assert "global_step_1" in err  # the checkpoint to fall back to
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before  # nothing written over
+
+
+def test_resuming_with_another_lora_rank_says_so(two_saved_steps, tmp_path, tiny_pixel_path, capsys):
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(two_saved_steps, out)
+    code, _ = train_cli(out, tiny_pixel_path, "trainer.backend=local", "trainer.logger=[jsonl]",
+                        "data.train_batch_size=2", "actor.ppo_mini_batch_size=4", "trainer.total_training_steps=3",
+                        "model.lora_rank=4")
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and "trainable.safetensors" in err

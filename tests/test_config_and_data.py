@@ -138,3 +138,15 @@ def test_non_finite_or_out_of_domain_numbers_are_refused_with_their_field(overri
 
 def test_an_infinite_clip_means_no_clipping_and_is_accepted():
     assert load_config("flow_grpo_tiny", [*BASE, "actor.max_grad_norm=inf"]).actor.max_grad_norm == float("inf")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("model:\n  path: x\n rollout: [\n", "not valid YAML at line 3"),
+    ("rollout:\n  n: [4\n", "not valid YAML"),
+    ("- model\n- rollout\n", "not a mapping"),
+])
+def test_a_broken_yaml_file_is_named_with_the_line_not_a_traceback(tmp_path, text, expected):
+    path = tmp_path / "broken.yaml"
+    path.write_text(text)
+    message = _error(config=str(path))
+    assert "--config-name" in message and str(path) in message and expected in message

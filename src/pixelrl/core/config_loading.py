@@ -33,7 +33,20 @@ def _load_yaml_chain(path: Path, seen: tuple = ()):
 
     if path in seen:
         raise ConfigError("defaults", str(path), "configs include each other in a loop")
-    node = OmegaConf.load(path)
+    import yaml
+    from omegaconf import DictConfig
+
+    try:
+        node = OmegaConf.load(path)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError("--config-name", str(path), f"not valid YAML{where}: {problem}; fix the file "
+                          "(indentation, brackets, a `key: value` per line)") from None
+    if not isinstance(node, DictConfig):
+        raise ConfigError("--config-name", str(path), f"the file holds a {type(node).__name__}, not a mapping of "
+                          "config sections (model:, rollout:, ...)")
     parents = node.pop("defaults", []) if "defaults" in node else []
     merged = OmegaConf.create()
     for parent in parents:

@@ -91,15 +91,38 @@ def load_engine(engine, folder: str | Path) -> None:
     if missing:
         raise CheckpointError(f"checkpoint `{folder}` is incomplete (missing {missing}): resume from another "
                               f"global_step_N folder or set trainer.resume_mode=disable")
-    state = json.loads((folder / "engine_state.json").read_text())
+    state = read_checkpoint_file(folder / "engine_state.json", lambda path: json.loads(path.read_text()))
     names = engine.trainable_names()
     if state["trainable_names"] != names:
         raise CheckpointError(f"checkpoint `{folder}` holds different trainable parameters than this model "
                               f"({len(state['trainable_names'])} vs {len(names)}): check model.lora_rank / "
                               f"lora_target_modules against the run that wrote it")
-    load_trainable_state(engine.model.transformer, load_file(str(folder / "trainable.safetensors")))
-    if engine.has_old_adapter:
-        load_trainable_state(engine.model.transformer, load_file(str(folder / "old_adapter.safetensors")))
-    _set_optimizer_state(engine, torch.load(folder / "optimizer.pt", weights_only=True, map_location="cpu"))
+    for name in ["trainable.safetensors"] + (["old_adapter.safetensors"] if engine.has_old_adapter else []):
+        read_checkpoint_file(folder / name,
+                             lambda path: load_trainable_state(engine.model.transformer, load_file(str(path))))
+    read_checkpoint_file(folder / "optimizer.pt", lambda path: _set_optimizer_state(
+        engine, torch.load(path, weights_only=True, map_location="cpu")))
     engine.learner.lr_scheduler.load_state_dict(state["lr_scheduler"])
     engine.set_counters(state["counters"])
+
+
+def read_checkpoint_file(path: Path, read):
+    """`read(path)`, with any failure (a truncated or corrupted file, tensors of another shape)
+    turned into one message naming the file and the checkpoints to fall back to."""
+    try:
+        return read(path)
+    except PixelRLError:
+        raise
+    except Exception as err:  # safetensors, torch.load and json each raise their own types
+        step_folder = next((p for p in [path.parent, *path.parents] if p.name.startswith("global_step_")), None)
+        others = []
+        if step_folder is not None:
+            others = sorted((p.name for p in step_folder.parent.glob("global_step_*")
+                             if p.is_dir() and p != step_folder and p.name[12:].isdigit()),
+                            key=lambda n: int(n[12:]))
+        fallback = (f"resume from an earlier checkpoint (trainer.resume_mode=<folder>; here: {others})" if others
+                    else "set trainer.resume_mode=disable to start over")
+        detail = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+        raise CheckpointError(f"checkpoint file `{path}` cannot be read ({detail}). If this run's model.lora_rank, "
+                              "lora_target_modules or model differ from the run that wrote it (its config.yaml sits "
+                              f"beside it), use those; if the file is truncated or corrupted, {fallback}") from None

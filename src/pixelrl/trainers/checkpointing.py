@@ -132,9 +132,11 @@ def find_resume_folder(root: Path, resume_mode: str) -> Path | None:
 
 
 def load_trainer_state(folder: Path) -> tuple[int, dict]:
-    step = json.loads((folder / "trainer_state.json").read_text())["global_step"]
-    loader_state = torch.load(folder / "data.pt", weights_only=True)
-    return int(step), loader_state
+    from pixelrl.engine.checkpoint import read_checkpoint_file
+
+    step = read_checkpoint_file(folder / "trainer_state.json", lambda p: int(json.loads(p.read_text())["global_step"]))
+    loader_state = read_checkpoint_file(folder / "data.pt", lambda p: torch.load(p, weights_only=True))
+    return step, loader_state
 
 
 def save_rollouts(folder: Path, rollouts: list) -> None:
