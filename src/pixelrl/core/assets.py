@@ -14,6 +14,7 @@ BUILTIN = {
     "shapes/train_balanced": ASSETS / "shapes_prompts" / "train_balanced.jsonl",
     "shapes/val": ASSETS / "shapes_prompts" / "val.jsonl",
     "shapes/test": ASSETS / "shapes_prompts" / "test.jsonl",
+    "shapes_qa_vlm": ASSETS / "shapes_qa_vlm",  # the project-trained shapes-QA Qwen2-VL (model folder)
 }
 PREFIX = "builtin:"
 

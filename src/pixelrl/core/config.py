@@ -195,12 +195,46 @@ class TrainerConfig:
 
 
 @dataclass
+class VLMConfig:
+    """algorithm.trainer_type = vlm_ppo: PPO / GRPO for a vision-language policy (token sequences).
+    Samples per prompt are rollout.n; prompts per step data.train_batch_size; the optimizer is actor.*."""
+
+    task: str = "shapes_qa"  # the (image, question, answer) source; shapes_qa is built in
+    max_new_tokens: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    # group_norm (GRPO) | rloo | reinforce_baseline (sequence baselines, no critic) | reinforce | gae (critic)
+    estimator: str = "group_norm"
+    gamma: float = 1.0
+    lam: float = 0.95
+    advantage_clamp: float = 10.0  # |A| cap after whitening (the VL trainer's clamp)
+    policy_loss: str = "ppo"  # ppo | gspo | cpg
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = None  # c > 1 caps -A rho at -A c for A < 0
+    aggregation: str = "seq-mean-token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
+    kl_coef: float = 0.0  # beta (initial value with kl_target)
+    kl_estimator: str = "k3"  # k1 | k2 | k3 | low_var_kl
+    kl_in_reward: bool = False  # per-token -beta * kl in the reward (else a loss term)
+    kl_target: float | None = None  # set: adaptive KL controller
+    kl_horizon: int = 10000
+    entropy_mask_ratio: float = 0.0  # train the policy on the top fraction of highest-entropy tokens
+    ptx_coef: float = 0.0  # supervised loss on the step's prompts and their reference answers
+    ema_decay: float = 0.0  # > 0: keep an EMA of the actor (0.992 in LightRFT), saved with checkpoints
+    critic_lr: float = 1e-4
+    value_clip: float | None = 0.2
+    freezing_actor_steps: int = 0  # critic warm-up: only the critic trains for this many steps
+    val_items: int = 300  # held-out items scored (greedy) at validation
+
+
+@dataclass
 class PixelRLConfig(EngineConfig):
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
+    vlm: VLMConfig = field(default_factory=VLMConfig)
 
 
 def images_per_step(cfg: "PixelRLConfig") -> int:

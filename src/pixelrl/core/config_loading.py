@@ -134,7 +134,6 @@ def validate(cfg: PixelRLConfig) -> None:
     from pixelrl.models.loader import MODEL_TYPES, latent_unit
     from pixelrl.models.lora import LORA_INITS
     from pixelrl.sampling.multistep import SOLVERS
-    from pixelrl.rewards.registry import REWARDS, check_reward_options
     from pixelrl.sampling.schedule import SIGMA_SCHEDULES
     from pixelrl.sampling.sde import SDE_TYPES
     from pixelrl.sampling.windows import WINDOW_SCHEDULES, check_window_args
@@ -142,6 +141,13 @@ def validate(cfg: PixelRLConfig) -> None:
     import pixelrl.rewards  # noqa: F401  (registers the built-in rewards)
 
     r, a, t, d, m = cfg.rollout, cfg.actor, cfg.trainer, cfg.data, cfg.model
+    _choice("algorithm.trainer_type", cfg.algorithm.trainer_type, ("policy_gradient", "direct_preference", "vlm_ppo"))
+    if cfg.algorithm.trainer_type == "vlm_ppo":
+        from pixelrl.core.config_vlm import validate_vlm
+
+        validate_vlm(cfg)
+        _check_rewards_and_loggers(cfg)
+        return
     _choice("model.type", m.type, MODEL_TYPES.names())
     _choice("model.dtype", m.dtype, sorted(DTYPES))
     _choice("model.lora_init", m.lora_init, LORA_INITS)
@@ -169,7 +175,6 @@ def validate(cfg: PixelRLConfig) -> None:
     _choice("algorithm.reward_aggregation", cfg.algorithm.reward_aggregation, ("sum_rewards", "sum_advantages"))
     from pixelrl.algos.forward_process import OLD_POLICY_SCHEDULES
 
-    _choice("algorithm.trainer_type", cfg.algorithm.trainer_type, ("policy_gradient", "direct_preference"))
     _choice("algorithm.old_policy_schedule", cfg.algorithm.old_policy_schedule, OLD_POLICY_SCHEDULES)
     _choice("algorithm.rollout_policy", cfg.algorithm.rollout_policy, ("current", "old"))
     _positive("algorithm.old_policy_update_interval", cfg.algorithm.old_policy_update_interval)
@@ -255,6 +260,13 @@ def validate(cfg: PixelRLConfig) -> None:
                           f"this model needs a multiple of {unit} (VAE scale x patch size), e.g. {r.resolution // unit * unit or unit}")
     if not d.train_files and not d.prompts:
         raise ConfigError("data.train_files", d.train_files, "give a jsonl / parquet / txt prompt file (or data.prompts)")
+    _check_rewards_and_loggers(cfg)
+
+
+def _check_rewards_and_loggers(cfg: PixelRLConfig) -> None:
+    from pixelrl.rewards.registry import REWARDS, check_reward_options
+
+    t = cfg.trainer
     if not cfg.reward.functions:
         raise ConfigError("reward.functions", cfg.reward.functions, "list at least one reward")
     for i, spec in enumerate(cfg.reward.functions):

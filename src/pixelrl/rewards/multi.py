@@ -36,7 +36,7 @@ class WeightedReward:
         return cls([RewardSpec(f["name"], float(f.get("weight", 1.0)), dict(f.get("options", {}))) for f in functions])
 
     def __call__(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> dict[str, torch.Tensor]:
-        batch = images.shape[0]
+        batch = len(images)  # images [B, H, W, 3], or B response strings for a VLM
         scores: dict[str, torch.Tensor] = {}
         overall = torch.zeros(batch)
         for spec, fn in zip(self.specs, self.functions):

@@ -1,0 +1,71 @@
+"""Checks of a vision-language (`algorithm.trainer_type: vlm_ppo`) config, before any model loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pixelrl.core.config import PixelRLConfig
+from pixelrl.core.errors import ConfigError
+
+
+def validate_vlm(cfg: PixelRLConfig) -> None:
+    from pixelrl.algos.token_ppo import AGGREGATIONS, KL_ESTIMATORS
+    from pixelrl.core.assets import resolve
+    from pixelrl.core.config_loading import _choice, _positive
+    from pixelrl.engine.vlm_engine import SEQUENCE_ESTIMATORS, TOKEN_ESTIMATORS
+
+    v, r, a, t, d, m = cfg.vlm, cfg.rollout, cfg.actor, cfg.trainer, cfg.data, cfg.model
+    _choice("model.type", m.type, ("qwen_vl",))
+    path = Path(resolve(m.path))
+    for name in ("config.json", "preprocessor_config.json"):
+        if not (path / name).is_file():
+            raise ConfigError("model.path", m.path, f"no {name} there: point it at a local Qwen2-VL folder "
+                              "(config.json, *.safetensors, tokenizer files, preprocessor_config.json)")
+    _choice("vlm.task", v.task, ("shapes_qa",))
+    _choice("vlm.estimator", v.estimator, SEQUENCE_ESTIMATORS + TOKEN_ESTIMATORS)
+    _choice("vlm.policy_loss", v.policy_loss, ("ppo", "gspo", "cpg"))
+    _choice("vlm.aggregation", v.aggregation, AGGREGATIONS)
+    _choice("vlm.kl_estimator", v.kl_estimator, KL_ESTIMATORS)
+    _choice("trainer.backend", t.backend, ("local",))  # the VLM trainer runs in one process for now
+    for field, value in (("vlm.max_new_tokens", v.max_new_tokens), ("vlm.top_p", v.top_p),
+                         ("vlm.advantage_clamp", v.advantage_clamp), ("vlm.critic_lr", v.critic_lr),
+                         ("vlm.kl_horizon", v.kl_horizon), ("vlm.val_items", v.val_items),
+                         ("rollout.n", r.n), ("data.train_batch_size", d.train_batch_size),
+                         ("actor.lr", a.lr), ("actor.ppo_epochs", a.ppo_epochs),
+                         ("actor.ppo_micro_batch_size", a.ppo_micro_batch_size), ("actor.adam_eps", a.adam_eps),
+                         ("trainer.total_training_steps", t.total_training_steps)):
+        _positive(field, value)
+    for field, value in (("vlm.temperature", v.temperature), ("vlm.kl_coef", v.kl_coef),
+                         ("vlm.clip_low", v.clip_low), ("vlm.clip_high", v.clip_high), ("vlm.gamma", v.gamma),
+                         ("vlm.lam", v.lam), ("vlm.ptx_coef", v.ptx_coef), ("vlm.ema_decay", v.ema_decay),
+                         ("vlm.freezing_actor_steps", v.freezing_actor_steps),
+                         ("trainer.time_budget_s", t.time_budget_s)):
+        _positive(field, value, allow_zero=True)
+    if v.top_p > 1:
+        raise ConfigError("vlm.top_p", v.top_p, "must be in (0, 1]")
+    if not 0 <= v.entropy_mask_ratio <= 1:
+        raise ConfigError("vlm.entropy_mask_ratio", v.entropy_mask_ratio, "must be in [0, 1] (0 = every token)")
+    if v.ema_decay >= 1:
+        raise ConfigError("vlm.ema_decay", v.ema_decay, "must be in [0, 1) (0 = no EMA; LightRFT uses 0.992)")
+    if v.dual_clip is not None and v.dual_clip <= 1:
+        raise ConfigError("vlm.dual_clip", v.dual_clip, "the dual-clip constant must be > 1 (verl uses 3), or null")
+    if v.value_clip is not None:
+        _positive("vlm.value_clip", v.value_clip)
+    if v.kl_target is not None:
+        _positive("vlm.kl_target", v.kl_target)
+        if v.kl_coef == 0:
+            raise ConfigError("vlm.kl_coef", 0, "the adaptive controller scales an initial coefficient: set "
+                              "vlm.kl_coef > 0 (e.g. 0.01) with vlm.kl_target")
+    if v.estimator in SEQUENCE_ESTIMATORS and r.n < 2:
+        raise ConfigError("rollout.n", r.n, f"vlm.estimator={v.estimator} compares samples of one prompt: "
+                          "use rollout.n >= 2")
+    if v.estimator != "gae" and v.freezing_actor_steps:
+        raise ConfigError("vlm.freezing_actor_steps", v.freezing_actor_steps,
+                          "a critic warm-up needs the critic: set vlm.estimator=gae or freezing_actor_steps=0")
+    if v.policy_loss == "gspo" and v.aggregation != "seq-mean-token-mean":
+        raise ConfigError("vlm.aggregation", v.aggregation, "GSPO is defined with seq-mean-token-mean")
+    samples = d.train_batch_size * r.n
+    mini = a.ppo_mini_batch_size or samples
+    if mini > samples or samples % mini:
+        raise ConfigError("actor.ppo_mini_batch_size", a.ppo_mini_batch_size,
+                          f"must divide the {samples} responses of a step (0 = the whole batch)")

@@ -1,0 +1,261 @@
+"""`VLMEngine`: a vision-language policy with its reference, critic, EMA and KL controller.
+
+The producer half (`make_experience`) samples n responses per prompt, scores them, and computes
+old / reference log-probs, values, advantages and returns without gradients; the consumer half
+(`train_on`) replays that experience in shuffled mini-batches for `actor.ppo_epochs` epochs,
+each mini-batch one optimizer step of the actor (after the critic warm-up) and of the critic,
+gradients accumulated over micro-batches of `actor.ppo_micro_batch_size` sequences.
+Every random choice is seeded by the step, so a run resumed from a checkpoint replays exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from pixelrl.algos import token_ppo as T
+from pixelrl.core.assets import resolve
+from pixelrl.core.seeding import derive_seed
+from pixelrl.engine.learner import Learner
+from pixelrl.models.qwen_vl import QwenVLModel, TokenBatch, ValueModel
+from pixelrl.rewards.multi import WeightedReward
+
+SEQUENCE_ESTIMATORS = ("group_norm", "rloo", "reinforce_baseline")
+TOKEN_ESTIMATORS = ("reinforce", "gae")
+
+
+@dataclass
+class Experience:
+    batch: TokenBatch  # sequences with response_mask
+    old_logp: torch.Tensor  # [B, R]
+    advantages: torch.Tensor  # [B, R]
+    policy_mask: torch.Tensor  # [B, R]: response_mask, or its entropy-selected part
+    ref_logp: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+    answers: list | None = None  # reference answers (for the ptx loss)
+
+    def select(self, rows: torch.Tensor) -> "Experience":
+        pick = lambda x: None if x is None else x[rows]  # noqa: E731
+        return replace(self, batch=self.batch.select(rows), old_logp=self.old_logp[rows],
+                       advantages=self.advantages[rows], policy_mask=self.policy_mask[rows],
+                       ref_logp=pick(self.ref_logp), values=pick(self.values), returns=pick(self.returns),
+                       answers=None if self.answers is None else [self.answers[i] for i in rows.tolist()])
+
+    def __len__(self) -> int:
+        return len(self.batch)
+
+
+class VLMEngine:
+    def __init__(self, cfg):
+        self.cfg, v = cfg, cfg.vlm
+        self.policy = QwenVLModel(resolve(cfg.model.path), dtype=cfg.model.dtype, device=cfg.model.device)
+        torch.manual_seed(cfg.seed)
+        self.reference_module = None
+        if cfg.model.lora_rank > 0:
+            targets = cfg.model.lora_target_modules or ("q_proj", "k_proj", "v_proj", "o_proj")
+            self.policy.add_lora(rank=cfg.model.lora_rank, alpha=cfg.model.lora_alpha, targets=targets)
+        else:
+            self.policy.model.requires_grad_(True)
+            if v.kl_coef > 0:  # full fine-tuning: the reference is a frozen copy of the start
+                self.reference_module = copy.deepcopy(self.policy.model).requires_grad_(False).eval()
+        self.trainable = [p for p in self.policy.model.parameters() if p.requires_grad]
+        self.actor_learner = Learner.from_actor_config(lambda: self.trainable, cfg.actor)
+        self.critic = None
+        if v.estimator == "gae":
+            self.critic = ValueModel(self.policy)
+            self.critic_learner = Learner(lambda: list(self.critic.parameters()), lr=v.critic_lr,
+                                          betas=tuple(cfg.actor.betas), weight_decay=cfg.actor.weight_decay,
+                                          eps=cfg.actor.adam_eps, warmup_steps=cfg.actor.warmup_steps,
+                                          max_grad_norm=cfg.actor.max_grad_norm)
+        self.ema = [p.detach().clone() for p in self.trainable] if v.ema_decay > 0 else None
+        self.kl_ctl = (T.AdaptiveKLController(v.kl_coef, v.kl_target, v.kl_horizon) if v.kl_target
+                       else T.FixedKLController(v.kl_coef))
+        self.reward = WeightedReward.from_functions(cfg.reward.functions)
+
+    # --- helpers -------------------------------------------------------------------------
+    def _micro(self, n: int):
+        size = self.cfg.actor.ppo_micro_batch_size or n
+        return [torch.arange(i, min(i + size, n)) for i in range(0, n, size)]
+
+    @torch.no_grad()
+    def _score_tokens(self, batch: TokenBatch, module=None, entropy=False):
+        """Per-token log-probs (and entropies) of a whole batch, in micro-batches, no gradient."""
+        parts = [self.policy.token_logprobs(batch.select(rows), temperature=self.cfg.vlm.temperature,
+                                            module=module, with_entropy=entropy) for rows in self._micro(len(batch))]
+        if entropy:
+            return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        return torch.cat(parts)
+
+    def _reference_logp(self, batch: TokenBatch) -> torch.Tensor:
+        if self.reference_module is not None:
+            return self._score_tokens(batch, module=self.reference_module)
+        with self.policy.reference():
+            return self._score_tokens(batch)
+
+    # --- producer ------------------------------------------------------------------------
+    def make_experience(self, items: list[dict], step: int) -> tuple[Experience, dict]:
+        cfg, v = self.cfg, self.cfg.vlm
+        n = cfg.rollout.n
+        self.policy.model.eval()
+        prompts = self.policy.prompts([it["image"] for it in items], [it["question"] for it in items])
+        rows = torch.arange(len(items)).repeat_interleave(n)
+        batch = self.policy.generate(prompts.select(rows), seed=derive_seed(cfg.rollout.seed + step, "vlm_rollout"),
+                                     temperature=v.temperature, top_p=v.top_p, max_new_tokens=v.max_new_tokens)
+        texts = self.policy.decode(batch)
+        meta = [items[i] for i in rows.tolist()]
+        scores = self.reward(texts, [m["question"] for m in meta], meta)
+        mask = batch.response_mask
+        old_logp, entropy = self._score_tokens(batch, entropy=True)
+        ref_logp = self._reference_logp(batch) if v.kl_coef > 0 else None
+        kl = T.kl_estimate(old_logp, ref_logp, mask, v.kl_estimator) if ref_logp is not None else None
+        beta_in_reward = self.kl_ctl.value if (kl is not None and v.kl_in_reward) else 0.0
+        score = scores["overall"]
+        values = returns = None
+        if v.estimator == "gae":
+            with torch.no_grad():
+                values = torch.cat([self.critic(batch.select(r)) for r in self._micro(len(batch))])
+            rewards = T.token_rewards(score, mask, kl, beta_in_reward)
+            adv, returns = T.gae(rewards, values, mask, v.gamma, v.lam)
+            adv = T.masked_whiten(adv, mask)
+        elif v.estimator == "reinforce":
+            returns = T.discounted_returns(T.token_rewards(score, mask, kl, beta_in_reward), mask, v.gamma)
+            adv = T.masked_whiten(returns, mask)
+        else:
+            seq = T.sequence_baseline_advantages(score, n, v.estimator)
+            adv = seq.unsqueeze(1) * mask
+            if beta_in_reward:  # the KL part is a per-token return, not group-normalised
+                adv = adv - T.discounted_returns(beta_in_reward * kl, mask, 1.0)
+            if v.estimator != "group_norm":
+                adv = T.masked_whiten(adv, mask)
+        adv = adv.clamp(-v.advantage_clamp, v.advantage_clamp) * mask
+        metrics = {f"reward/{k}": float(t.mean()) for k, t in scores.items()}
+        metrics["response/length"] = float(mask.sum(1).mean())
+        metrics["response/entropy"] = float(T.masked_mean(entropy, mask))
+        if kl is not None:
+            metrics["actor/kl"] = float(T.masked_mean(kl, mask, dim=-1).mean())
+            metrics["actor/kl_coef"] = self.kl_ctl.value
+            self.kl_ctl.update(metrics["actor/kl"], len(batch))  # once per rollout round
+        if values is not None:
+            metrics["critic/explained_variance"] = T.explained_variance(values, returns, mask)
+        exp = Experience(batch, old_logp, adv, T.entropy_mask(entropy, mask, v.entropy_mask_ratio), ref_logp,
+                         values, returns, [m.get("answer", "") for m in meta])
+        return exp, metrics
+
+    # --- consumer ------------------------------------------------------------------------
+    def _policy_loss(self, exp: Experience, logp: torch.Tensor):
+        v = self.cfg.vlm
+        if v.policy_loss == "ppo":
+            return T.ppo_policy_loss(logp, exp.old_logp, exp.advantages, exp.policy_mask, clip_low=v.clip_low,
+                                     clip_high=v.clip_high, dual_clip=v.dual_clip, aggregation=v.aggregation)
+        if v.policy_loss == "gspo":
+            return T.gspo_loss(logp, exp.old_logp, exp.advantages, exp.policy_mask, clip_low=v.clip_low,
+                               clip_high=v.clip_high)
+        return T.cpg_loss(logp, exp.old_logp, exp.advantages, exp.policy_mask, clip=v.clip_high)
+
+    def train_on(self, exp: Experience, step: int) -> dict:
+        cfg, v = self.cfg, self.cfg.vlm
+        self.policy.model.train()
+        train_actor = step > v.freezing_actor_steps
+        N = len(exp)
+        mini = cfg.actor.ppo_mini_batch_size or N
+        gen = torch.Generator().manual_seed(derive_seed(cfg.seed + step, "vlm_shuffle"))
+        sums: dict[str, list[float]] = {}
+        for _epoch in range(cfg.actor.ppo_epochs):
+            order = torch.randperm(N, generator=gen) if cfg.actor.shuffle else torch.arange(N)
+            for start in range(0, N, mini):
+                rows = order[start:start + mini]
+                actor_total = critic_total = 0.0
+                for micro in self._micro(len(rows)):
+                    sub = exp.select(rows[micro])
+                    weight = len(micro) / len(rows)
+                    if train_actor:
+                        logp = self.policy.token_logprobs(sub.batch, temperature=v.temperature)
+                        loss, m = self._policy_loss(sub, logp)
+                        if sub.ref_logp is not None and not v.kl_in_reward:
+                            kl = T.kl_estimate(logp, sub.ref_logp, sub.batch.response_mask, v.kl_estimator)
+                            loss = loss + self.kl_ctl.value * T.masked_mean(kl, sub.batch.response_mask, dim=-1).mean()
+                        (loss * weight).backward()
+                        actor_total += float(loss.detach()) * weight
+                        for k, val in m.items():
+                            sums.setdefault(f"actor/{k}", []).append(float(val))
+                        if v.ptx_coef > 0:
+                            ptx = self._ptx_loss(sub)
+                            (v.ptx_coef * ptx * weight).backward()
+                            sums.setdefault("actor/ptx_loss", []).append(float(ptx.detach()))
+                    if self.critic is not None:
+                        values = self.critic(sub.batch)
+                        vloss, m = T.value_loss(values, sub.values, sub.returns, sub.batch.response_mask,
+                                                clip=v.value_clip)
+                        (vloss * weight).backward()
+                        critic_total += float(vloss.detach()) * weight
+                        for k, val in m.items():
+                            sums.setdefault(f"critic/{k}", []).append(float(val))
+                if train_actor:
+                    out = self.actor_learner.step(actor_total)
+                    sums.setdefault("actor/pg_loss", []).append(actor_total)
+                    sums.setdefault("actor/grad_norm", []).append(out.get("grad_norm", float("nan")))
+                    if self.ema is not None:
+                        T.ema_update(self.ema, self.trainable, v.ema_decay)
+                if self.critic is not None:
+                    self.critic_learner.step(critic_total)
+                    sums.setdefault("critic/value_loss", []).append(critic_total)
+        metrics = {k: sum(x) / len(x) for k, x in sums.items()}
+        metrics["actor/lr"] = self.actor_learner.current_lr
+        metrics["actor/trained"] = float(train_actor)
+        return metrics
+
+    def _ptx_loss(self, sub: Experience) -> torch.Tensor:
+        """Supervised loss on the experience's prompts followed by their reference answers."""
+        prompt = replace(sub.batch, input_ids=sub.batch.input_ids[:, :sub.batch.prompt_length],
+                         attention_mask=sub.batch.attention_mask[:, :sub.batch.prompt_length], response_mask=None)
+        target = self.policy.with_responses(prompt, [str(a) for a in sub.answers])
+        return T.ptx_loss(self.policy.token_logprobs(target, temperature=1.0), target.response_mask)
+
+    # --- state ---------------------------------------------------------------------------
+    def save(self, folder: str | Path) -> None:
+        """Trainable weights (and critic, EMA) as safetensors; optimizer, scheduler and KL
+        controller states with torch.save (read back with weights_only=True)."""
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        names = [n for n, p in self.policy.model.named_parameters() if p.requires_grad]
+        save_file({n: p.detach().contiguous() for n, p in zip(names, self.trainable)}, folder / "actor.safetensors")
+        state = {"actor_optimizer": self.actor_learner.optimizer.state_dict(),
+                 "actor_scheduler": self.actor_learner.lr_scheduler.state_dict(),
+                 "kl_ctl": self.kl_ctl.state_dict()}
+        if self.ema is not None:
+            save_file({n: e.contiguous() for n, e in zip(names, self.ema)}, folder / "ema.safetensors")
+        if self.critic is not None:
+            save_file({k: t.contiguous() for k, t in self.critic.state_dict().items()}, folder / "critic.safetensors")
+            state["critic_optimizer"] = self.critic_learner.optimizer.state_dict()
+            state["critic_scheduler"] = self.critic_learner.lr_scheduler.state_dict()
+        torch.save(state, folder / "optim.pt")
+
+    def load(self, folder: str | Path) -> None:
+        from safetensors.torch import load_file
+
+        from pixelrl.engine.checkpoint import read_checkpoint_file
+
+        folder = Path(folder)
+        weights = read_checkpoint_file(folder / "actor.safetensors", load_file)
+        names = [n for n, p in self.policy.model.named_parameters() if p.requires_grad]
+        with torch.no_grad():
+            for n, p in zip(names, self.trainable):
+                p.copy_(weights[n])
+        state = read_checkpoint_file(folder / "optim.pt", lambda p: torch.load(p, weights_only=True))
+        self.actor_learner.optimizer.load_state_dict(state["actor_optimizer"])
+        self.actor_learner.lr_scheduler.load_state_dict(state["actor_scheduler"])
+        self.kl_ctl.load_state_dict(state["kl_ctl"])
+        if self.ema is not None:
+            ema = read_checkpoint_file(folder / "ema.safetensors", load_file)
+            for n, e in zip(names, self.ema):
+                e.copy_(ema[n])
+        if self.critic is not None:
+            self.critic.load_state_dict(read_checkpoint_file(folder / "critic.safetensors", load_file))
+            self.critic_learner.optimizer.load_state_dict(state["critic_optimizer"])
+            self.critic_learner.lr_scheduler.load_state_dict(state["critic_scheduler"])

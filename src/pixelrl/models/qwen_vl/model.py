@@ -1,0 +1,239 @@
+"""The Qwen2-VL adapter: prompts from (image, question) pairs, sampling, and per-token log-probs.
+
+A batch of token sequences is laid out as `[left-padded prompt | right-padded response]`:
+every prompt ends at column P, so response token j is at column P + j for every row, and the
+logits that predict it are at column P + j - 1. `response_mask` marks the response tokens up to
+and including the first end-of-sequence token; prompt and padding are never in it.
+
+Loading goes through the tokenizer and the PIL image processor directly (not AutoProcessor, whose
+video half needs torchvision); the image placeholder is expanded to one token per merged patch
+exactly as Qwen2VLProcessor does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from pixelrl.core.errors import ConfigError
+from pixelrl.models.base import resolve_dtype
+
+
+@dataclass
+class TokenBatch:
+    """Token sequences with their images: what every forward of the policy or critic takes."""
+
+    input_ids: torch.Tensor  # [B, P + R]
+    attention_mask: torch.Tensor  # [B, P + R], 0 on padding
+    pixel_values: torch.Tensor  # [sum of patches, patch dim]
+    image_grid_thw: torch.Tensor  # [B, 3]
+    prompt_length: int  # P
+    response_mask: torch.Tensor | None = None  # [B, R] float; None for a prompt-only batch
+    extra: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def responses(self) -> torch.Tensor:
+        return self.input_ids[:, self.prompt_length:]
+
+    def select(self, rows: torch.Tensor | list[int]) -> "TokenBatch":
+        """The rows `rows` (their images too)."""
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        patches = self.image_grid_thw.prod(-1).tolist()
+        chunks = torch.split(self.pixel_values, patches)
+        return replace(
+            self, input_ids=self.input_ids[rows], attention_mask=self.attention_mask[rows],
+            pixel_values=torch.cat([chunks[i] for i in rows.tolist()]), image_grid_thw=self.image_grid_thw[rows],
+            response_mask=None if self.response_mask is None else self.response_mask[rows],
+            extra={k: v[rows] for k, v in self.extra.items()})
+
+
+def response_mask_from(responses: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """1 for every response token up to and including the first EOS, 0 after it (generation pads
+    finished rows); a row without EOS (cut by max_new_tokens) is all ones."""
+    is_eos = responses == eos_id
+    after_eos = (is_eos.long().cumsum(-1) - is_eos.long()) > 0  # strictly after the first EOS
+    return (~after_eos).float()
+
+
+class QwenVLModel:
+    """A Qwen2-VL policy (and optionally its frozen reference) loaded from a local folder."""
+
+    def __init__(self, path: str | Path, *, dtype: str = "float32", device: str | torch.device = "cpu"):
+        from transformers import AutoModelForImageTextToText, AutoTokenizer
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+        self.path = Path(path)
+        for name in ("config.json", "preprocessor_config.json"):
+            if not (self.path / name).is_file():
+                raise ConfigError("model.path", str(path), f"no {name} there: point model.path at a Qwen2-VL "
+                                  "folder (config.json, *.safetensors, tokenizer files, preprocessor_config.json)")
+        self.device = torch.device(device)
+        self.dtype = resolve_dtype(dtype)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.path, padding_side="left")
+        self.image_processor = Qwen2VLImageProcessorPil.from_pretrained(self.path)
+        self.model = AutoModelForImageTextToText.from_pretrained(self.path, dtype=self.dtype).to(self.device)
+        self.model.eval()
+        cfg = self.model.config
+        self.image_token = self.tokenizer.convert_ids_to_tokens(cfg.image_token_id)
+        self.eos_id = self.tokenizer.eos_token_id
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_id
+        # Vision placeholders are never sampled: one in a response would ask the model for image
+        # features that do not exist. Sampling and scoring both give them probability 0.
+        self.suppressed_ids = sorted({i for i in (cfg.image_token_id, getattr(cfg, "video_token_id", None),
+                                                  getattr(cfg, "vision_start_token_id", None),
+                                                  getattr(cfg, "vision_end_token_id", None)) if i is not None})
+
+    # --- inputs --------------------------------------------------------------------------
+    def prompt_text(self, question: str) -> str:
+        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def prompts(self, images: list[np.ndarray], questions: list[str]) -> TokenBatch:
+        """Left-padded prompts for (image uint8 [H, W, 3], question) pairs."""
+        from PIL import Image
+
+        vision = self.image_processor([Image.fromarray(np.asarray(im)) for im in images], return_tensors="pt")
+        merge = self.image_processor.merge_size ** 2
+        texts = []
+        for question, grid in zip(questions, vision["image_grid_thw"]):
+            text = self.prompt_text(question)
+            texts.append(text.replace(self.image_token, self.image_token * (int(grid.prod()) // merge), 1))
+        enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        return TokenBatch(enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device),
+                          vision["pixel_values"].to(self.device, self.dtype), vision["image_grid_thw"].to(self.device),
+                          prompt_length=enc["input_ids"].shape[1])
+
+    def with_responses(self, prompts: TokenBatch, responses: list[str]) -> TokenBatch:
+        """Prompts followed by the given response texts (each ended by EOS), right-padded."""
+        ids = [self.tokenizer(r, add_special_tokens=False)["input_ids"] + [self.eos_id] for r in responses]
+        width = max(len(x) for x in ids)
+        resp = torch.full((len(ids), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros(len(ids), width)
+        for i, x in enumerate(ids):
+            resp[i, :len(x)] = torch.tensor(x)
+            mask[i, :len(x)] = 1.0
+        return replace(prompts, input_ids=torch.cat([prompts.input_ids, resp.to(self.device)], 1),
+                       attention_mask=torch.cat([prompts.attention_mask, mask.long().to(self.device)], 1),
+                       response_mask=mask.to(self.device))
+
+    def decode(self, batch: TokenBatch) -> list[str]:
+        out = []
+        for row, mask in zip(batch.responses, batch.response_mask):
+            ids = [t for t, m in zip(row.tolist(), mask.tolist()) if m > 0 and t != self.eos_id]
+            out.append(self.tokenizer.decode(ids, skip_special_tokens=True).strip())
+        return out
+
+    def model_inputs(self, batch: TokenBatch) -> dict:
+        """The keyword arguments of a Qwen2-VL forward for `batch`. `mm_token_type_ids` (1 on image
+        tokens) is what the model needs to give image tokens their 2-D rotary positions."""
+        image_tokens = batch.input_ids == self.model.config.image_token_id
+        image_tokens[:, batch.prompt_length:] = False  # images live in the prompt only
+        return dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                    pixel_values=batch.pixel_values, image_grid_thw=batch.image_grid_thw,
+                    mm_token_type_ids=image_tokens.long())
+
+    def _suppress(self, logits: torch.Tensor) -> torch.Tensor:
+        logits = logits.clone()
+        logits[..., self.suppressed_ids] = float("-inf")
+        return logits
+
+    # --- sampling ------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, prompts: TokenBatch, *, seed: int, temperature: float = 1.0, top_p: float = 1.0,
+                 max_new_tokens: int = 8, module: nn.Module | None = None) -> TokenBatch:
+        """Sample one response per prompt row (repeat rows for n samples), stopping at EOS.
+
+        Returns the full sequences with `response_mask` and `extra["rollout_logp"]`: the log-prob
+        of each sampled token under the sampling distribution (temperature applied, before top-p)."""
+        module = module or self.model
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            # every sampling option explicit: a checkpoint's generation_config.json (Qwen2-VL ships
+            # top_k=1, temperature 0.01) must not change the distribution the log-probs describe
+            sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 \
+                else dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+            out = module.generate(
+                **self.model_inputs(prompts), **sampling, max_new_tokens=max_new_tokens, eos_token_id=self.eos_id,
+                pad_token_id=self.pad_id, suppress_tokens=self.suppressed_ids, output_logits=True,
+                return_dict_in_generate=True)
+        responses = out.sequences[:, prompts.prompt_length:]
+        mask = response_mask_from(responses, self.eos_id)
+        logits = self._suppress(torch.stack(out.logits, 1).float()) / (temperature if temperature > 0 else 1.0)
+        logp = torch.log_softmax(logits, -1).gather(-1, responses.unsqueeze(-1)).squeeze(-1) * mask
+        return replace(prompts, input_ids=out.sequences,
+                       attention_mask=torch.cat([prompts.attention_mask, mask.long()], 1),
+                       response_mask=mask, extra={"rollout_logp": logp})
+
+    # --- scoring -------------------------------------------------------------------------
+    def response_logits(self, module: nn.Module, batch: TokenBatch) -> torch.Tensor:
+        """Logits at the columns that predict each response token: [B, R, V]."""
+        out = module(**self.model_inputs(batch), use_cache=False)
+        P, R = batch.prompt_length, batch.input_ids.shape[1] - batch.prompt_length
+        return out.logits[:, P - 1:P - 1 + R]
+
+    def token_logprobs(self, batch: TokenBatch, *, temperature: float = 1.0, module: nn.Module | None = None,
+                       with_entropy: bool = False):
+        """Per-token log-probs [B, R] of the batch's responses (zero outside `response_mask`), and
+        with `with_entropy` the token entropies of the same distributions."""
+        logits = self.response_logits(module or self.model, batch).float()
+        logits = self._suppress(logits) / (temperature if temperature > 0 else 1.0)
+        logp_all = torch.log_softmax(logits, -1)
+        logp = logp_all.gather(-1, batch.responses.unsqueeze(-1)).squeeze(-1) * batch.response_mask
+        if not with_entropy:
+            return logp
+        entropy = torch.special.entr(logp_all.exp()).sum(-1) * batch.response_mask  # 0 log 0 = 0
+        return logp, entropy
+
+    # --- LoRA ----------------------------------------------------------------------------
+    def add_lora(self, *, rank: int, alpha: float, targets=("q_proj", "k_proj", "v_proj", "o_proj")) -> None:
+        """Freeze the base weights and attach a trainable LoRA adapter to the language model."""
+        from peft import LoraConfig
+
+        self.model.requires_grad_(False)
+        # Only the language model's projections: the vision tower keeps its weights.
+        pattern = r".*language_model.*\.(" + "|".join(targets) + r")$"
+        self.model.add_adapter(LoraConfig(r=rank, lora_alpha=alpha, target_modules=pattern), adapter_name="default")
+        self.model.set_adapter("default")
+        for name, param in self.model.named_parameters():
+            param.requires_grad_("lora_" in name)
+
+    @contextlib.contextmanager
+    def reference(self):
+        """The LoRA policy's reference: the same module with its adapter switched off."""
+        self.model.disable_adapters()
+        try:
+            yield self.model
+        finally:
+            self.model.enable_adapters()
+
+
+class ValueModel(nn.Module):
+    """The critic: a Qwen2-VL backbone (a copy of the policy's at start) with a scalar head on the
+    hidden state that precedes each response token, so V_t is the value before emitting token t."""
+
+    def __init__(self, policy: QwenVLModel):
+        super().__init__()
+        from transformers import AutoModelForImageTextToText
+
+        # the policy's backbone without its language-model head (which is tied to the embeddings)
+        self.backbone = AutoModelForImageTextToText.from_pretrained(policy.path, dtype=policy.dtype).model
+        self.backbone.to(policy.device)
+        hidden = self.backbone.config.text_config.hidden_size
+        self.head = nn.Linear(hidden, 1).to(policy.device, policy.dtype)
+        nn.init.normal_(self.head.weight, std=1.0 / (hidden + 1))
+        nn.init.zeros_(self.head.bias)
+        self._policy = [policy]  # a list: not a submodule (its weights are not the critic's)
+
+    def forward(self, batch: TokenBatch) -> torch.Tensor:
+        out = self.backbone(**self._policy[0].model_inputs(batch), use_cache=False)
+        P, R = batch.prompt_length, batch.input_ids.shape[1] - batch.prompt_length
+        hidden = out.last_hidden_state[:, P - 1:P - 1 + R]
+        return self.head(hidden).squeeze(-1).float() * batch.response_mask
