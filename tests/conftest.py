@@ -84,3 +84,23 @@ def read_metrics(run_dir):
     import json
 
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm_path(tmp_path_factory):
+    """A tiny random Qwen2-VL with the shapes-QA vocabulary (built offline)."""
+    from pixelrl.data import shapes_qa
+    from pixelrl.models.qwen_vl.tiny import build_tiny_qwen_vl
+
+    return build_tiny_qwen_vl(tmp_path_factory.mktemp("vlm") / "tiny", words=shapes_qa.vocabulary(), seed=0)
+
+
+def vlm_config(path, tmp_path, *overrides):
+    """The shapes-QA GRPO config shrunk for tests (4 questions x 4 answers, 12 held-out items)."""
+    from pixelrl.core.config_loading import load_config
+
+    return load_config("vlm_grpo_shapes_qa", [
+        f"model.path={path}", f"trainer.default_local_dir={tmp_path}", "data.train_batch_size=4", "rollout.n=4",
+        "actor.ppo_mini_batch_size=8", "actor.ppo_micro_batch_size=4", "vlm.val_items=12",
+        "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[jsonl]",
+        *overrides])

@@ -169,3 +169,37 @@ def test_ptx_entropy_mask_ema_and_explained_variance():
     r, m = torch.tensor([[1.0, 2, 3]]), ones(1, 3)
     assert T.explained_variance(r, r, m) == pytest.approx(1.0)
     assert T.explained_variance(torch.zeros(1, 3), r, m) == pytest.approx(0.0)
+
+
+def test_whitening_over_two_ranks_equals_whitening_the_whole_batch():
+    """Two ranks (threads) holding halves of a batch, summing their moments with an all-reduce,
+    whiten exactly as one process holding it all; without the all-reduce each half would be
+    whitened with its own moments."""
+    import threading
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 5, generator=gen) * 3 + 1
+    mask = (torch.rand(6, 5, generator=gen) > 0.3).float()
+    halves = [slice(0, 3), slice(3, 6)]
+    barrier, slots, out = threading.Barrier(2), [None, None], [None, None]
+
+    def rank(r):
+        def all_reduce(t):
+            slots[r] = t
+            barrier.wait()
+            total = slots[0] + slots[1]
+            barrier.wait()
+            return total
+
+        for style in ("lightrft", "verl"):
+            out[r] = out[r] or {}
+            out[r][style] = T.masked_whiten(x[halves[r]], mask[halves[r]], style=style, all_reduce=all_reduce)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    for style in ("lightrft", "verl"):
+        whole = T.masked_whiten(x, mask, style=style)
+        torch.testing.assert_close(torch.cat([out[0][style], out[1][style]]), whole)
+        alone = T.masked_whiten(x[halves[0]], mask[halves[0]], style=style)
+        assert not torch.allclose(alone, whole[halves[0]], atol=1e-3)

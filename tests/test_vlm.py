@@ -2,31 +2,17 @@
 
 import pytest
 import torch
+from conftest import vlm_config
 
 from pixelrl.algos import token_ppo as T
-from pixelrl.core.config_loading import load_config
 from pixelrl.core.errors import ConfigError
 from pixelrl.data import shapes_qa
 from pixelrl.models.qwen_vl import QwenVLModel, response_mask_from
-from pixelrl.models.qwen_vl.tiny import build_tiny_qwen_vl
-
-
-@pytest.fixture(scope="session")
-def tiny_vlm_path(tmp_path_factory):
-    return build_tiny_qwen_vl(tmp_path_factory.mktemp("vlm") / "tiny", words=shapes_qa.vocabulary(), seed=0)
 
 
 @pytest.fixture(scope="session")
 def tiny_vlm(tiny_vlm_path):
     return QwenVLModel(tiny_vlm_path)
-
-
-def vlm_config(path, tmp_path, *overrides):
-    return load_config("vlm_grpo_shapes_qa", [
-        f"model.path={path}", f"trainer.default_local_dir={tmp_path}", "data.train_batch_size=4", "rollout.n=4",
-        "actor.ppo_mini_batch_size=8", "actor.ppo_micro_batch_size=4", "vlm.val_items=12",
-        "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[jsonl]",
-        *overrides])
 
 
 def test_response_mask_ends_at_the_first_eos():
@@ -83,9 +69,18 @@ def test_vlm_config_errors_name_the_field(tiny_vlm_path, tmp_path):
     for override, field in (("vlm.estimator=ppo", "vlm.estimator"), ("vlm.dual_clip=0.5", "vlm.dual_clip"),
                             ("rollout.n=1", "rollout.n"), ("vlm.freezing_actor_steps=3", "vlm.freezing_actor_steps"),
                             ("vlm.kl_target=0.1", "vlm.kl_coef"), ("actor.ppo_mini_batch_size=5", "actor.ppo_mini_batch_size"),
-                            ("model.path=/nonexistent", "model.path"), ("vlm.entropy_mask_ratio=2", "vlm.entropy_mask_ratio")):
+                            ("model.path=/nonexistent", "model.path"), ("vlm.entropy_mask_ratio=2", "vlm.entropy_mask_ratio"),
+                            ("trainer.n_workers=2", "trainer.n_workers"), ("trainer.mode=one_step_off", "trainer.mode"),
+                            ("trainer.strategy=zero3", "trainer.strategy")):
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
             vlm_config(tiny_vlm_path, tmp_path, override)
+    # on 3 workers: questions, held-out items and mini-batches must split evenly
+    for overrides, field in ((("vlm.val_items=12",), "data.train_batch_size"),
+                             (("data.train_batch_size=6", "vlm.val_items=10"), "vlm.val_items"),
+                             (("data.train_batch_size=3", "vlm.val_items=9", "actor.ppo_mini_batch_size=4"),
+                              "actor.ppo_mini_batch_size")):
+        with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+            vlm_config(tiny_vlm_path, tmp_path, "trainer.backend=ray", "trainer.n_workers=3", *overrides)
 
 
 def test_grpo_raises_the_reward_of_a_random_tiny_vlm(tiny_vlm_path, tmp_path):
@@ -188,3 +183,14 @@ def test_answer_rewards():
     assert out["overall"].tolist() == [1.0, 0.0, 0.5]
     with pytest.raises(ConfigError, match="pattern"):
         WeightedReward.from_functions([{"name": "answer_format", "options": {"pattern": "("}}])
+
+
+def test_console_shows_reward_and_held_out_accuracy(tiny_vlm_path, tmp_path):
+    from pixelrl.trainers.vlm_ppo import VLMPPOTrainer
+
+    lines = []
+    cfg = vlm_config(tiny_vlm_path, tmp_path, "trainer.logger=[console]", "trainer.total_training_steps=1",
+                     "trainer.val_before_train=true", "trainer.test_freq=1", "vlm.estimator=gae")
+    VLMPPOTrainer(cfg, console=lines.append).fit()
+    assert lines[0].startswith("step 0: ") and "val/accuracy=" in lines[0]
+    assert "overall=" in lines[1] and "explained_variance=" in lines[1] and "val/accuracy=" in lines[1]

@@ -80,8 +80,11 @@ def cmd_train(args) -> int:
         from pixelrl.trainers.vlm_ppo import VLMPPOTrainer
 
         history = VLMPPOTrainer(cfg).fit()["history"]
-        print(f"done: {len(history)} steps, reward/overall {history[0]['reward/overall']:.4f} -> "
-              f"{history[-1]['reward/overall']:.4f}")
+        if history:
+            print(f"done: {len(history)} steps, reward/overall {history[0]['reward/overall']:.4f} -> "
+                  f"{history[-1]['reward/overall']:.4f}")
+        else:
+            print("done: no steps left to train (the latest checkpoint is at trainer.total_training_steps)")
         return 0
     result = PolicyGradientTrainer(cfg).fit()
     history = result["history"]
@@ -302,9 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     jpeg.set_defaults(func=cmd_demo_jpeg)
     pre_vlm = sub.add_parser("pretrain-vlm", help="pretrain the shapes-QA vision-language model (supervised)")
     pre_vlm.add_argument("out")
-    pre_vlm.add_argument("--steps", type=int, default=2000)
+    pre_vlm.add_argument("--steps", type=int, default=125)
     pre_vlm.add_argument("--seed", type=int, default=0)
-    pre_vlm.add_argument("--eval-every", type=int, default=250)
+    pre_vlm.add_argument("--eval-every", type=int, default=25)
     pre_vlm.add_argument("--threads", type=int, default=1, help="torch threads (1 reproduces the shipped model)")
     pre_vlm.set_defaults(func=cmd_pretrain_vlm)
     demo_vlm = sub.add_parser("demo-vlm", help="GRPO on the shipped shapes-QA VLM with accuracy before/after")

@@ -22,17 +22,24 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
     return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, *, style: str = "lightrft", shift_mean: bool = True):
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, *, style: str = "lightrft", shift_mean: bool = True,
+                  all_reduce=None):
     """(x - mean) / std over the masked entries, zero elsewhere.
 
     `lightrft`: biased variance, x * rsqrt(max(var, 1e-8)); `verl`: unbiased variance,
-    x * rsqrt(var + 1e-8). `shift_mean=False` adds the mean back (scale only)."""
-    mean = masked_mean(x, mask)
-    var = masked_mean((x - mean) ** 2, mask)
+    x * rsqrt(var + 1e-8). `shift_mean=False` adds the mean back (scale only). With data
+    parallelism, `all_reduce` (a sum over ranks of a small tensor) makes the moments global."""
+    if all_reduce is None:
+        mean = masked_mean(x, mask)
+        var = masked_mean((x - mean) ** 2, mask)
+        n = mask.sum()
+    else:
+        total, n = all_reduce(torch.stack([(x * mask).sum(), mask.sum().to(x.dtype)]))
+        mean = total / n.clamp(min=1)
+        var = all_reduce(((x - mean) ** 2 * mask).sum()) / n.clamp(min=1)
     if style == "lightrft":
         scale = torch.rsqrt(var.clamp(min=1e-8))
     elif style == "verl":
-        n = mask.sum()
         var = var * n / (n - 1).clamp(min=1)
         scale = torch.rsqrt(var + 1e-8)
     else:

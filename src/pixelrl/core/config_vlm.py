@@ -26,7 +26,22 @@ def validate_vlm(cfg: PixelRLConfig) -> None:
     _choice("vlm.policy_loss", v.policy_loss, ("ppo", "gspo", "cpg"))
     _choice("vlm.aggregation", v.aggregation, AGGREGATIONS)
     _choice("vlm.kl_estimator", v.kl_estimator, KL_ESTIMATORS)
-    _choice("trainer.backend", t.backend, ("local",))  # the VLM trainer runs in one process for now
+    _choice("trainer.backend", t.backend, ("ray", "local"))
+    _choice("trainer.strategy", t.strategy, ("ddp", "fsdp2"))
+    _positive("trainer.n_workers", t.n_workers)
+    _positive("trainer.num_cpus_per_worker", t.num_cpus_per_worker)
+    if t.mode != "sync" or r.n_workers:
+        raise ConfigError("trainer.mode" if t.mode != "sync" else "rollout.n_workers",
+                          t.mode if t.mode != "sync" else r.n_workers,
+                          "the vision-language trainer samples on its actor workers, on-policy: use trainer.mode=sync "
+                          "and rollout.n_workers=0")
+    if t.backend == "local" and t.n_workers != 1:
+        raise ConfigError("trainer.n_workers", t.n_workers, "trainer.backend=local runs one in-process worker: "
+                          "set trainer.n_workers=1, or trainer.backend=ray for data parallelism")
+    for field, value in (("data.train_batch_size", d.train_batch_size), ("vlm.val_items", v.val_items)):
+        if value % t.n_workers:
+            raise ConfigError(field, value, f"each of the trainer.n_workers={t.n_workers} workers takes an equal "
+                              f"share of the questions: use a multiple of {t.n_workers}")
     for field, value in (("vlm.max_new_tokens", v.max_new_tokens), ("vlm.top_p", v.top_p),
                          ("vlm.advantage_clamp", v.advantage_clamp), ("vlm.critic_lr", v.critic_lr),
                          ("vlm.kl_horizon", v.kl_horizon), ("vlm.val_items", v.val_items),
@@ -66,6 +81,7 @@ def validate_vlm(cfg: PixelRLConfig) -> None:
         raise ConfigError("vlm.aggregation", v.aggregation, "GSPO is defined with seq-mean-token-mean")
     samples = d.train_batch_size * r.n
     mini = a.ppo_mini_batch_size or samples
-    if mini > samples or samples % mini:
+    if mini > samples or samples % mini or mini % t.n_workers:
         raise ConfigError("actor.ppo_mini_batch_size", a.ppo_mini_batch_size,
-                          f"must divide the {samples} responses of a step (0 = the whole batch)")
+                          f"must divide the {samples} responses of a step and be a multiple of trainer.n_workers "
+                          f"({t.n_workers}); 0 = the whole batch")

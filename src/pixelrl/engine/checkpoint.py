@@ -14,38 +14,23 @@ import json
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from pixelrl.core.errors import PixelRLError
-from pixelrl.engine.distributed import full_trainable_state, load_trainable_state
+from pixelrl.engine.distributed import (full_trainable_state, load_trainable_state, optimizer_state,
+                                        set_optimizer_state)
 
 
 class CheckpointError(PixelRLError, ValueError):
     pass
 
 
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized()
-
-
 def _optimizer_state(engine) -> dict:
-    if _distributed():
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-        return get_optimizer_state_dict(engine.model.transformer, engine.learner.optimizer,
-                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return engine.learner.optimizer.state_dict()
+    return optimizer_state(engine.model.transformer, engine.learner.optimizer)
 
 
 def _set_optimizer_state(engine, state: dict) -> None:
-    if _distributed():
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-        set_optimizer_state_dict(engine.model.transformer, engine.learner.optimizer, state,
-                                 options=StateDictOptions(full_state_dict=True))
-    else:
-        engine.learner.optimizer.load_state_dict(state)
+    set_optimizer_state(engine.model.transformer, engine.learner.optimizer, state)
 
 
 def peft_key(name: str, adapter_name: str = "default") -> str:

@@ -55,40 +55,82 @@ def ddp_grad_sync(params: list[torch.nn.Parameter]) -> None:
 
 def apply_fsdp2(transformer: torch.nn.Module) -> None:
     """Shard each transformer block, then the root module (FSDP2 / fully_shard)."""
-    from torch.distributed.fsdp import fully_shard
-
     blocks = getattr(transformer, "transformer_blocks", None)
     if blocks is None:
         raise ValueError("fsdp2 needs a transformer with `transformer_blocks` to shard")
+    shard_blocks(transformer, list(blocks))
+
+
+def shard_blocks(root: torch.nn.Module, blocks: list[torch.nn.Module]) -> None:
+    """FSDP2: one all-gather unit per block, the rest (embeddings, norms, heads) in the root's."""
+    from torch.distributed.fsdp import fully_shard
+
     for block in blocks:
         fully_shard(block)
-    fully_shard(transformer)
+    fully_shard(root)
+    # FSDP2 decides which unit is the root at the first forward through it; a sub-unit called on
+    # its own first (transformers' generate encodes the image before any full forward) would
+    # claim that role. Settle it now.
+    root._get_fsdp_state()._lazy_init()
+
+
+def full_tensor(value: torch.Tensor) -> torch.Tensor:
+    """A full CPU copy of a plain or FSDP2-sharded (DTensor) tensor; every rank must call it."""
+    from torch.distributed.tensor import DTensor
+
+    value = value.detach()
+    if isinstance(value, DTensor):
+        value = value.full_tensor()
+    return value.cpu().clone()
+
+
+def copy_full_into(target: torch.Tensor, value: torch.Tensor) -> None:
+    """Copy a full tensor into a plain or sharded (DTensor) one, in place."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    with torch.no_grad():
+        if isinstance(target.data, DTensor):
+            target.data.copy_(distribute_tensor(value.to(target.dtype), target.device_mesh, target.placements))
+        else:
+            target.data.copy_(value.to(target.dtype))
+
+
+def optimizer_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """The optimizer's state as full CPU tensors keyed by parameter name (gathered over ranks
+    when a process group exists; every rank must call it)."""
+    if dist.is_available() and dist.is_initialized():
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        return get_optimizer_state_dict(module, optimizer, options=StateDictOptions(full_state_dict=True,
+                                                                                    cpu_offload=True))
+    return optimizer.state_dict()
+
+
+def set_optimizer_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    if dist.is_available() and dist.is_initialized():
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(module, optimizer, state, options=StateDictOptions(full_state_dict=True))
+    else:
+        optimizer.load_state_dict(state)
+
+
+def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
+    """Sum a small tensor over ranks (a no-op in one process)."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        values = values.clone()
+        dist.all_reduce(values, op=dist.ReduceOp.SUM)
+    return values
 
 
 def full_trainable_state(module: torch.nn.Module, names: list[str]) -> dict[str, torch.Tensor]:
     """Full (unsharded) CPU tensors of the named parameters; works for plain and FSDP2 modules."""
-    from torch.distributed.tensor import DTensor
-
-    out = {}
     params = dict(module.named_parameters())
-    for name in names:
-        value = params[name].detach()
-        if isinstance(value, DTensor):
-            value = value.full_tensor()
-        out[name] = value.cpu().clone()
-    return out
+    return {name: full_tensor(params[name]) for name in names}
 
 
 def load_trainable_state(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Copy full tensors into (possibly sharded) parameters."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
     params = dict(module.named_parameters())
-    with torch.no_grad():
-        for name, value in state.items():
-            param = params[name]
-            if isinstance(param.data, DTensor):
-                local = distribute_tensor(value.to(param.dtype), param.device_mesh, param.placements)
-                param.data.copy_(local)
-            else:
-                param.data.copy_(value.to(param.dtype))
+    for name, value in state.items():
+        copy_full_into(params[name], value)

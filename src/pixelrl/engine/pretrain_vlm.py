@@ -23,19 +23,31 @@ from pixelrl.rewards.answers import normalise_answer
 
 
 @torch.no_grad()
-def evaluate_qa(model: QwenVLModel, items: list[dict], *, batch_size: int = 64, max_new_tokens: int = 4,
-                module: torch.nn.Module | None = None) -> dict:
-    """Greedy-decoding accuracy on shapes-QA `items`: overall and per question type."""
-    correct: dict[str, list[float]] = {t: [] for t in shapes_qa.QUESTION_TYPES}
+def answer_correctness(model: QwenVLModel, items: list[dict], *, batch_size: int = 64, max_new_tokens: int = 4,
+                       module: torch.nn.Module | None = None) -> list[tuple[str, float]]:
+    """(question type, 1.0 if the greedy answer is right) for each shapes-QA item."""
+    out = []
     for start in range(0, len(items), batch_size):
         chunk = items[start:start + batch_size]
         prompts = model.prompts([it["image"] for it in chunk], [it["question"] for it in chunk])
-        out = model.generate(prompts, seed=0, temperature=0.0, max_new_tokens=max_new_tokens, module=module)
-        for it, answer in zip(chunk, model.decode(out)):
-            correct[it["type"]].append(float(normalise_answer(answer) == it["answer"]))
+        answers = model.decode(model.generate(prompts, seed=0, temperature=0.0, max_new_tokens=max_new_tokens,
+                                              module=module))
+        out += [(it["type"], float(normalise_answer(a) == it["answer"])) for it, a in zip(chunk, answers)]
+    return out
+
+
+def summarise_correctness(results: list[tuple[str, float]]) -> dict:
+    """Accuracy overall and per question type."""
+    correct: dict[str, list[float]] = {t: [] for t in shapes_qa.QUESTION_TYPES}
+    for kind, ok in results:
+        correct[kind].append(ok)
     per_type = {t: sum(v) / len(v) for t, v in correct.items() if v}
-    n = sum(len(v) for v in correct.values())
-    return {"accuracy": sum(sum(v) for v in correct.values()) / n, **{f"accuracy_{t}": a for t, a in per_type.items()}}
+    return {"accuracy": sum(ok for _, ok in results) / len(results), **{f"accuracy_{t}": a for t, a in per_type.items()}}
+
+
+def evaluate_qa(model: QwenVLModel, items: list[dict], **kwargs) -> dict:
+    """Greedy-decoding accuracy on shapes-QA `items`: overall and per question type."""
+    return summarise_correctness(answer_correctness(model, items, **kwargs))
 
 
 def sft_loss(model: QwenVLModel, chunk: list[dict]) -> torch.Tensor:

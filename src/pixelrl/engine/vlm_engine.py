@@ -11,6 +11,7 @@ Every random choice is seeded by the step, so a run resumed from a checkpoint re
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -19,6 +20,8 @@ import torch
 from pixelrl.algos import token_ppo as T
 from pixelrl.core.assets import resolve
 from pixelrl.core.seeding import derive_seed
+from pixelrl.engine.distributed import (all_reduce_sum, copy_full_into, full_tensor, optimizer_state,
+                                        set_optimizer_state)
 from pixelrl.engine.learner import Learner
 from pixelrl.models.qwen_vl import QwenVLModel, TokenBatch, ValueModel
 from pixelrl.rewards.multi import WeightedReward
@@ -75,6 +78,42 @@ class VLMEngine:
         self.kl_ctl = (T.AdaptiveKLController(v.kl_coef, v.kl_target, v.kl_horizon) if v.kl_target
                        else T.FixedKLController(v.kl_coef))
         self.reward = WeightedReward.from_functions(cfg.reward.functions)
+        self.data_parallel_size = 1  # ranks sharing each optimizer step (set by enable_data_parallel)
+
+    def enable_data_parallel(self, strategy: str) -> None:
+        """Join the process group's ranks (already initialised): the same start weights, then either
+        gradients averaged after each mini-batch (ddp) or actor and critic sharded (fsdp2). Each rank
+        samples and scores its own prompts; whitening and the KL controller use all ranks' numbers."""
+        import torch.distributed as dist
+
+        from pixelrl.engine.distributed import broadcast_parameters, ddp_grad_sync, shard_blocks
+
+        self.data_parallel_size = dist.get_world_size()
+        modules = [self.policy.model] + ([self.critic] if self.critic is not None else [])
+        for module in modules:
+            broadcast_parameters(module)
+        if strategy == "fsdp2":
+            # all-gather units: each decoder layer and vision block, and the vision tower itself
+            # (generation encodes the image before the first forward of the whole model)
+            for root, inner in ((self.policy.model, self.policy.model.model),
+                                *([(self.critic, self.critic.backbone)] if self.critic is not None else [])):
+                shard_blocks(root, [*inner.language_model.layers, *inner.visual.blocks, inner.visual])
+            # every rank must run the same forwards: generation continues until all ranks are done
+            self.policy.synced_generation = True
+            # the parameters are DTensors now: the optimizers and the EMA follow them
+            self.trainable = [p for p in self.policy.model.parameters() if p.requires_grad]
+            self.actor_learner.rebuild()
+            if self.critic is not None:
+                self.critic_learner.rebuild()
+            if self.ema is not None:
+                self.ema = [p.detach().clone() for p in self.trainable]
+        else:
+            self.actor_learner.grad_sync = ddp_grad_sync
+            if self.critic is not None:
+                self.critic_learner.grad_sync = ddp_grad_sync
+
+    def _whiten(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return T.masked_whiten(x, mask, all_reduce=all_reduce_sum if self.data_parallel_size > 1 else None)
 
     # --- helpers -------------------------------------------------------------------------
     def _micro(self, n: int):
@@ -100,14 +139,19 @@ class VLMEngine:
     def make_experience(self, items: list[dict], step: int) -> tuple[Experience, dict]:
         cfg, v = self.cfg, self.cfg.vlm
         n = cfg.rollout.n
+        clock = time.perf_counter()
         self.policy.model.eval()
         prompts = self.policy.prompts([it["image"] for it in items], [it["question"] for it in items])
         rows = torch.arange(len(items)).repeat_interleave(n)
         batch = self.policy.generate(prompts.select(rows), seed=derive_seed(cfg.rollout.seed + step, "vlm_rollout"),
                                      temperature=v.temperature, top_p=v.top_p, max_new_tokens=v.max_new_tokens)
         texts = self.policy.decode(batch)
+        timing = {"timing/generate_s": time.perf_counter() - clock}
+        clock = time.perf_counter()
         meta = [items[i] for i in rows.tolist()]
         scores = self.reward(texts, [m["question"] for m in meta], meta)
+        timing["timing/reward_s"] = time.perf_counter() - clock
+        clock = time.perf_counter()
         mask = batch.response_mask
         old_logp, entropy = self._score_tokens(batch, entropy=True)
         ref_logp = self._reference_logp(batch) if v.kl_coef > 0 else None
@@ -120,25 +164,32 @@ class VLMEngine:
                 values = torch.cat([self.critic(batch.select(r)) for r in self._micro(len(batch))])
             rewards = T.token_rewards(score, mask, kl, beta_in_reward)
             adv, returns = T.gae(rewards, values, mask, v.gamma, v.lam)
-            adv = T.masked_whiten(adv, mask)
+            adv = self._whiten(adv, mask)
         elif v.estimator == "reinforce":
             returns = T.discounted_returns(T.token_rewards(score, mask, kl, beta_in_reward), mask, v.gamma)
-            adv = T.masked_whiten(returns, mask)
+            adv = self._whiten(returns, mask)
         else:
             seq = T.sequence_baseline_advantages(score, n, v.estimator)
             adv = seq.unsqueeze(1) * mask
             if beta_in_reward:  # the KL part is a per-token return, not group-normalised
                 adv = adv - T.discounted_returns(beta_in_reward * kl, mask, 1.0)
             if v.estimator != "group_norm":
-                adv = T.masked_whiten(adv, mask)
+                adv = self._whiten(adv, mask)
         adv = adv.clamp(-v.advantage_clamp, v.advantage_clamp) * mask
+        timing["timing/score_s"] = time.perf_counter() - clock  # old / reference log-probs, values
         metrics = {f"reward/{k}": float(t.mean()) for k, t in scores.items()}
+        metrics.update(timing)
+        metrics["response/tokens"] = float(mask.sum())
+        metrics["response/sequence_tokens"] = float(batch.attention_mask.sum())  # prompt + response
         metrics["response/length"] = float(mask.sum(1).mean())
         metrics["response/entropy"] = float(T.masked_mean(entropy, mask))
         if kl is not None:
             metrics["actor/kl"] = float(T.masked_mean(kl, mask, dim=-1).mean())
             metrics["actor/kl_coef"] = self.kl_ctl.value
-            self.kl_ctl.update(metrics["actor/kl"], len(batch))  # once per rollout round
+            # once per rollout round, with the KL and sample count of all ranks: the controllers stay equal
+            kl_sum, count = all_reduce_sum(torch.tensor([metrics["actor/kl"] * len(batch), float(len(batch))],
+                                                        dtype=torch.float64)).tolist()
+            self.kl_ctl.update(kl_sum / count if self.data_parallel_size > 1 else metrics["actor/kl"], int(count))
         if values is not None:
             metrics["critic/explained_variance"] = T.explained_variance(values, returns, mask)
         exp = Experience(batch, old_logp, adv, T.entropy_mask(entropy, mask, v.entropy_mask_ratio), ref_logp,
@@ -161,7 +212,8 @@ class VLMEngine:
         self.policy.model.train()
         train_actor = step > v.freezing_actor_steps
         N = len(exp)
-        mini = cfg.actor.ppo_mini_batch_size or N
+        # actor.ppo_mini_batch_size counts responses over all ranks
+        mini = (cfg.actor.ppo_mini_batch_size // self.data_parallel_size) or N
         gen = torch.Generator().manual_seed(derive_seed(cfg.seed + step, "vlm_shuffle"))
         sums: dict[str, list[float]] = {}
         for _epoch in range(cfg.actor.ppo_epochs):
@@ -216,46 +268,60 @@ class VLMEngine:
         return T.ptx_loss(self.policy.token_logprobs(target, temperature=1.0), target.response_mask)
 
     # --- state ---------------------------------------------------------------------------
-    def save(self, folder: str | Path) -> None:
+    def _trainable_names(self) -> list[str]:
+        return [n for n, p in self.policy.model.named_parameters() if p.requires_grad]
+
+    def save(self, folder: str | Path, *, write: bool = True) -> None:
         """Trainable weights (and critic, EMA) as safetensors; optimizer, scheduler and KL
-        controller states with torch.save (read back with weights_only=True)."""
+        controller states with torch.save (read back with weights_only=True). Every rank gathers
+        (FSDP2 shards are all-gathered); only where `write` is true (rank 0) are files written."""
         from safetensors.torch import save_file
 
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        names = [n for n, p in self.policy.model.named_parameters() if p.requires_grad]
-        save_file({n: p.detach().contiguous() for n, p in zip(names, self.trainable)}, folder / "actor.safetensors")
-        state = {"actor_optimizer": self.actor_learner.optimizer.state_dict(),
+        names = self._trainable_names()
+        tensors = {"actor": {n: full_tensor(p) for n, p in zip(names, self.trainable)}}
+        state = {"actor_optimizer": optimizer_state(self.policy.model, self.actor_learner.optimizer),
                  "actor_scheduler": self.actor_learner.lr_scheduler.state_dict(),
                  "kl_ctl": self.kl_ctl.state_dict()}
         if self.ema is not None:
-            save_file({n: e.contiguous() for n, e in zip(names, self.ema)}, folder / "ema.safetensors")
+            tensors["ema"] = {n: full_tensor(e) for n, e in zip(names, self.ema)}
         if self.critic is not None:
-            save_file({k: t.contiguous() for k, t in self.critic.state_dict().items()}, folder / "critic.safetensors")
-            state["critic_optimizer"] = self.critic_learner.optimizer.state_dict()
+            tensors["critic"] = {k: full_tensor(t) for k, t in self.critic.named_parameters()}
+            state["critic_optimizer"] = optimizer_state(self.critic, self.critic_learner.optimizer)
             state["critic_scheduler"] = self.critic_learner.lr_scheduler.state_dict()
+        if not write:
+            return
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        for part, values in tensors.items():
+            save_file({k: t.contiguous() for k, t in values.items()}, folder / f"{part}.safetensors")
         torch.save(state, folder / "optim.pt")
 
     def load(self, folder: str | Path) -> None:
         from safetensors.torch import load_file
 
-        from pixelrl.engine.checkpoint import read_checkpoint_file
+        from pixelrl.engine.checkpoint import CheckpointError, read_checkpoint_file
 
         folder = Path(folder)
+        names = self._trainable_names()
         weights = read_checkpoint_file(folder / "actor.safetensors", load_file)
-        names = [n for n, p in self.policy.model.named_parameters() if p.requires_grad]
-        with torch.no_grad():
-            for n, p in zip(names, self.trainable):
-                p.copy_(weights[n])
+        if sorted(weights) != sorted(names):
+            raise CheckpointError(f"checkpoint `{folder}` holds other trainable weights than this model "
+                                  f"({len(weights)} vs {len(names)} tensors): check model.lora_rank against the run "
+                                  "that wrote it, or set trainer.resume_mode=disable")
+        for n, p in zip(names, self.trainable):
+            copy_full_into(p, weights[n])
         state = read_checkpoint_file(folder / "optim.pt", lambda p: torch.load(p, weights_only=True))
-        self.actor_learner.optimizer.load_state_dict(state["actor_optimizer"])
+        set_optimizer_state(self.policy.model, self.actor_learner.optimizer, state["actor_optimizer"])
         self.actor_learner.lr_scheduler.load_state_dict(state["actor_scheduler"])
         self.kl_ctl.load_state_dict(state["kl_ctl"])
         if self.ema is not None:
             ema = read_checkpoint_file(folder / "ema.safetensors", load_file)
             for n, e in zip(names, self.ema):
-                e.copy_(ema[n])
+                copy_full_into(e, ema[n])
         if self.critic is not None:
-            self.critic.load_state_dict(read_checkpoint_file(folder / "critic.safetensors", load_file))
-            self.critic_learner.optimizer.load_state_dict(state["critic_optimizer"])
+            critic = read_checkpoint_file(folder / "critic.safetensors", load_file)
+            params = dict(self.critic.named_parameters())
+            for k, t in critic.items():
+                copy_full_into(params[k], t)
+            set_optimizer_state(self.critic, self.critic_learner.optimizer, state["critic_optimizer"])
             self.critic_learner.lr_scheduler.load_state_dict(state["critic_scheduler"])

@@ -83,19 +83,11 @@ class PolicyGradientTrainer:
         return train, val
 
     def init_workers(self) -> None:
-        from pixelrl.workers.group import LocalWorkerGroup, RayWorkerGroup, RewardGroup
+        from pixelrl.workers.group import LocalWorkerGroup, RayWorkerGroup, RewardGroup, ensure_ray
 
         t, r, ro = self.cfg.trainer, self.cfg.reward, self.cfg.rollout
         if t.backend == "ray":
-            import ray
-
-            address = t.ray_address or os.environ.get("RAY_ADDRESS") or None
-            if not ray.is_initialized():
-                kwargs = {} if address else {"num_cpus": max(os.cpu_count() or 1, t.n_workers * t.num_cpus_per_worker
-                                                             + ro.n_workers * ro.num_cpus_per_worker)}
-                ray.init(address=address, include_dashboard=False, ignore_reinit_error=True,
-                         log_to_driver=False, **kwargs)
-                self._ray_started = True
+            self._ray_started = ensure_ray(t, ro.n_workers * ro.num_cpus_per_worker) or self._ray_started
             gpus = 1 if self.cfg.model.device.startswith("cuda") else 0
             self.actor = RayWorkerGroup(self.cfg_yaml, t.n_workers, t.num_cpus_per_worker, gpus)
             if ro.n_workers:

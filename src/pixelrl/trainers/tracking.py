@@ -13,8 +13,8 @@ from PIL import Image, ImageDraw
 
 from pixelrl.core.errors import ConfigError
 
-CONSOLE_KEYS = ("critic/rewards/mean", "actor/pg_loss", "actor/kl", "actor/clipfrac", "actor/grad_norm",
-                "perf/throughput", "timing_s/step")
+CONSOLE_KEYS = ("critic/rewards/mean", "reward/overall", "actor/pg_loss", "actor/kl", "actor/clipfrac",
+                "actor/grad_norm", "critic/explained_variance", "perf/throughput", "timing_s/step", "timing/step_s")
 
 
 def image_grid(images: np.ndarray, captions: list[str] | None = None, ncols: int = 8, scale: int = 2) -> np.ndarray:
@@ -80,7 +80,7 @@ class Tracker:
             self._wandb.log(clean, step=step)
         if "console" in self.loggers:
             shown = [f"{k.split('/', 1)[-1]}={clean[k]:.4g}" for k in CONSOLE_KEYS if k in clean]
-            shown += [f"{k}={v:.4g}" for k, v in clean.items() if k.startswith("val-core/")]
+            shown += [f"{k}={v:.4g}" for k, v in clean.items() if k.startswith(("val-core/", "val/"))]
             self.console(f"step {step}: " + "  ".join(shown))
 
     def log_images(self, tag: str, grid: np.ndarray, step: int) -> Path:

@@ -15,8 +15,7 @@ import time
 from pixelrl.core.config import PixelRLConfig
 from pixelrl.core.config_loading import to_yaml
 from pixelrl.data import shapes_qa
-from pixelrl.engine.pretrain_vlm import evaluate_qa
-from pixelrl.engine.vlm_engine import VLMEngine
+from pixelrl.engine.pretrain_vlm import summarise_correctness
 from pixelrl.trainers.checkpointing import find_resume_folder, load_trainer_state, save_checkpoint
 from pixelrl.trainers.policy_gradient import _every, run_dir_of
 from pixelrl.trainers.tracking import Tracker
@@ -39,10 +38,37 @@ class VLMPPOTrainer:
         self.cfg, self.cfg_yaml, self.console = cfg, to_yaml(cfg), console
         self.run_dir = run_dir_of(cfg)
         self.ckpt_root = self.run_dir / "checkpoints"
+        self.actor = None
+        self._ray_started = False
 
-    def validate(self, engine: VLMEngine, step: int) -> dict[str, float]:
-        items = task_items(self.cfg, "test", 0, self.cfg.vlm.val_items)
-        result = evaluate_qa(engine.policy, items, max_new_tokens=self.cfg.vlm.max_new_tokens)
+    def init_workers(self) -> None:
+        from pixelrl.workers.group import LocalWorkerGroup, RayWorkerGroup, ensure_ray
+        from pixelrl.workers.vlm_worker import VLMWorker
+
+        t = self.cfg.trainer
+        if t.backend == "ray":
+            self._ray_started = ensure_ray(t)
+            gpus = 1 if self.cfg.model.device.startswith("cuda") else 0
+            self.actor = RayWorkerGroup(self.cfg_yaml, t.n_workers, t.num_cpus_per_worker, gpus, worker_cls=VLMWorker)
+        else:
+            self.actor = LocalWorkerGroup(self.cfg_yaml, worker_cls=VLMWorker)
+
+    def shutdown(self) -> None:
+        if self.actor is not None:
+            try:
+                self.actor.shutdown()
+            except Exception:  # shutting down after a failure must not hide the failure
+                pass
+            self.actor = None
+        if self._ray_started:
+            import ray
+
+            ray.shutdown()
+            self._ray_started = False
+
+    def validate(self) -> dict[str, float]:
+        shares = self.actor.call("validate", gather="all")
+        result = summarise_correctness([r for share in shares for r in share])
         return {f"val/{k}": v for k, v in result.items()}
 
     def fit(self) -> dict:
@@ -50,44 +76,51 @@ class VLMPPOTrainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(self.cfg_yaml)
         total = t.total_training_steps
-        engine = VLMEngine(cfg)
-        start_step = 0
-        resume = find_resume_folder(self.ckpt_root, t.resume_mode)
-        if resume is not None:
-            start_step, _ = load_trainer_state(resume)
-            engine.load(resume / "actor")
-            self.console(f"resumed from {resume} (global step {start_step})")
+        try:
+            self.init_workers()
+            start_step = 0
+            resume = find_resume_folder(self.ckpt_root, t.resume_mode)
+            if resume is not None:
+                start_step, _ = load_trainer_state(resume)
+                self.actor.load(str(resume / "actor"))
+                self.console(f"resumed from {resume} (global step {start_step})")
+            result = self._loop(start_step, total, resumed=resume is not None)
+            if t.backend == "local":
+                result["engine"] = self.actor.workers[0].engine
+            else:
+                result["states"] = self.actor.trainable_states()
+            return result
+        finally:
+            self.shutdown()
+
+    def _loop(self, start_step: int, total: int, *, resumed: bool) -> dict:
+        t = self.cfg.trainer
         tracker = Tracker(t.logger, self.run_dir, t.project_name, t.experiment_name, {}, console=self.console,
-                          resumed_step=start_step if resume is not None else None)
+                          resumed_step=start_step if resumed else None)
         history, val_history = [], []
         spent = 0.0
         try:
             if t.val_before_train and start_step == 0:
-                val = self.validate(engine, 0)
+                val = self.validate()
                 tracker.log(val, 0)
                 val_history.append(val)
             for step in range(start_step + 1, total + 1):
                 began = time.perf_counter()
-                items = task_items(cfg, "train", (step - 1) * cfg.data.train_batch_size, cfg.data.train_batch_size)
-                exp, metrics = engine.make_experience(items, step)
-                metrics["timing/experience_s"] = time.perf_counter() - began
-                mid = time.perf_counter()
-                metrics.update(engine.train_on(exp, step))
-                metrics["timing/train_s"] = time.perf_counter() - mid
+                metrics = self.actor.call("train_step", None, step, gather="mean")
                 spent += time.perf_counter() - began
                 metrics["timing/step_s"] = time.perf_counter() - began
                 last = step == total or (t.time_budget_s > 0 and spent >= t.time_budget_s)
                 if _every(t.test_freq, step, last):
-                    val = self.validate(engine, step)
+                    val = self.validate()
                     metrics.update(val)
                     val_history.append(val)
                 history.append(metrics)
                 tracker.log(metrics, step)  # the row goes before its checkpoint
                 if _every(t.save_freq, step, last):
-                    save_checkpoint(self.ckpt_root, step, engine.save, {"step": step}, self.cfg_yaml,
-                                    t.max_ckpt_to_keep)
+                    save_checkpoint(self.ckpt_root, step, lambda folder: self.actor.save(str(folder)),
+                                    {"step": step}, self.cfg_yaml, t.max_ckpt_to_keep)
                 if last:
                     break
         finally:
             tracker.close()
-        return {"history": history, "val": val_history, "run_dir": str(self.run_dir), "engine": engine}
+        return {"history": history, "val": val_history, "run_dir": str(self.run_dir)}

@@ -117,15 +117,29 @@ def rollout_options(window=None, settings=None, num_steps=None, policy="current"
             settings.as_dict() if settings is not None else None, num_steps, policy)
 
 
+def ensure_ray(trainer_cfg, extra_cpus: int = 0) -> bool:
+    """Join the Ray cluster named by trainer.ray_address or $RAY_ADDRESS, or start a local one
+    with enough CPUs for the actor workers (and `extra_cpus`). True when this call started it."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    address = trainer_cfg.ray_address or os.environ.get("RAY_ADDRESS") or None
+    kwargs = {} if address else {"num_cpus": max(os.cpu_count() or 1, trainer_cfg.n_workers
+                                                 * trainer_cfg.num_cpus_per_worker + extra_cpus)}
+    ray.init(address=address, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False, **kwargs)
+    return True
+
+
 class LocalWorkerGroup(_Group):
     """In-process workers, no Ray: one actor (no process group), or `size` independent rollout
     workers. Calls run when submitted, in order. For debugging and fast tests."""
 
-    def __init__(self, cfg_yaml: str, role: str = "actor", size: int = 1):
+    def __init__(self, cfg_yaml: str, role: str = "actor", size: int = 1, worker_cls=PolicyWorker):
         if role == "actor" and size != 1:
             raise ValueError("an in-process actor group has one worker (use Ray for data parallelism)")
         self.size = size
-        self.workers = [PolicyWorker(cfg_yaml, rank, 1, role=role) for rank in range(size)]
+        self.workers = [worker_cls(cfg_yaml, rank, 1, role=role) for rank in range(size)]
         for worker in self.workers:
             worker.setup()
 
@@ -144,7 +158,8 @@ class RayWorkerGroup(_Group):
     """N Ray actors in a placement group: actors form one torch.distributed group; rollout
     workers (`role="rollout"`) are independent samplers."""
 
-    def __init__(self, cfg_yaml: str, n_workers: int, num_cpus: int, num_gpus: int = 0, role: str = "actor"):
+    def __init__(self, cfg_yaml: str, n_workers: int, num_cpus: int, num_gpus: int = 0, role: str = "actor",
+                 worker_cls=PolicyWorker):
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -153,7 +168,7 @@ class RayWorkerGroup(_Group):
         bundle = {"CPU": num_cpus, **({"GPU": num_gpus} if num_gpus else {})}
         self.placement = placement_group([bundle] * n_workers, strategy="PACK")
         ray.get(self.placement.ready())
-        actor_cls = ray.remote(PolicyWorker)
+        actor_cls = ray.remote(worker_cls)
         self.workers = [
             actor_cls.options(
                 num_cpus=num_cpus, num_gpus=num_gpus,

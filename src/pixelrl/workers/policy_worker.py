@@ -21,25 +21,25 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-class PolicyWorker:
-    def __init__(self, cfg_yaml: str, rank: int = 0, world_size: int = 1, num_threads: int | None = None,
-                 role: str = "actor"):
+class RankProcess:
+    """What every worker of a data-parallel group does the same way: say where rank 0 listens,
+    read the config, set its threads and join the torch.distributed group."""
+
+    def __init__(self, cfg_yaml: str, rank: int = 0, world_size: int = 1, num_threads: int | None = None):
         self.cfg_yaml, self.rank, self.world_size = cfg_yaml, rank, world_size
         self.num_threads = num_threads
-        self.role = role  # actor (trains) | rollout (samples with weights it is sent)
-        self.engine = None
 
     def address(self) -> tuple[str, int]:
         """Where rank 0 listens for the process group."""
         return socket.gethostbyname(socket.gethostname()), _free_port()
 
-    def setup(self, master: tuple[str, int] | None = None) -> dict:
+    def _join(self, master: tuple[str, int] | None):
+        """The config, with this process's threads set and (for > 1 rank) the group joined."""
         import torch
 
         from pixelrl.core.config_loading import from_yaml_text
         from pixelrl.core.quiet import quiet_libraries
-        from pixelrl.engine import PolicyEngine
-        from pixelrl.engine.distributed import apply_fsdp2, broadcast_parameters, ddp_grad_sync, init_process_group
+        from pixelrl.engine.distributed import init_process_group
 
         quiet_libraries()
         if self.num_threads:
@@ -47,6 +47,27 @@ class PolicyWorker:
         cfg = from_yaml_text(self.cfg_yaml)
         if self.world_size > 1:
             init_process_group(self.rank, self.world_size, master[0], master[1], cfg.model.device)
+        return cfg
+
+    def shutdown(self) -> None:
+        from pixelrl.engine.distributed import destroy_process_group
+
+        if self.world_size > 1:
+            destroy_process_group()
+
+
+class PolicyWorker(RankProcess):
+    def __init__(self, cfg_yaml: str, rank: int = 0, world_size: int = 1, num_threads: int | None = None,
+                 role: str = "actor"):
+        super().__init__(cfg_yaml, rank, world_size, num_threads)
+        self.role = role  # actor (trains) | rollout (samples with weights it is sent)
+        self.engine = None
+
+    def setup(self, master: tuple[str, int] | None = None) -> dict:
+        from pixelrl.engine import PolicyEngine
+        from pixelrl.engine.distributed import apply_fsdp2, broadcast_parameters, ddp_grad_sync
+
+        cfg = self._join(master)
         self.engine = PolicyEngine.from_config(cfg, trains=self.role == "actor")
         model = self.engine.model
         self.engine.data_parallel_size = self.world_size
@@ -117,9 +138,3 @@ class PolicyWorker:
 
     def counters(self) -> dict:
         return self.engine.counters()
-
-    def shutdown(self) -> None:
-        from pixelrl.engine.distributed import destroy_process_group
-
-        if self.world_size > 1:
-            destroy_process_group()

@@ -90,6 +90,8 @@ class QwenVLModel:
         self.suppressed_ids = sorted({i for i in (cfg.image_token_id, getattr(cfg, "video_token_id", None),
                                                   getattr(cfg, "vision_start_token_id", None),
                                                   getattr(cfg, "vision_end_token_id", None)) if i is not None})
+        # FSDP2: every rank must run the same forwards, so generation goes on until all are done
+        self.synced_generation = False
 
     # --- inputs --------------------------------------------------------------------------
     def prompt_text(self, question: str) -> str:
@@ -163,7 +165,7 @@ class QwenVLModel:
             out = module.generate(
                 **self.model_inputs(prompts), **sampling, max_new_tokens=max_new_tokens, eos_token_id=self.eos_id,
                 pad_token_id=self.pad_id, suppress_tokens=self.suppressed_ids, output_logits=True,
-                return_dict_in_generate=True)
+                return_dict_in_generate=True, synced_gpus=self.synced_generation)
         responses = out.sequences[:, prompts.prompt_length:]
         mask = response_mask_from(responses, self.eos_id)
         logits = self._suppress(torch.stack(out.logits, 1).float()) / (temperature if temperature > 0 else 1.0)

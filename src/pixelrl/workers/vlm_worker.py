@@ -1,0 +1,76 @@
+"""`VLMWorker`: one rank of the vision-language actor group. Wraps a VLMEngine.
+
+The same class runs in-process (`trainer.backend=local`, one rank) or as a Ray actor. Each rank
+draws its own share of a step's questions from the task (nothing but step numbers crosses the
+wire), samples and scores them, and trains with the others (DDP all-reduce or FSDP2 shards).
+GRPO groups never straddle ranks: a question's n answers are sampled on one rank.
+"""
+
+from __future__ import annotations
+
+import os
+
+from pixelrl.workers.policy_worker import RankProcess
+
+
+class VLMWorker(RankProcess):
+    def __init__(self, cfg_yaml: str, rank: int = 0, world_size: int = 1, num_threads: int | None = None,
+                 role: str = "actor"):
+        if role != "actor":
+            raise ValueError("the vision-language trainer has no separate rollout workers")
+        super().__init__(cfg_yaml, rank, world_size, num_threads)
+        self.engine = None
+
+    def setup(self, master: tuple[str, int] | None = None) -> dict:
+        from pixelrl.engine.vlm_engine import VLMEngine
+
+        self.cfg = self._join(master)
+        self.engine = VLMEngine(self.cfg)
+        if self.world_size > 1:
+            self.engine.enable_data_parallel(self.cfg.trainer.strategy)
+        return {"rank": self.rank, "pid": os.getpid()}
+
+    def _share(self, items: list) -> list:
+        per_rank = len(items) // self.world_size
+        return items[self.rank * per_rank:(self.rank + 1) * per_rank]
+
+    def train_step(self, step: int) -> dict:
+        """Sample, score and train on this rank's share of step `step`'s questions; the metrics."""
+        import time
+
+        from pixelrl.trainers.vlm_ppo import task_items
+
+        began = time.perf_counter()
+        size = self.cfg.data.train_batch_size
+        items = self._share(task_items(self.cfg, "train", (step - 1) * size, size))
+        exp, metrics = self.engine.make_experience(items, step)
+        metrics["timing/experience_s"] = time.perf_counter() - began
+        mid = time.perf_counter()
+        metrics.update(self.engine.train_on(exp, step))
+        metrics["timing/train_s"] = time.perf_counter() - mid
+        return metrics
+
+    def validate(self) -> list[tuple[str, float]]:
+        """(question type, correct) for this rank's share of the held-out questions."""
+        from pixelrl.engine.pretrain_vlm import answer_correctness
+        from pixelrl.trainers.vlm_ppo import task_items
+
+        items = self._share(task_items(self.cfg, "test", 0, self.cfg.vlm.val_items))
+        return answer_correctness(self.engine.policy, items, max_new_tokens=self.cfg.vlm.max_new_tokens)
+
+    def trainable_state(self) -> dict:
+        """This rank's full trainable weights (and critic) as numpy arrays, to check ranks agree."""
+        from pixelrl.engine.distributed import full_tensor
+
+        engine = self.engine
+        state = {f"actor/{n}": full_tensor(p).numpy() for n, p in zip(engine._trainable_names(), engine.trainable)}
+        if engine.critic is not None:
+            state.update({f"critic/{n}": full_tensor(p).numpy() for n, p in engine.critic.named_parameters()})
+        return state
+
+    def save(self, folder: str) -> None:
+        self.engine.save(folder, write=self.rank == 0)
+
+    def load(self, folder: str) -> dict:
+        self.engine.load(folder)
+        return {"rank": self.rank}
