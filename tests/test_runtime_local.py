@@ -64,9 +64,11 @@ def test_validation_metrics_dumps_grids_and_rotation(tmp_path, tiny_pixel_path):
                           f"data.val_files=[{val}]", "val_kwargs.n=2", "val_kwargs.num_steps=4",
                           "trainer.val_before_train=true", "trainer.test_freq=2", "trainer.total_training_steps=4",
                           "trainer.save_freq=1", "trainer.max_ckpt_to_keep=2",
-                          f"trainer.rollout_data_dir={tmp_path / 'rollouts'}", "trainer.log_image_grid_every=2")
+                          f"trainer.rollout_data_dir={tmp_path / 'rollouts'}", "trainer.log_image_grid_every=2",
+                          "val_kwargs.rewards=[{name: jpeg_incompressibility}]")
     assert code == 0
     metrics = read_metrics(run)
+    _check_gold_and_diversity(run, metrics[-1])
     assert "val-core/animals/reward/mean@2" in metrics[0] and "val-core/shapes/reward/best@2" in metrics[0]
     assert "val-core/animals/reward/mean@2" in metrics[2] and "val-core/animals/reward/mean@2" not in metrics[1]
     dump = run / "validation" / "step_000004"
@@ -117,3 +119,24 @@ def test_time_budget_stops_after_the_step_that_uses_it_with_a_checkpoint(tmp_pat
     code, _ = train_cli(tmp_path, tiny_pixel_path, *LOCAL, *budget[1:])
     assert code == 0
     assert [m["training/global_step"] for m in read_metrics(run)] == [1, 2, 3]
+
+
+def _check_gold_and_diversity(run, last):
+    """The gold reward and the diversity logged at the last validation equal what the production
+    reward and diversity functions give on the validation images written to disk."""
+    import numpy as np
+    from PIL import Image
+
+    from pixelrl.engine.evaluate import diversity
+    from pixelrl.rewards.registry import get_reward
+
+    dump = run / "validation" / "step_000004"
+    rows = [json.loads(line) for line in (dump / "samples.jsonl").read_text().splitlines()]
+    images = torch.from_numpy(np.stack([np.array(Image.open(dump / f"{r['index']:05d}.png")) for r in rows]))
+    gold = get_reward("jpeg_incompressibility")(images, [r["prompt"] for r in rows], [{}] * len(rows))
+    animals = [i for i, r in enumerate(rows) if r["prompt"] in ("a cat", "a dog")]
+    logged = last["val-core/animals/gold/jpeg_incompressibility/mean@2"]
+    assert logged == pytest.approx(float(next(iter(gold.values()))[animals].mean()), abs=1e-6)
+    assert logged != pytest.approx(last["val-core/animals/reward/mean@2"], abs=1e-3)  # not the training reward
+    expected = diversity(images[animals], [rows[i] for i in animals])["pairwise_l1"]
+    assert last["val-core/animals/diversity@2"] == pytest.approx(expected, abs=1e-6) and expected > 0

@@ -68,9 +68,12 @@ def test_eval_and_generate_commands(tmp_path, tiny_pixel_path, capsys):
     assert main(["eval", "--model", str(tiny_pixel_path), "--per-category", "2", "--steps", "3",
                  "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "| model | overall | single_object |" in printed
+    assert "| model | overall | single_object |" in printed and "| model (exact) | overall |" in printed
     result = json.loads(out.read_text())
     assert result["num_images"] == 12 and set(result["strict"]) >= {"counting", "position"}
+    assert set(result["exact"]) == set(result["strict"]) and result["overall_exact"] <= result["overall"]
+    low, high = result["strict_interval"]
+    assert low <= result["overall"] <= high
     assert 0.0 <= result["overall"] <= 1.0 and "pairwise_l1" in result["diversity"]
     grid = tmp_path / "grid.png"
     assert main(["generate", "--model", str(tiny_pixel_path), "--prompt", "a red circle", "--n", "4",

@@ -96,3 +96,74 @@ def test_shapes_geneval_reward_signature():
     out = get_reward("shapes_geneval", strict_weight=0.5)(images, [it["prompt"] for it in items],
                                                           [it["metadata"] for it in items])
     assert torch.equal(out["shapes_strict"], torch.ones(3)) and torch.equal(out["shapes_geneval"], torch.ones(3))
+
+
+def _with_extra(spec: dict, shape: str, colour: str, count: int = 1) -> dict:
+    """The same scene with `count` more objects that the prompt did not ask for."""
+    return {**spec, "objects": [*spec["objects"], {"shape": shape, "colour": colour, "count": count}]}
+
+
+def test_exact_scene_score_on_clean_renders_and_with_an_unrequested_object():
+    from pixelrl.rewards.shapes import score_scene
+
+    clean = [score_scene(render(it["metadata"], k), it["metadata"])
+             for k, it in ((k, ITEMS[(k * 7) % len(ITEMS)]) for k in range(300))]
+    assert all(s["exact"] and s["extra_objects"] == 0 for s in clean if s["strict"])
+    assert np.mean([s["exact"] for s in clean]) >= 0.99
+    pasted_strict, pasted_exact = [], []
+    for k in range(60):
+        item = ITEMS[(k * 11) % len(ITEMS)]
+        if item["category"] == "counting":
+            continue  # a pasted copy would change the count: strict fails too; see below
+        image = render(_with_extra(item["metadata"], "triangle", "purple"), k)
+        scene = score_scene(image, item["metadata"])
+        pasted_strict.append(scene["strict"])
+        pasted_exact.append(scene["exact"])
+        assert not scene["exact"] and scene["extra_objects"] >= 1, item["prompt"]
+    # GenEval-style "at least" checks still pass nearly all of these scenes: that is the hack
+    assert np.mean(pasted_strict) >= 0.8 and not any(pasted_exact)
+
+
+def test_extra_object_penalty_by_hand():
+    """two_object "a circle and a square", strict_weight 0.5, penalty 0.2: a clean render scores
+    0.5 * 1 + 0.5 * 1 = 1.0; with one unrequested triangle 1.0 - 0.2 = 0.8; with two 0.6; with an
+    unrequested second circle (a surplus copy) 0.8 as well."""
+    spec = {"category": "two_object", "relation": None,
+            "objects": [{"shape": "circle", "colour": None, "count": 1}, {"shape": "square", "colour": None, "count": 1}]}
+    images = [render(spec, 5), render(_with_extra(spec, "triangle", "cyan"), 5),
+              render(_with_extra(spec, "triangle", "cyan", 2), 5), render(_with_extra(spec, "circle", "yellow"), 5)]
+    reward = get_reward("shapes_geneval", strict_weight=0.5, extra_object_penalty=0.2)
+    out = reward(torch.from_numpy(np.stack(images)), ["a circle and a square"] * 4, [spec] * 4)
+    torch.testing.assert_close(out["shapes_geneval"], torch.tensor([1.0, 0.8, 0.6, 0.8]))
+    assert out["shapes_extra_objects"].tolist() == [0, 1, 2, 1]
+    assert out["shapes_exact"].tolist() == [1, 0, 0, 0] and out["shapes_strict"].tolist() == [1, 1, 1, 1]
+
+
+def test_shapes_reward_options_are_checked_with_the_config():
+    from pixelrl.core.config_loading import load_config
+    from pixelrl.core.errors import ConfigError
+
+    for options, field in (("{extra_object_penalty: -1}", "extra_object_penalty"),
+                           ("{strict_weight: 2}", "strict_weight")):
+        with pytest.raises(ConfigError, match=field):
+            load_config("shapes_flow_grpo", [f"reward.functions=[{{name: shapes_geneval, options: {options}}}]"])
+    with pytest.raises(ConfigError, match=r"val_kwargs\.rewards\[0\]\.name"):
+        load_config("shapes_flow_grpo", ["val_kwargs.rewards=[{name: nope}]"])
+
+
+def test_bootstrap_interval_by_hand():
+    from pixelrl.engine.evaluate import bootstrap_overall
+
+    def rows(category_values):
+        return [{"prompt": f"{c}{i}", "seed": i, "category": c, "strict": v}
+                for c, values in category_values.items() for i, v in enumerate(values)]
+
+    # one category of two items (0, 1): resampled means are 0, 0.5, 1 with chances 1/4, 1/2, 1/4
+    assert bootstrap_overall(rows({"a": [0, 1]}), "strict") == (0.0, 1.0)
+    # constant scores have no spread; the overall is the mean of category means (0.5 here)
+    assert bootstrap_overall(rows({"a": [1, 1, 1], "b": [0, 0]}), "strict") == (0.5, 0.5)
+    # paired: the interval of after - before, item by item
+    before, after = rows({"a": [0, 0, 0, 0]}), rows({"a": [1, 1, 1, 1]})
+    assert bootstrap_overall(after, "strict", baseline=before) == (1.0, 1.0)
+    with pytest.raises(ValueError, match="same items"):
+        bootstrap_overall(after, "strict", baseline=before[::-1])

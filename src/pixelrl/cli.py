@@ -117,7 +117,7 @@ def cmd_eval(args) -> int:
     import torch
 
     from pixelrl.data.shapes import evaluation_items
-    from pixelrl.engine.evaluate import diversity, evaluate_geneval, format_table, load_for_eval
+    from pixelrl.engine.evaluate import bootstrap_overall, diversity, evaluate_geneval, format_table, load_for_eval
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     model = load_for_eval(args.model, args.checkpoint)
@@ -126,8 +126,13 @@ def cmd_eval(args) -> int:
     result["diversity"] = diversity(result.pop("images"), items)
     result.update(split=args.split, num_steps=args.steps, guidance_scale=args.cfg,
                   model=args.checkpoint or args.model or "builtin:shapes")
-    print(format_table(result, Path(result["model"]).name))
-    print(f"partial-credit overall {result['overall_partial']:.3f}; diversity {result['diversity']}")
+    for score in ("strict", "exact"):
+        result[f"{score}_interval"] = bootstrap_overall(result["items"], score)
+        print(format_table(result, Path(result["model"]).name, score))
+    low, high = bootstrap_overall(result["items"], "partial")
+    print(f"partial-credit overall {result['overall_partial']:.3f} [{low:.3f}, {high:.3f}]; unrequested objects "
+          f"per image {result['extra_objects']:.2f}; diversity {result['diversity']}  ([a, b]: 95% bootstrap "
+          "interval over items)")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))

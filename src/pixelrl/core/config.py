@@ -161,6 +161,10 @@ class ValKwargs:
     num_steps: int = 10
     noise_level: float = 0.0  # 0 = deterministic ODE sampling
     guidance_scale: float | None = None  # None = rollout.guidance_scale
+    # gold rewards: scored on the validation images besides the training reward (same format as
+    # reward.functions), logged as val-core/<source>/gold/<key>/mean@n, so a training reward
+    # that rises while a stricter judge stays flat shows up as it happens
+    rewards: list = field(default_factory=list)
 
 
 @dataclass

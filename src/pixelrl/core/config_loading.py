@@ -269,14 +269,15 @@ def _check_rewards_and_loggers(cfg: PixelRLConfig) -> None:
     t = cfg.trainer
     if not cfg.reward.functions:
         raise ConfigError("reward.functions", cfg.reward.functions, "list at least one reward")
-    for i, spec in enumerate(cfg.reward.functions):
-        if "name" not in spec:
-            raise ConfigError(f"reward.functions[{i}]", dict(spec), "each reward needs a `name`")
-        unknown = set(spec) - {"name", "weight", "options"}
-        if unknown:
-            raise ConfigError(f"reward.functions[{i}]", dict(spec), f"unknown keys {sorted(unknown)}; use name, weight, options")
-        _choice(f"reward.functions[{i}].name", spec["name"], REWARDS.names())
-        check_reward_options(spec["name"], dict(spec.get("options") or {}), f"reward.functions[{i}].options")
+    for field_name, specs in (("reward.functions", cfg.reward.functions), ("val_kwargs.rewards", cfg.val_kwargs.rewards)):
+        for i, spec in enumerate(specs):
+            if not hasattr(spec, "keys") or "name" not in spec:
+                raise ConfigError(f"{field_name}[{i}]", spec, "each reward is a mapping with a `name`")
+            unknown = set(spec) - {"name", "weight", "options"}
+            if unknown:
+                raise ConfigError(f"{field_name}[{i}]", dict(spec), f"unknown keys {sorted(unknown)}; use name, weight, options")
+            _choice(f"{field_name}[{i}].name", spec["name"], REWARDS.names())
+            check_reward_options(spec["name"], dict(spec.get("options") or {}), f"{field_name}[{i}].options")
     for logger in t.logger:
         _choice("trainer.logger", logger, ("console", "jsonl", "tensorboard", "wandb"))
     if t.resume_mode not in ("auto", "disable") and not Path(t.resume_mode).is_dir():

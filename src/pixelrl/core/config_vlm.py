@@ -30,6 +30,9 @@ def validate_vlm(cfg: PixelRLConfig) -> None:
     _choice("trainer.strategy", t.strategy, ("ddp", "fsdp2"))
     _positive("trainer.n_workers", t.n_workers)
     _positive("trainer.num_cpus_per_worker", t.num_cpus_per_worker)
+    if cfg.val_kwargs.rewards:
+        raise ConfigError("val_kwargs.rewards", list(cfg.val_kwargs.rewards), "gold rewards judge validation images; "
+                          "the vision-language trainer validates by held-out answer accuracy: remove it")
     if t.mode != "sync" or r.n_workers:
         raise ConfigError("trainer.mode" if t.mode != "sync" else "rollout.n_workers",
                           t.mode if t.mode != "sync" else r.n_workers,

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from pixelrl.models.base import DiffusionModel
-from pixelrl.rewards.shapes import CATEGORIES, score_image
+from pixelrl.rewards.shapes import CATEGORIES, score_scene
 from pixelrl.sampling.rollout import SamplingSettings, rollout
 from pixelrl.sampling.schedule import sigmas_from_scheduler
 from pixelrl.sampling.windows import Window
@@ -39,25 +39,54 @@ def fixed_seed_reward(engine, reward, prompts: list[str], seeds: list[int]) -> f
 
 
 def geneval_scores(images: torch.Tensor, items: list[dict]) -> dict:
-    """Strict 0/1 and partial-credit scores per category; `overall` is the mean of the category
-    strict scores (GenEval's convention)."""
-    strict, partial = defaultdict(list), defaultdict(list)
+    """Strict 0/1, exact-scene 0/1 and partial-credit scores per category; `overall` is the mean
+    of the category strict scores (GenEval's convention), `overall_exact` the same for exact
+    scenes; `extra_objects` is the mean number of unrequested objects per image."""
+    scores: dict[str, dict[str, list[float]]] = {k: defaultdict(list) for k in ("strict", "exact", "partial")}
     per_item = []
     for image, item in zip(images.numpy(), items):
-        p, s, _ = score_image(image, item["metadata"])
-        strict[item["category"]].append(float(s))
-        partial[item["category"]].append(p)
-        per_item.append({"prompt": item["prompt"], "seed": item.get("seed"), "strict": bool(s), "partial": p})
-    categories = [c for c in CATEGORIES if c in strict]
-    table = {c: float(np.mean(strict[c])) for c in categories}
+        scene = score_scene(image, item["metadata"])
+        for key in scores:
+            scores[key][item["category"]].append(float(scene[key]))
+        per_item.append({"prompt": item["prompt"], "seed": item.get("seed"), "category": item["category"],
+                         "strict": bool(scene["strict"]), "exact": bool(scene["exact"]),
+                         "partial": scene["partial"], "extra_objects": scene["extra_objects"]})
+    categories = [c for c in CATEGORIES if c in scores["strict"]]
+    tables = {key: {c: float(np.mean(scores[key][c])) for c in categories} for key in scores}
     return {
-        "strict": table,
-        "partial": {c: float(np.mean(partial[c])) for c in categories},
-        "overall": float(np.mean([table[c] for c in categories])),
-        "overall_partial": float(np.mean([np.mean(partial[c]) for c in categories])),
+        "strict": tables["strict"],
+        "exact": tables["exact"],
+        "partial": tables["partial"],
+        "overall": float(np.mean(list(tables["strict"].values()))),
+        "overall_exact": float(np.mean(list(tables["exact"].values()))),
+        "overall_partial": float(np.mean(list(tables["partial"].values()))),
+        "extra_objects": float(np.mean([r["extra_objects"] for r in per_item])),
         "num_images": len(items),
         "items": per_item,
     }
+
+
+def bootstrap_overall(per_item: list[dict], key: str, *, baseline: list[dict] | None = None,
+                      resamples: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+    """A percentile bootstrap interval for the overall score (the mean of the category means of
+    `key`), resampling items within each category. With `baseline` (the same items, in the same
+    order, scored for another model) it is the interval of the paired difference."""
+    rng = np.random.default_rng(seed)
+    by_category: dict[str, list[int]] = defaultdict(list)
+    for i, row in enumerate(per_item):
+        by_category[row["category"]].append(i)
+    values = np.array([float(r[key]) for r in per_item])
+    if baseline is not None:
+        if [(r["prompt"], r["seed"]) for r in baseline] != [(r["prompt"], r["seed"]) for r in per_item]:
+            raise ValueError("a paired interval needs both models scored on the same items in the same order")
+        values = values - np.array([float(r[key]) for r in baseline])
+    means = np.zeros((resamples, len(by_category)))
+    for j, idx in enumerate(by_category.values()):
+        picks = rng.integers(0, len(idx), size=(resamples, len(idx)))
+        means[:, j] = values[np.array(idx)][picks].mean(axis=1)
+    overall = means.mean(axis=1)
+    tail = (1 - level) / 2 * 100
+    return float(np.percentile(overall, tail)), float(np.percentile(overall, 100 - tail))
 
 
 def evaluate_geneval(model: DiffusionModel, items: list[dict], **generate_kwargs) -> dict:
@@ -67,11 +96,18 @@ def evaluate_geneval(model: DiffusionModel, items: list[dict], **generate_kwargs
     return result
 
 
-def format_table(result: dict, title: str = "") -> str:
-    cats = list(result["strict"])
-    head = "| model | overall | " + " | ".join(cats) + " |"
+def format_table(result: dict, title: str = "", score: str = "strict") -> str:
+    """One markdown row of per-category `score` (strict or exact) with its overall, and the 95%
+    interval when `result` holds one (`<score>_interval`)."""
+    cats = list(result[score])
+    overall = result["overall" if score == "strict" else f"overall_{score}"]
+    cell = f"{overall:.3f}"
+    if f"{score}_interval" in result:
+        low, high = result[f"{score}_interval"]
+        cell += f" [{low:.3f}, {high:.3f}]"
+    head = f"| {'model' if score == 'strict' else f'model ({score})'} | overall | " + " | ".join(cats) + " |"
     rule = "|---" * (len(cats) + 2) + "|"
-    row = f"| {title} | {result['overall']:.3f} | " + " | ".join(f"{result['strict'][c]:.3f}" for c in cats) + " |"
+    row = f"| {title} | {cell} | " + " | ".join(f"{result[score][c]:.3f}" for c in cats) + " |"
     return "\n".join([head, rule, row])
 
 

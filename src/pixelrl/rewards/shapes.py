@@ -170,6 +170,18 @@ def score_image(image: np.ndarray, spec: dict) -> tuple[float, bool, dict]:
     colour score per object whose colour is given, one position score for a relation. The
     training reward is their mean; strict means every one is 1.
     """
+    scene = score_scene(image, spec)
+    return scene["partial"], scene["strict"], scene["subs"]
+
+
+def score_scene(image: np.ndarray, spec: dict) -> dict:
+    """Every score of one image: `partial`, `strict` and `subs` as in `score_image`, plus
+
+    - `extra_objects`: detected objects that fill no requested slot: a requested object's
+      surplus copies, objects of other shapes or colours, `unknown` blobs;
+    - `exact`: strict, and nothing else in the image (`extra_objects` == 0). GenEval's
+      "at least" checks pass a scene with added objects; this does not.
+    """
     detections = detect(image)
     subs: dict[str, float] = {}
     matches = []
@@ -194,27 +206,47 @@ def score_image(image: np.ndarray, spec: dict) -> tuple[float, bool, dict]:
         ok = any(relation_holds(relation["type"], a, b, margin)
                  for a in matches[relation["a"]] for b in matches[relation["b"]])
         subs["position"] = 1.0 if ok else 0.0
-    partial = float(np.mean(list(subs.values())))
+    # each requested object takes up to its count of matching detections, in spec order
+    assigned: set[int] = set()
+    for obj, found in zip(spec["objects"], matches):
+        free = [d for d in found if id(d) not in assigned]
+        assigned.update(id(d) for d in free[:obj["count"]])
+    extra = len(detections) - len(assigned)
     strict = all(v == 1.0 for v in subs.values())
-    return partial, strict, subs
+    return {"partial": float(np.mean(list(subs.values()))), "strict": strict, "subs": subs,
+            "extra_objects": extra, "exact": strict and extra == 0}
 
 
 @register_reward("shapes_geneval")
-def shapes_geneval(strict_weight: float = 0.0):
-    """Training reward: (1 - w) * partial credit + w * strict. Also returns the strict 0/1
-    score as `shapes_strict` for logging and evaluation."""
-
+def shapes_geneval(strict_weight: float = 0.0, extra_object_penalty: float = 0.0):
+    """Training reward: (1 - w) * partial credit + w * strict - p * (unrequested objects).
+    Also returns `shapes_strict`, `shapes_exact` (0/1) and `shapes_extra_objects` for logging
+    and evaluation. The penalty p guards against the policy's cheapest hack of GenEval-style
+    checks: drawing more objects than asked."""
     def reward(images, prompts, metadata):
         arrays = images.detach().cpu().numpy()
-        partial, strict = [], []
+        rows = []
         for array, meta in zip(arrays, metadata):
             if not meta or "objects" not in meta:
                 raise ValueError("shapes_geneval needs each prompt's metadata (objects, relation, category)")
-            p, s, _ = score_image(array, meta)
-            partial.append(p)
-            strict.append(float(s))
-        partial_t, strict_t = torch.tensor(partial), torch.tensor(strict)
-        return {"shapes_geneval": (1 - strict_weight) * partial_t + strict_weight * strict_t,
-                "shapes_strict": strict_t}
+            rows.append(score_scene(array, meta))
+        column = lambda key: torch.tensor([float(r[key]) for r in rows])  # noqa: E731
+        partial, strict, extra = column("partial"), column("strict"), column("extra_objects")
+        return {"shapes_geneval": (1 - strict_weight) * partial + strict_weight * strict - extra_object_penalty * extra,
+                "shapes_strict": strict, "shapes_exact": column("exact"), "shapes_extra_objects": extra}
 
     return reward
+
+
+def _check_shapes_geneval(options: dict, field: str) -> None:
+    from pixelrl.core.errors import ConfigError
+
+    weight, penalty = options.get("strict_weight", 0.0), options.get("extra_object_penalty", 0.0)
+    if not isinstance(weight, (int, float)) or not 0 <= weight <= 1:
+        raise ConfigError(f"{field}.strict_weight", weight, "a number in [0, 1]: the weight of the strict 0/1 score")
+    if not isinstance(penalty, (int, float)) or not 0 <= penalty < float("inf"):
+        raise ConfigError(f"{field}.extra_object_penalty", penalty,
+                          "a number >= 0: reward subtracted per unrequested object (0 = off; 0.1-0.3 guards)")
+
+
+shapes_geneval.check_options = _check_shapes_geneval

@@ -23,6 +23,8 @@ from pixelrl.core.config import PixelRLConfig
 from pixelrl.core.config_loading import to_yaml
 from pixelrl.data.preferences import PreferenceDataset, collate_preferences
 from pixelrl.data.prompts import PromptDataset, collate_rows, make_loader
+from pixelrl.engine.evaluate import diversity
+from pixelrl.rewards.multi import WeightedReward
 from pixelrl.sampling.rollout import SamplingSettings
 from pixelrl.sampling.windows import Window, full_window
 from pixelrl.core.errors import ConfigError
@@ -70,6 +72,8 @@ class PolicyGradientTrainer:
         self.cfg_yaml = to_yaml(cfg)
         self.actor = self.rewards = self.pool = None
         self._ray_started = False
+        self._gold = WeightedReward.from_functions([dict(f) for f in cfg.val_kwargs.rewards]) \
+            if cfg.val_kwargs.rewards else None
 
     # ------------------------------------------------------------------ set-up
     def _datasets(self):
@@ -244,6 +248,8 @@ class PolicyGradientTrainer:
         rows = rows[:real]
         scores = self.rewards(images, [r["prompt"] for r in rows], [r["metadata"] for r in rows])
         overall = scores["overall"]
+        # gold rewards are judged here, in the driver, on the same images
+        gold = self._gold(images, [r["prompt"] for r in rows], [r["metadata"] for r in rows]) if vk.rewards else {}
         by_source = defaultdict(list)
         for i, r in enumerate(rows):
             by_source[r["data_source"]].append(i)
@@ -260,6 +266,11 @@ class PolicyGradientTrainer:
             for name, values_all in scores.items():
                 if name != "overall":
                     metrics[f"val-aux/{source}/{name}/mean@{vk.n}"] = float(values_all[idx].mean())
+            for name, values_all in gold.items():
+                if name != "overall":
+                    metrics[f"val-core/{source}/gold/{name}/mean@{vk.n}"] = float(values_all[idx].mean())
+            if vk.n > 1:  # how different the n images of one prompt are (mean pairwise L1, 0..1)
+                metrics[f"val-core/{source}/diversity@{vk.n}"] = diversity(images[idx], [rows[i] for i in idx])["pairwise_l1"]
         folder = Path(cfg.trainer.validation_data_dir or self.run_dir / "validation") / f"step_{step:06d}"
         self._dump(folder, None, images=images, prompts=[r["prompt"] for r in rows], scores=scores, seeds=seeds[:real])
         self._grid(tracker, "val/samples", None, step, images=images[:32],
