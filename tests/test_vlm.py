@@ -191,6 +191,17 @@ def test_console_shows_reward_and_held_out_accuracy(tiny_vlm_path, tmp_path):
     lines = []
     cfg = vlm_config(tiny_vlm_path, tmp_path, "trainer.logger=[console]", "trainer.total_training_steps=1",
                      "trainer.val_before_train=true", "trainer.test_freq=1", "vlm.estimator=gae")
-    VLMPPOTrainer(cfg, console=lines.append).fit()
+    cfg.trainer.logger = ["console", "jsonl"]
+    result = VLMPPOTrainer(cfg, console=lines.append).fit()
     assert lines[0].startswith("step 0: ") and "val/accuracy=" in lines[0]
     assert "overall=" in lines[1] and "explained_variance=" in lines[1] and "val/accuracy=" in lines[1]
+    # and `pixelrl plot` draws the run's curves, naming what it drew; an unknown key is one clear error
+    from PIL import Image
+
+    from pixelrl.cli import main
+
+    png = tmp_path / "curves.png"
+    assert main(["plot", result["run_dir"], "--keys", "val/accuracy*", "critic/explained_variance",
+                 "--out", str(png), "--x", "minutes"]) == 0
+    assert Image.open(png).size[1] > 4 * 200  # five panels: accuracy, three per type, explained variance
+    assert main(["plot", result["run_dir"], "--keys", "nope/*", "--out", str(png)]) == 2

@@ -140,6 +140,20 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def cmd_plot(args) -> int:
+    from pixelrl.core.errors import ConfigError
+    from pixelrl.trainers.tracking import plot_metrics
+
+    run = Path(args.run)
+    metrics = run / "metrics.jsonl" if run.is_dir() else run
+    if not metrics.is_file():
+        raise ConfigError("run", args.run, "a run folder holding metrics.jsonl (trainer.logger includes jsonl), "
+                          "or the metrics.jsonl file itself")
+    keys = plot_metrics(metrics, args.keys, args.out, x=args.x)
+    print(f"wrote {args.out}: {', '.join(keys)}")
+    return 0
+
+
 def cmd_generate(args) -> int:
     from PIL import Image
 
@@ -253,6 +267,13 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--config-name", default=None, help="a config in configs/ or a YAML path")
     train.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rollout.n=8")
     train.set_defaults(func=cmd_train)
+    plot = sub.add_parser("plot", help="plot a run's metrics (one panel per matching key) to a PNG")
+    plot.add_argument("run", help="a run folder (with metrics.jsonl) or a metrics.jsonl file")
+    plot.add_argument("--keys", nargs="+", default=["val-core/*", "val/*", "critic/rewards/mean", "reward/overall"],
+                      help="metric names or shell patterns, e.g. 'val-core/*/gold/*'")
+    plot.add_argument("--out", default="metrics.png")
+    plot.add_argument("--x", choices=("step", "minutes"), default="step")
+    plot.set_defaults(func=cmd_plot)
     export = sub.add_parser("export", help="export a checkpoint for diffusers")
     export.add_argument("checkpoint", help="a <run>/checkpoints/global_step_N folder")
     export.add_argument("out")

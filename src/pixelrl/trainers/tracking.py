@@ -123,3 +123,37 @@ def _keep_rows_up_to(path: Path, step: int) -> None:
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text("".join(line + "\n" for line in kept))
         os.replace(tmp, path)
+
+
+def plot_metrics(metrics_file: str | Path, patterns: list[str], out: str | Path, *, x: str = "step") -> list[str]:
+    """One panel per metric matching any of `patterns` (shell-style: `val-core/*/gold/*`) from a
+    run's metrics.jsonl, against `x` (`step`, or a metric such as `timing/step_s` summed into
+    minutes when `x=minutes`). Returns the plotted keys; writes a PNG."""
+    import fnmatch
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in Path(metrics_file).read_text().splitlines() if line.strip()]
+    keys = sorted({k for r in rows for k in r if any(fnmatch.fnmatchcase(k, p) for p in patterns)})
+    if not keys:
+        raise ConfigError("--keys", patterns, f"no metric of {metrics_file} matches; it has e.g. "
+                          f"{sorted({k for r in rows for k in r})[:12]}")
+    elapsed, minutes = 0.0, {}
+    for r in rows:  # wall-clock minutes from the per-step times (validation rows add none)
+        elapsed += r.get("timing/step_s", r.get("timing_s/step", 0.0))
+        minutes[r["step"]] = elapsed / 60
+    fig, axes = plt.subplots(len(keys), 1, figsize=(6, 2.2 * len(keys)), sharex=True, squeeze=False)
+    for ax, key in zip(axes[:, 0], keys):
+        points = [(minutes[r["step"]] if x == "minutes" else r["step"], r[key]) for r in rows if key in r]
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o" if len(points) < 40 else None, ms=3)
+        ax.set_ylabel(key.replace("/", "/\n", 1), fontsize=7)
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("minutes" if x == "minutes" else "step")
+    fig.tight_layout()
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return keys
