@@ -27,6 +27,16 @@ def tiny_pixel_path(tmp_path_factory):
                           with_t5=False)
 
 
+def paper_config(name, *overrides):
+    """A bundled config for a real checkpoint, validated with an empty folder standing in for the
+    model folder this machine does not have (validation checks only that it exists)."""
+    import tempfile
+
+    from pixelrl.core.config_loading import load_config
+
+    return load_config(name, [f"model.path={tempfile.mkdtemp(prefix='pixelrl_stand_in_')}", *overrides])
+
+
 def tiny_config(path, **overrides):
     """A small Flow-GRPO config on a tiny model; keyword overrides use `section__field`."""
     from pixelrl.core.config import PixelRLConfig

@@ -186,13 +186,25 @@ def test_a_corrupted_checkpoint_file_is_named_with_the_checkpoint_to_fall_back_t
     assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before  # nothing written over
 
 
-def test_resuming_with_another_lora_rank_says_so(two_saved_steps, tmp_path, tiny_pixel_path, capsys):
+@pytest.mark.parametrize("change, field, saved", [
+    ("model.lora_rank=4", "model.lora_rank", "8"),
+    ("model.lora_alpha=3", "model.lora_alpha", "16"),
+    ("data.train_batch_size=4", "data.train_batch_size", "2"),
+    ("rollout.n=2", "rollout.n", "4"),
+    ("data.seed=7", "data.seed", "1"),
+    ("model.path={other}", "model.path", "pipe"),
+])
+def test_resuming_with_another_model_or_batch_stops_before_anything_starts(two_saved_steps, tmp_path, tiny_pixel_path,
+                                                                           tiny_sd3_path, capsys, change, field, saved):
     import shutil
 
     out = tmp_path / "copy"
     shutil.copytree(two_saved_steps, out)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     code, _ = train_cli(out, tiny_pixel_path, "trainer.backend=local", "trainer.logger=[jsonl]",
                         "data.train_batch_size=2", "actor.ppo_mini_batch_size=4", "trainer.total_training_steps=3",
-                        "model.lora_rank=4")
+                        change.format(other=tiny_sd3_path))
     err = capsys.readouterr().err
-    assert code == 2 and "Traceback" not in err and "trainable.safetensors" in err
+    assert code == 2 and "Traceback" not in err
+    assert f"`{field}`" in err and "global_step_2 was trained with" in err and saved in err, err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # the run folder untouched

@@ -9,6 +9,7 @@ import torch
 from pixelrl.algos import group_advantages
 from pixelrl.algos.advantages import zero_advantage_keep
 from pixelrl.core.batch import Batch
+from conftest import paper_config
 from pixelrl.core.config_loading import load_config
 from pixelrl.core.config import optimizer_steps_per_rollout
 from pixelrl.core.errors import ConfigError
@@ -28,17 +29,17 @@ PAPER_SCHEDULES = {
 
 @pytest.mark.parametrize("name", sorted(PAPER_SCHEDULES))
 def test_paper_configs_take_the_reference_number_of_optimizer_steps_per_rollout(name):
-    cfg = load_config(name)
+    cfg = paper_config(name)
     assert optimizer_steps_per_rollout(cfg) == PAPER_SCHEDULES[name]
 
 
 def test_dance_and_mix_grpo_paper_configs_normalise_per_group_like_their_references():
     for name in ("dance_grpo_sd35", "mixgrpo_sd35"):
-        a = load_config(name).algorithm
+        a = paper_config(name).algorithm
         assert (a.global_std, a.adv_std_unbiased, a.adv_eps, a.drop_zero_advantage) == (False, True, 1e-8, False)
-    assert load_config("mixgrpo_sd35").algorithm.reward_aggregation == "sum_advantages"
-    assert load_config("mixgrpo_sd35").rollout.mixgrpo_rollback
-    assert load_config("flow_grpo_sd35").algorithm.drop_zero_advantage
+    assert paper_config("mixgrpo_sd35").algorithm.reward_aggregation == "sum_advantages"
+    assert paper_config("mixgrpo_sd35").rollout.mixgrpo_rollback
+    assert paper_config("flow_grpo_sd35").algorithm.drop_zero_advantage
 
 
 def test_unbiased_group_std_and_eps_hand_computed():
@@ -174,5 +175,5 @@ def test_linspace_shift_schedule_hand_computed():
     # s = 1, .75, .5, .25, 0 -> 3 s / (1 + 2 s)
     sigmas = schedule_sigmas(FlowMatchEulerDiscreteScheduler(shift=3.0), 4, "linspace_shift")
     assert torch.allclose(sigmas, torch.tensor([1.0, 0.9, 0.75, 0.5, 0.0]))
-    assert load_config("dance_grpo_sd35").rollout.sigma_schedule == "linspace_shift"
-    assert load_config("mixgrpo_sd35").rollout.sigma_schedule == "linspace_shift"
+    assert paper_config("dance_grpo_sd35").rollout.sigma_schedule == "linspace_shift"
+    assert paper_config("mixgrpo_sd35").rollout.sigma_schedule == "linspace_shift"

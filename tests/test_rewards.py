@@ -42,6 +42,7 @@ def test_weighted_multi_reward():
         ([1.0, 2.0], "returned a list .* torch.Tensor"),
         (torch.ones(3), r"shape \(3,\) .* expected \[2\]"),
         (torch.tensor([1.0, float("nan")]), r"non-finite .* positions \[1\]"),
+        (torch.tensor([1.0, 1e30]), r"returned 1e\+30 .* overflow float32"),
     ],
 )
 def test_bad_reward_output_names_the_reward(bad, message):
@@ -56,6 +57,28 @@ def test_bad_reward_inside_a_multi_reward_names_it():
 
     with pytest.raises(RewardError, match="reward `test_broken`"):
         WeightedReward([RewardSpec("test_broken")])(_images(True), ["a", "b"], [{}, {}])
+
+
+def test_a_reward_that_raises_is_named_with_where_it_raised():
+    @register_reward("test_raises")
+    def raises():
+        def score(images, prompts, metadata):
+            return {"test_raises": [][3]}
+
+        return score
+
+    with pytest.raises(RewardError, match=r"reward `test_raises` raised IndexError: .*test_rewards\.py:\d+, in score"):
+        WeightedReward([RewardSpec("test_raises")])(_images(True), ["a", "b"], [{}, {}])
+
+
+def test_weights_that_overflow_the_sum_are_an_error():
+    @register_reward("test_big")
+    def big():
+        return lambda images, prompts, metadata: {"test_big": torch.full((len(images),), 1e14)}
+
+    assert WeightedReward([RewardSpec("test_big", 1e6)])  # each score is in range ...
+    with pytest.raises(RewardError, match="weighted sum of the rewards overflowed"):
+        WeightedReward([RewardSpec("test_big", 1e30)])(_images(True), ["a", "b"], [{}, {}])  # ... their sum is not
 
 
 def test_unknown_reward_option_is_named():

@@ -31,6 +31,7 @@ SHORT_RUNS = {  # config: (steps, overrides); each method's own sampler and guid
 }
 
 
+@pytest.mark.slow  # 30-60 s each; the tiny-model learning tests cover every trainer in the default run
 @pytest.mark.parametrize("config", sorted(SHORT_RUNS))
 def test_a_short_run_of_each_method_on_the_shipped_model_raises_its_reward(config, tmp_path):
     """Flow-GRPO-Fast, DiffusionNFT, AWM and online DPO through `pixelrl train` on 4 two-object

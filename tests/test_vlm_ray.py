@@ -30,7 +30,6 @@ def test_ddp_ranks_hold_identical_weights_after_training(ray_cluster, tiny_vlm_p
     assert np.isfinite(result["history"][-1]["actor/pg_loss"])
 
 
-@pytest.mark.slow
 def test_fsdp2_four_steps_equal_two_plus_two_bitwise(ray_cluster, tiny_vlm_path, tmp_path):
     """Actor, critic, EMA, both optimizers and schedulers, the adaptive KL controller: all sharded
     over 2 ranks, saved at step 2, resumed, and equal to the uninterrupted run."""

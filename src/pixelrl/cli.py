@@ -11,6 +11,7 @@
     pixelrl build-tiny PATH                             write a tiny random SD3 pipeline folder
     pixelrl pretrain-vlm OUT [--steps N]                pretrain the shapes-QA vision-language model
     pixelrl demo-vlm [key=value ...]                    GRPO on the shipped shapes-QA VLM, accuracy before/after
+    pixelrl plot RUN [--keys PATTERN ...]               a run's metrics as a PNG, one panel per key
 """
 
 from __future__ import annotations
@@ -21,7 +22,29 @@ import sys
 import time
 from pathlib import Path
 
+from pixelrl.core.paths import check_output_file, image_suffixes
 from pixelrl.core.quiet import quiet_libraries
+
+
+def _number(kind, low: float, allow_low: bool):
+    """An argparse type: a finite number above `low` (or equal to it when `allow_low`); argparse
+    turns the ValueError into one line naming the flag, and exit code 2."""
+    import math
+
+    def parse(text: str):
+        value = kind(text)
+        if not math.isfinite(value) or value < low or (value == low and not allow_low):
+            raise argparse.ArgumentTypeError(f"{text} is not a {'finite ' if kind is float else ''}number "
+                                             f"{'>=' if allow_low else '>'} {low:g}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its message
+    return parse
+
+
+positive_int = _number(int, 0, allow_low=False)
+non_negative_int = _number(int, 0, allow_low=True)
+non_negative_float = _number(float, 0.0, allow_low=True)
 
 
 def cmd_demo(args) -> int:
@@ -119,6 +142,7 @@ def cmd_eval(args) -> int:
     from pixelrl.data.shapes import evaluation_items
     from pixelrl.engine.evaluate import bootstrap_overall, diversity, evaluate_geneval, format_table, load_for_eval
 
+    check_output_file(args.out, "--out", (".json",))
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     model = load_for_eval(args.model, args.checkpoint)
     items = evaluation_items(args.split, per_category=args.per_category, seed=args.seed)
@@ -149,6 +173,7 @@ def cmd_plot(args) -> int:
     if not metrics.is_file():
         raise ConfigError("run", args.run, "a run folder holding metrics.jsonl (trainer.logger includes jsonl), "
                           "or the metrics.jsonl file itself")
+    check_output_file(args.out, "--out", image_suffixes())
     keys = plot_metrics(metrics, args.keys, args.out, x=args.x)
     print(f"wrote {args.out}: {', '.join(keys)}")
     return 0
@@ -160,6 +185,7 @@ def cmd_generate(args) -> int:
     from pixelrl.engine.evaluate import generate, load_for_eval
     from pixelrl.trainers.tracking import image_grid
 
+    check_output_file(args.out, "--out", image_suffixes())
     model = load_for_eval(args.model, args.checkpoint)
     images = generate(model, [args.prompt] * args.n, list(range(args.seed, args.seed + args.n)),
                       num_steps=args.steps, guidance_scale=args.cfg)
@@ -285,66 +311,66 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name, help=helptext)
         p.add_argument("--model", default=None, help="pipeline folder (default: builtin:shapes)")
         p.add_argument("--checkpoint", default=None, help="a global_step_N folder of a training run")
-        p.add_argument("--steps", type=int, default=10)
-        p.add_argument("--cfg", type=float, default=4.0, help="guidance scale")
-        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--steps", type=positive_int, default=10)
+        p.add_argument("--cfg", type=non_negative_float, default=4.0, help="guidance scale")
+        p.add_argument("--seed", type=non_negative_int, default=0)
         if name == "eval":
             p.add_argument("--split", default="test", choices=["train", "val", "test"])
-            p.add_argument("--per-category", type=int, default=64)
+            p.add_argument("--per-category", type=positive_int, default=64)
             p.add_argument("--out", default="runs/eval/results.json")
             p.set_defaults(func=cmd_eval)
         else:
             p.add_argument("--prompt", required=True)
-            p.add_argument("--n", type=int, default=8)
+            p.add_argument("--n", type=positive_int, default=8)
             p.add_argument("--out", default="runs/generate/grid.png")
             p.set_defaults(func=cmd_generate)
     pre = sub.add_parser("pretrain-shapes", help="pretrain the shapes model (flow matching on renders)")
     pre.add_argument("out")
-    pre.add_argument("--steps", type=int, default=6000)
-    pre.add_argument("--seed", type=int, default=0)
-    pre.add_argument("--eval-every", type=int, default=1500)
+    pre.add_argument("--steps", type=positive_int, default=6000)
+    pre.add_argument("--seed", type=non_negative_int, default=0)
+    pre.add_argument("--eval-every", type=positive_int, default=1500)
     pre.set_defaults(func=cmd_pretrain_shapes)
     prefs = sub.add_parser("make-preferences", help="sample a model, score, and write (chosen, rejected) pairs")
     prefs.add_argument("out", help="folder for preferences.jsonl and images/")
     prefs.add_argument("--model", default=None, help="pipeline folder (default: builtin:shapes)")
     prefs.add_argument("--checkpoint", default=None, help="a global_step_N folder of a training run")
     prefs.add_argument("--prompts", default="builtin:shapes/train_balanced", help="a prompt file (.jsonl/.parquet/.txt)")
-    prefs.add_argument("--n", type=int, default=8, help="images per prompt")
-    prefs.add_argument("--steps", type=int, default=10)
-    prefs.add_argument("--cfg", type=float, default=1.0, help="guidance scale")
-    prefs.add_argument("--resolution", type=int, default=32)
-    prefs.add_argument("--seed", type=int, default=0)
+    prefs.add_argument("--n", type=positive_int, default=8, help="images per prompt")
+    prefs.add_argument("--steps", type=positive_int, default=10)
+    prefs.add_argument("--cfg", type=non_negative_float, default=1.0, help="guidance scale")
+    prefs.add_argument("--resolution", type=positive_int, default=32)
+    prefs.add_argument("--seed", type=non_negative_int, default=0)
     prefs.add_argument("--reward", default="shapes_geneval")
     prefs.add_argument("--reward-options", default="{}", help="the reward's options as JSON")
     prefs.add_argument("--score", default="shapes_strict", help="the reward output that ranks images")
-    prefs.add_argument("--margin", type=float, default=1.0, help="least score difference of a pair")
-    prefs.add_argument("--pairs-per-prompt", type=int, default=2)
+    prefs.add_argument("--margin", type=non_negative_float, default=1.0, help="least score difference of a pair")
+    prefs.add_argument("--pairs-per-prompt", type=positive_int, default=2)
     prefs.set_defaults(func=cmd_make_preferences)
     demo = sub.add_parser("demo", help="Flow-GRPO on the shipped shapes model with a before/after evaluation")
     demo.add_argument("overrides", nargs="*", help="key=value overrides of configs/shapes_flow_grpo.yaml")
-    demo.add_argument("--per-category", type=int, default=64, help="held-out evaluation items per category")
+    demo.add_argument("--per-category", type=positive_int, default=64, help="held-out evaluation items per category")
     demo.set_defaults(func=cmd_demo)
     jpeg = sub.add_parser("demo-jpeg", help="short Flow-GRPO run on a tiny random model with the JPEG reward")
-    jpeg.add_argument("--steps", type=int, default=20)
-    jpeg.add_argument("--seed", type=int, default=0)
+    jpeg.add_argument("--steps", type=positive_int, default=20)
+    jpeg.add_argument("--seed", type=non_negative_int, default=0)
     jpeg.add_argument("--run-dir", default="runs/demo")
     jpeg.set_defaults(func=cmd_demo_jpeg)
     pre_vlm = sub.add_parser("pretrain-vlm", help="pretrain the shapes-QA vision-language model (supervised)")
     pre_vlm.add_argument("out")
-    pre_vlm.add_argument("--steps", type=int, default=125)
-    pre_vlm.add_argument("--seed", type=int, default=0)
-    pre_vlm.add_argument("--eval-every", type=int, default=25)
-    pre_vlm.add_argument("--threads", type=int, default=1, help="torch threads (1 reproduces the shipped model)")
+    pre_vlm.add_argument("--steps", type=positive_int, default=125)
+    pre_vlm.add_argument("--seed", type=non_negative_int, default=0)
+    pre_vlm.add_argument("--eval-every", type=positive_int, default=25)
+    pre_vlm.add_argument("--threads", type=positive_int, default=1, help="torch threads (1 reproduces the shipped model)")
     pre_vlm.set_defaults(func=cmd_pretrain_vlm)
     demo_vlm = sub.add_parser("demo-vlm", help="GRPO on the shipped shapes-QA VLM with accuracy before/after")
     demo_vlm.add_argument("overrides", nargs="*", help="key=value overrides of configs/vlm_grpo_shapes_qa.yaml")
     demo_vlm.set_defaults(func=cmd_demo_vlm)
     tiny = sub.add_parser("build-tiny", help="write a tiny random SD3 pipeline folder")
     tiny.add_argument("path")
-    tiny.add_argument("--resolution", type=int, default=32)
+    tiny.add_argument("--resolution", type=positive_int, default=32)
     tiny.add_argument("--no-vae", action="store_true", help="pixel space (diffusers then needs vae=None)")
     tiny.add_argument("--no-t5", action="store_true", help="CLIP only (diffusers then needs text_encoder_3=None)")
-    tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("--seed", type=non_negative_int, default=0)
     tiny.set_defaults(func=cmd_build_tiny)
     args = parser.parse_args(argv)
     quiet_libraries()

@@ -7,6 +7,8 @@ and impossible combinations stop start-up with one `ConfigError` naming the fiel
 
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 
 from pixelrl.core.config import PixelRLConfig
@@ -147,6 +149,7 @@ def validate(cfg: PixelRLConfig) -> None:
 
         validate_vlm(cfg)
         _check_rewards_and_loggers(cfg)
+        _check_output_locations(cfg)
         return
     _choice("model.type", m.type, MODEL_TYPES.names())
     _choice("model.dtype", m.dtype, sorted(DTYPES))
@@ -216,12 +219,14 @@ def validate(cfg: PixelRLConfig) -> None:
     for field, value in (("rollout.n", r.n), ("rollout.num_steps", r.num_steps), ("rollout.resolution", r.resolution),
                          ("data.train_batch_size", d.train_batch_size), ("actor.ppo_epochs", a.ppo_epochs),
                          ("actor.ppo_micro_batch_size", a.ppo_micro_batch_size), ("trainer.n_workers", t.n_workers),
-                         ("actor.lr", a.lr), ("rollout.micro_batch_size", r.micro_batch_size),
+                         ("trainer.num_cpus_per_worker", t.num_cpus_per_worker), ("actor.lr", a.lr), ("rollout.micro_batch_size", r.micro_batch_size),
                          ("reward.num_workers", cfg.reward.num_workers)):
         _positive(field, value)
     _positive("rollout.noise_level", r.noise_level, allow_zero=True)
     _positive("diffusion_loss.kl_coef", cfg.diffusion_loss.kl_coef, allow_zero=True)
     _positive("trainer.time_budget_s", t.time_budget_s, allow_zero=True)
+    _positive("trainer.total_training_steps", t.total_training_steps, allow_zero=True)  # 0 = from the epochs
+    _positive("trainer.total_epochs", t.total_epochs)
     _choice("rollout.solver", r.solver, SOLVERS)
     if r.solver != "euler" and r.noise_level > 0:
         raise ConfigError("rollout.solver", r.solver, "a multistep solver samples deterministically: set "
@@ -261,6 +266,26 @@ def validate(cfg: PixelRLConfig) -> None:
     if not d.train_files and not d.prompts:
         raise ConfigError("data.train_files", d.train_files, "give a jsonl / parquet / txt prompt file (or data.prompts)")
     _check_rewards_and_loggers(cfg)
+    _check_output_locations(cfg)
+    # last: a config copied from another machine reports its field errors before its model path
+    from pixelrl.core.assets import resolve
+
+    if not Path(resolve(str(m.path))).is_dir():
+        raise ConfigError("model.path", m.path, "the folder does not exist: set model.path to a local diffusers "
+                          "pipeline folder (or builtin:shapes; `pixelrl build-tiny DIR` makes a tiny random one)")
+
+
+def _check_output_locations(cfg: PixelRLConfig) -> None:
+    """Every folder the run writes into can be made and written, checked before any worker starts
+    (a bad one would otherwise surface at the first checkpoint, after the work it was to keep)."""
+    from pixelrl.core.paths import check_output_dir
+
+    t = cfg.trainer
+    check_output_dir(t.default_local_dir, "trainer.default_local_dir")
+    for field_name, value in (("trainer.rollout_data_dir", t.rollout_data_dir),
+                              ("trainer.validation_data_dir", t.validation_data_dir)):
+        if value:
+            check_output_dir(value, field_name)
 
 
 def _check_rewards_and_loggers(cfg: PixelRLConfig) -> None:
@@ -277,6 +302,11 @@ def _check_rewards_and_loggers(cfg: PixelRLConfig) -> None:
             if unknown:
                 raise ConfigError(f"{field_name}[{i}]", dict(spec), f"unknown keys {sorted(unknown)}; use name, weight, options")
             _choice(f"{field_name}[{i}].name", spec["name"], REWARDS.names())
+            weight = spec.get("weight", 1.0)
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) \
+                    or abs(weight) > 1e6:
+                raise ConfigError(f"{field_name}[{i}].weight", weight, "must be a finite number of modest size "
+                                  "(|weight| <= 1e6; the weighted sum is taken in float32)")
             check_reward_options(spec["name"], dict(spec.get("options") or {}), f"{field_name}[{i}].options")
     for logger in t.logger:
         _choice("trainer.logger", logger, ("console", "jsonl", "tensorboard", "wandb"))

@@ -10,7 +10,8 @@ class ConfigError(PixelRLError, ValueError):
 
     def __init__(self, field: str, value, fix: str):
         self.field, self.value, self.fix = field, value, fix
-        super().__init__(f"config field `{field}` = {value!r}: {fix}")
+        kind = "argument" if field.startswith("-") else "config field"  # command-line flags share the format
+        super().__init__(f"{kind} `{field}` = {value!r}: {fix}")
 
 
 class MissingBatchKeysError(PixelRLError, KeyError):

@@ -134,3 +134,40 @@ def to_uint8_images(pixels: torch.Tensor) -> torch.Tensor:
     """[-1, 1] channel-first float images -> uint8 [B, H, W, 3] (rounded, clamped)."""
     x = ((pixels.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
     return x.permute(0, 2, 3, 1).contiguous().cpu()
+
+
+def load_part(folder, part: str, load):
+    """`load()` one component of a model folder; a missing, truncated or corrupted file in it (or a
+    config that does not match its weights) becomes one ModelFolderError naming the part and the
+    cause, instead of a library traceback from deep inside from_pretrained."""
+    from safetensors import SafetensorError
+
+    from pixelrl.core.errors import ModelFolderError
+
+    try:
+        loaded = load()
+    except (OSError, ValueError, TypeError, KeyError, RuntimeError, SafetensorError) as err:
+        cause = " ".join(str(err).split())[:400] or type(err).__name__
+        raise ModelFolderError(f"model folder `{folder}`: cannot load `{part}` ({type(err).__name__}: {cause}). "
+                               "The folder is incomplete or a file in it is damaged: copy that part again from "
+                               "the original checkpoint (or point model.path at a complete folder)") from err
+    return check_loaded(folder, part, loaded)
+
+
+def check_loaded(folder, part: str, loaded):
+    """What from_pretrained accepted can still be unusable: weights holding NaN or inf (every
+    sample then decodes to the same image, every reward is equal, and a run trains on nothing), or a
+    tokenizer whose vocabulary file is missing (every word becomes the unknown token). Returns
+    `loaded` when it is sound."""
+    from pixelrl.core.errors import ModelFolderError
+
+    if isinstance(loaded, nn.Module):
+        for name, tensor in [*loaded.named_parameters(), *loaded.named_buffers()]:
+            if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                raise ModelFolderError(f"model folder `{folder}`: `{part}` holds NaN or inf weights (first in `{name}`):"
+                                       " the checkpoint is damaged; copy it again from the original")
+    elif hasattr(loaded, "all_special_ids") and len(loaded) <= len(set(loaded.all_special_ids)):
+        raise ModelFolderError(f"model folder `{folder}`: `{part}` has no vocabulary ({len(loaded)} tokens, all "
+                               "special): its tokenizer.json / vocab files are missing; copy them again from the "
+                               "original checkpoint")
+    return loaded

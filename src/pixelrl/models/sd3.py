@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 
 from pixelrl.core.errors import ModelFolderError
-from pixelrl.models.base import DiffusionModel, PromptEmbeds, from_uint8_images, resolve_dtype, to_uint8_images
+from pixelrl.models.base import (DiffusionModel, PromptEmbeds, from_uint8_images, load_part, resolve_dtype,
+                                 to_uint8_images)
 
 # Attention projections of the joint transformer blocks (image and text streams).
 SD3_LORA_TARGETS = (
@@ -59,29 +60,35 @@ class SD3Model(DiffusionModel):
         self.dtype = resolve_dtype(dtype)
         self.max_sequence_length = int(max_sequence_length)
 
-        self.transformer = SD3Transformer2DModel.from_pretrained(folder / "transformer", torch_dtype=self.dtype)
+        self.transformer = load_part(folder, "transformer/", lambda: SD3Transformer2DModel.from_pretrained(
+            folder / "transformer", torch_dtype=self.dtype, use_safetensors=True))
         self.transformer.to(self.device)
-        self.scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(folder / "scheduler")
+        self.scheduler = load_part(folder, "scheduler/", lambda: FlowMatchEulerDiscreteScheduler.from_pretrained(
+            folder / "scheduler"))
         self.vae = None
         if (folder / "vae" / "config.json").is_file():
-            self.vae = AutoencoderKL.from_pretrained(folder / "vae", torch_dtype=self.dtype).to(self.device)
+            self.vae = load_part(folder, "vae/", lambda: AutoencoderKL.from_pretrained(
+                folder / "vae", torch_dtype=self.dtype, use_safetensors=True)).to(self.device)
             self.vae.requires_grad_(False).eval()
 
         for suffix in ("", "_2"):
             if not (folder / f"text_encoder{suffix}" / "config.json").is_file():
                 raise ModelFolderError(f"model folder `{folder}` has no text_encoder{suffix}/: an SD3 pipeline needs "
                                        "both CLIP encoders (text_encoder/, text_encoder_2/ with their tokenizers)")
-        clip = [CLIPTextModelWithProjection.from_pretrained(folder / f"text_encoder{suffix}", torch_dtype=self.dtype)
-                .to(self.device).requires_grad_(False).eval() for suffix in ("", "_2")]
-        clip_tok = [CLIPTokenizer.from_pretrained(folder / f"tokenizer{suffix}") for suffix in ("", "_2")]
+        clip = [load_part(folder, f"text_encoder{suffix}/", lambda s=suffix: CLIPTextModelWithProjection.from_pretrained(
+                folder / f"text_encoder{s}", torch_dtype=self.dtype, use_safetensors=True)).to(self.device).requires_grad_(False).eval()
+                for suffix in ("", "_2")]
+        clip_tok = [load_part(folder, f"tokenizer{suffix}/", lambda s=suffix: CLIPTokenizer.from_pretrained(
+                    folder / f"tokenizer{s}")) for suffix in ("", "_2")]
         # T5 only when its tokens are used (max_sequence_length 0 = zero T5 tokens, no T5 forward)
         t5 = t5_tok = None
         if (folder / "text_encoder_3" / "config.json").is_file() and self.max_sequence_length > 0:
             from transformers import AutoTokenizer, T5EncoderModel
 
-            t5 = T5EncoderModel.from_pretrained(folder / "text_encoder_3", torch_dtype=self.dtype)
+            t5 = load_part(folder, "text_encoder_3/", lambda: T5EncoderModel.from_pretrained(
+                folder / "text_encoder_3", torch_dtype=self.dtype, use_safetensors=True))
             t5 = t5.to(self.device).requires_grad_(False).eval()
-            t5_tok = AutoTokenizer.from_pretrained(folder / "tokenizer_3")
+            t5_tok = load_part(folder, "tokenizer_3/", lambda: AutoTokenizer.from_pretrained(folder / "tokenizer_3"))
         self.transformer.requires_grad_(False)
         # The diffusers pipeline over the same modules: its encode_prompt is the prompt encoding.
         self.pipeline = StableDiffusion3Pipeline(

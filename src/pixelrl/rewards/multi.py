@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pixelrl.core.errors import ConfigError
+from pixelrl.core.errors import ConfigError, PixelRLError, RewardError
 from pixelrl.rewards.registry import RewardFn, check_reward_output, get_reward
 
 
@@ -40,7 +40,7 @@ class WeightedReward:
         scores: dict[str, torch.Tensor] = {}
         overall = torch.zeros(batch)
         for spec, fn in zip(self.specs, self.functions):
-            out = check_reward_output(spec.name, fn(images, prompts, metadata), batch)
+            out = check_reward_output(spec.name, _call(spec.name, fn, images, prompts, metadata), batch)
             main_key = spec.name if spec.name in out else (next(iter(out)) if len(out) == 1 else None)
             if main_key is None:
                 raise ConfigError(
@@ -50,6 +50,9 @@ class WeightedReward:
             for key, value in out.items():
                 scores[key if key != main_key else spec.name] = value
             overall = overall + spec.weight * out[main_key]
+        if not torch.isfinite(overall).all():
+            raise RewardError(f"the weighted sum of the rewards overflowed ({overall.tolist()[:4]}...): weights "
+                              f"{self.weights} times the scores leave float32's range; lower the weights")
         scores["overall"] = overall
         return scores
 
@@ -60,3 +63,19 @@ class WeightedReward:
     @property
     def weights(self) -> list[float]:
         return [s.weight for s in self.specs]
+
+
+def _call(name: str, fn: RewardFn, images, prompts, metadata):
+    """A reward that raises stops the run with its name, the exception and where it was raised
+    (the file and line in the reward's own code), not a trace through the trainer."""
+    try:
+        return fn(images, prompts, metadata)
+    except PixelRLError:
+        raise
+    except Exception as err:
+        import traceback
+
+        frame = traceback.extract_tb(err.__traceback__)[-1]
+        raise RewardError(f"reward `{name}` raised {type(err).__name__}: {err} (at {frame.filename}:{frame.lineno}, "
+                          f"in {frame.name}) scoring {len(prompts)} samples; fix the reward or remove it from "
+                          "reward.functions") from err

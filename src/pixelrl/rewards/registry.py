@@ -46,6 +46,10 @@ def get_reward(name: str, **options) -> RewardFn:
     return fn
 
 
+# |score| above this is a bug in the reward, not a signal: its square overflows float32 sums
+REWARD_MAGNITUDE_LIMIT = 1e15
+
+
 def check_reward_output(name: str, output, batch_size: int) -> dict[str, torch.Tensor]:
     """Stop with an error naming the reward unless it returned finite float tensors of shape [B]."""
     if not isinstance(output, dict) or not output:
@@ -71,6 +75,12 @@ def check_reward_output(name: str, output, batch_size: int) -> dict[str, torch.T
             raise RewardError(
                 f"reward `{name}` returned non-finite values for `{key}` at batch positions {bad[:8]}; "
                 f"fix the reward so that every image gets a finite score"
+            )
+        if value.abs().max() > REWARD_MAGNITUDE_LIMIT:
+            raise RewardError(
+                f"reward `{name}` returned {value.abs().max().item():.3g} for `{key}`: scores beyond "
+                f"{REWARD_MAGNITUDE_LIMIT:.0e} overflow float32 group statistics (the std squares them); "
+                "rescale the reward (or give it a small weight inside the reward function)"
             )
         checked[key] = value
     return checked

@@ -173,3 +173,34 @@ def load_rollouts(folder: Path) -> list:
         rollouts.append(Rollout(meta["step"], batch, scores, Window(*meta["window"]), meta["seconds"],
                                 meta["weights_step"]))
     return sorted(rollouts, key=lambda r: r.step)
+
+
+# What a checkpoint's weights, optimizer and data position were made for: resuming with another
+# value would load them into a different model or a different data order without a word.
+RESUME_FIXED = ("algorithm.trainer_type", "model.type", "model.path", "model.lora_rank", "model.lora_alpha",
+                "model.lora_target_modules", "data.train_batch_size", "data.seed", "data.shuffle", "rollout.n")
+
+
+def check_resume_config(folder: Path, config_yaml: str) -> None:
+    """Stop before any worker starts when the run's config differs from the checkpoint's on a
+    field in RESUME_FIXED. Anything else (learning rate, steps, logging) may change on resume."""
+    from omegaconf import OmegaConf
+
+    saved_file = folder / "config.yaml"
+    if not saved_file.is_file():
+        return  # older checkpoints carry no config; their files are checked as they load
+    saved, current = OmegaConf.create(saved_file.read_text()), OmegaConf.create(config_yaml)
+    for field in RESUME_FIXED:
+        before, now = OmegaConf.select(saved, field), OmegaConf.select(current, field)
+        if field == "model.path":
+            before, now = (str(Path(v).expanduser().resolve()) if v and ":" not in str(v) else v for v in (before, now))
+        if OmegaConf.is_config(before):
+            before = OmegaConf.to_container(before)
+        if OmegaConf.is_config(now):
+            now = OmegaConf.to_container(now)
+        if before != now:
+            hint = (f" (if the same model now lives elsewhere, edit model.path in {saved_file})"
+                    if field == "model.path" else "")
+            raise ConfigError(field, now, f"the checkpoint {folder.name} was trained with {before!r}: resume with "
+                              f"that value{hint}, or start a new run (another trainer.default_local_dir, or "
+                              "trainer.resume_mode=disable)")

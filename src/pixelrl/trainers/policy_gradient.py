@@ -29,7 +29,8 @@ from pixelrl.sampling.rollout import SamplingSettings
 from pixelrl.sampling.windows import Window, full_window
 from pixelrl.core.errors import ConfigError
 from pixelrl.trainers.ahead import AheadProducer
-from pixelrl.trainers.checkpointing import find_resume_folder, load_rollouts, load_trainer_state, save_checkpoint
+from pixelrl.trainers.checkpointing import (check_resume_config, find_resume_folder, load_rollouts, load_trainer_state,
+                                           save_checkpoint)
 from pixelrl.trainers.direct_preference import offline_preference_step, train_on_clean_samples
 from pixelrl.trainers.step import make_rollout, train_on
 from pixelrl.trainers.tracking import Tracker, image_grid
@@ -120,6 +121,10 @@ class PolicyGradientTrainer:
     def fit(self) -> dict:
         """Train; returns {"history": [per-step metrics], "val": [validation metrics]}."""
         cfg, t = self.cfg, self.cfg.trainer
+        # before anything is written or started: a checkpoint made for another model or batch stops here
+        resume = find_resume_folder(self.ckpt_root, t.resume_mode)
+        if resume is not None:
+            check_resume_config(resume, self.cfg_yaml)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(self.cfg_yaml)
         train_set, val_set = self._datasets()
@@ -131,7 +136,6 @@ class PolicyGradientTrainer:
             self.init_workers()
             start_step, queued = 0, []
             self.actor_version = 0  # the actor's optimizer steps: a batch from an older one is stale
-            resume = find_resume_folder(self.ckpt_root, t.resume_mode)
             if resume is not None:
                 start_step, loader_state = load_trainer_state(resume)
                 loader.load_state_dict(loader_state)

@@ -16,7 +16,7 @@ from pixelrl.core.config import PixelRLConfig
 from pixelrl.core.config_loading import to_yaml
 from pixelrl.data import shapes_qa
 from pixelrl.engine.pretrain_vlm import summarise_correctness
-from pixelrl.trainers.checkpointing import find_resume_folder, load_trainer_state, save_checkpoint
+from pixelrl.trainers.checkpointing import check_resume_config, find_resume_folder, load_trainer_state, save_checkpoint
 from pixelrl.trainers.policy_gradient import _every, run_dir_of
 from pixelrl.trainers.tracking import Tracker
 
@@ -73,13 +73,15 @@ class VLMPPOTrainer:
 
     def fit(self) -> dict:
         cfg, t = self.cfg, self.cfg.trainer
+        resume = find_resume_folder(self.ckpt_root, t.resume_mode)  # checked before anything starts
+        if resume is not None:
+            check_resume_config(resume, self.cfg_yaml)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(self.cfg_yaml)
         total = t.total_training_steps
         try:
             self.init_workers()
             start_step = 0
-            resume = find_resume_folder(self.ckpt_root, t.resume_mode)
             if resume is not None:
                 start_step, _ = load_trainer_state(resume)
                 self.actor.load(str(resume / "actor"))

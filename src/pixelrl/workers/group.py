@@ -198,6 +198,9 @@ class RayWorkerGroup(_Group):
                     try:
                         ray.get(ref)
                     except (RayActorError, RayTaskError) as worker_err:
+                        cause = getattr(worker_err, "cause", None)
+                        if isinstance(cause, PixelRLError):  # bad input found by a worker: its message, no trace
+                            raise WorkerDiedError(f"{self.role} worker rank {rank}: {cause}") from err
                         reason = str(worker_err).strip().splitlines()
                         raise WorkerDiedError(f"{self.role} worker rank {rank} failed: {' '.join(reason[-3:])}") from err
             raise WorkerDiedError(f"a {self.role} worker failed: {err}") from err

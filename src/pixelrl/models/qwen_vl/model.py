@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from pixelrl.core.errors import ConfigError
-from pixelrl.models.base import resolve_dtype
+from pixelrl.models.base import load_part, resolve_dtype
 
 
 @dataclass
@@ -77,9 +77,12 @@ class QwenVLModel:
                                   "folder (config.json, *.safetensors, tokenizer files, preprocessor_config.json)")
         self.device = torch.device(device)
         self.dtype = resolve_dtype(dtype)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.path, padding_side="left")
-        self.image_processor = Qwen2VLImageProcessorPil.from_pretrained(self.path)
-        self.model = AutoModelForImageTextToText.from_pretrained(self.path, dtype=self.dtype).to(self.device)
+        self.tokenizer = load_part(self.path, "tokenizer", lambda: AutoTokenizer.from_pretrained(
+            self.path, padding_side="left"))
+        self.image_processor = load_part(self.path, "image processor", lambda: Qwen2VLImageProcessorPil.from_pretrained(
+            self.path))
+        self.model = load_part(self.path, "model weights", lambda: AutoModelForImageTextToText.from_pretrained(
+            self.path, dtype=self.dtype, use_safetensors=True)).to(self.device)
         self.model.eval()
         cfg = self.model.config
         self.image_token = self.tokenizer.convert_ids_to_tokens(cfg.image_token_id)
@@ -226,7 +229,7 @@ class ValueModel(nn.Module):
         from transformers import AutoModelForImageTextToText
 
         # the policy's backbone without its language-model head (which is tied to the embeddings)
-        self.backbone = AutoModelForImageTextToText.from_pretrained(policy.path, dtype=policy.dtype).model
+        self.backbone = AutoModelForImageTextToText.from_pretrained(policy.path, dtype=policy.dtype, use_safetensors=True).model
         self.backbone.to(policy.device)
         hidden = self.backbone.config.text_config.hidden_size
         self.head = nn.Linear(hidden, 1).to(policy.device, policy.dtype)

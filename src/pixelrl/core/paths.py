@@ -1,0 +1,57 @@
+"""Checks of where pixelrl will write, made before the work that produces what it writes.
+
+No side effects: nothing is created. A path is writable when its nearest existing ancestor is a
+directory this process may write into and no existing component of it is a file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pixelrl.core.errors import ConfigError
+
+
+def _nearest_existing(path: Path) -> Path:
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return probe
+
+
+def check_output_dir(path: str | Path, field: str) -> Path:
+    """`path` is, or can be created as, a writable directory."""
+    path = Path(path).expanduser().absolute()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(field, str(path), "is a file, not a folder: point it at a folder (it is created if missing)")
+    base = _nearest_existing(path)
+    if not base.is_dir():
+        raise ConfigError(field, str(path), f"`{base}` is a file, so no folder can be made under it: choose another place")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise ConfigError(field, str(path), f"`{base}` is not writable by this user: choose a writable place or fix "
+                                            "its permissions")
+    return path
+
+
+def check_output_file(path: str | Path, field: str, suffixes: tuple[str, ...] | None = None) -> Path:
+    """`path` can be written as a file (its folder can be made, it is not a folder), with one of
+    `suffixes` when given."""
+    path = Path(path).expanduser().absolute()
+    if path.is_dir():
+        raise ConfigError(field, str(path), "is a folder: give a file name (e.g. "
+                          f"{path / ('out' + (suffixes[0] if suffixes else ''))})")
+    if suffixes is not None and path.suffix.lower() not in suffixes:
+        shown = ", ".join(suffixes[:6]) + (f" (or another of {len(suffixes)} known)" if len(suffixes) > 6 else "")
+        raise ConfigError(field, str(path), f"unknown file type `{path.suffix or '(none)'}`: end the name with {shown}")
+    check_output_dir(path.parent, field)
+    return path
+
+
+def image_suffixes() -> tuple[str, ...]:
+    """File endings PIL can write (the common ones first)."""
+    from PIL import Image
+
+    Image.init()
+    saveable = {ext for ext, fmt in Image.registered_extensions().items() if fmt in Image.SAVE}
+    common = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tiff")
+    return (*common, *sorted(saveable - set(common)))

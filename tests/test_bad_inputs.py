@@ -1,0 +1,191 @@
+"""Fault injection: a catalogue of bad inputs, each replayed through the real command line.
+
+For every entry: the exit code, a message on stderr that names the field (or file) and says
+what to do, no traceback, and nothing written into the working folder. Every entry stops
+before any model loads, so the whole catalogue runs in seconds.
+
+    python tests/test_bad_inputs.py > docs/bad_inputs.md     # the catalogue as a docs table
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+SHAPES = ["train", "--config-name", "shapes_flow_grpo"]
+VLM = ["train", "--config-name", "vlm_grpo_shapes_qa"]
+
+# (what the user does, argv with {tmp}, {file} = an existing regular file, {run} = a run folder
+# holding a metrics.jsonl; the text stderr must contain)
+CATALOGUE: list[tuple[str, list[str], str]] = [
+    # command-line arguments
+    ("eval with zero sampling steps", ["eval", "--steps", "0"], "--steps"),
+    ("eval with negative steps", ["eval", "--steps", "-3"], "--steps"),
+    ("eval with zero items per category", ["eval", "--per-category", "0"], "--per-category"),
+    ("eval with guidance nan", ["eval", "--cfg", "nan"], "--cfg"),
+    ("eval with negative guidance", ["eval", "--cfg", "-1"], "--cfg"),
+    ("eval with a negative seed", ["eval", "--seed", "-1"], "--seed"),
+    ("eval with a non-number of steps", ["eval", "--steps", "ten"], "--steps"),
+    ("eval writing under a file", ["eval", "--out", "{file}/results.json"], "is a file"),
+    ("eval writing a .txt result", ["eval", "--out", "{tmp}/results.txt"], "unknown file type"),
+    ("eval writing onto a folder", ["eval", "--out", "{tmp}"], "is a folder"),
+    ("generate zero images", ["generate", "--prompt", "a red circle", "--n", "0"], "--n"),
+    ("generate with zero steps", ["generate", "--prompt", "a red circle", "--steps", "0"], "--steps"),
+    ("generate with guidance inf", ["generate", "--prompt", "a red circle", "--cfg", "inf"], "--cfg"),
+    ("generate to an unknown image type", ["generate", "--prompt", "a red circle", "--out", "{tmp}/grid.xyz"],
+     "unknown file type"),
+    ("generate onto a folder", ["generate", "--prompt", "a red circle", "--out", "{tmp}"], "is a folder"),
+    ("generate under a file", ["generate", "--prompt", "a red circle", "--out", "{file}/g.png"], "is a file"),
+    ("pretrain-vlm with zero steps", ["pretrain-vlm", "{tmp}/vlm", "--steps", "0"], "--steps"),
+    ("pretrain-vlm evaluating every 0 steps", ["pretrain-vlm", "{tmp}/vlm", "--eval-every", "0"], "--eval-every"),
+    ("pretrain-vlm with 0 threads", ["pretrain-vlm", "{tmp}/vlm", "--threads", "0"], "--threads"),
+    ("pretrain-shapes with negative steps", ["pretrain-shapes", "{tmp}/s", "--steps", "-1"], "--steps"),
+    ("make-preferences with 0 images per prompt", ["make-preferences", "{tmp}/p", "--n", "0"], "--n"),
+    ("make-preferences with margin inf", ["make-preferences", "{tmp}/p", "--margin", "inf"], "--margin"),
+    ("make-preferences with 0 pairs", ["make-preferences", "{tmp}/p", "--pairs-per-prompt", "0"],
+     "--pairs-per-prompt"),
+    ("build-tiny at resolution 0", ["build-tiny", "{tmp}/t", "--resolution", "0"], "--resolution"),
+    ("demo-jpeg with 0 steps", ["demo-jpeg", "--steps", "0"], "--steps"),
+    ("plot a folder without metrics", ["plot", "{tmp}/nothing"], "metrics.jsonl"),
+    ("plot a key the run never logged", ["plot", "{run}", "--keys", "nope/*"], "no metric"),
+    ("plot to an unknown image type", ["plot", "{run}", "--out", "{tmp}/c.bad"], "unknown file type"),
+    # output locations of a training run
+    ("run folder that is a file", [*SHAPES, "trainer.default_local_dir={file}"], "trainer.default_local_dir"),
+    ("run folder under a file", [*SHAPES, "trainer.default_local_dir={file}/runs"], "is a file"),
+    ("rollout dump under a file", [*SHAPES, "trainer.rollout_data_dir={file}/r"], "trainer.rollout_data_dir"),
+    ("validation dump that is a file", [*SHAPES, "trainer.validation_data_dir={file}"],
+     "trainer.validation_data_dir"),
+    # numbers out of their domain
+    ("learning rate inf", [*SHAPES, "actor.lr=inf"], "actor.lr"),
+    ("negative learning rate", [*SHAPES, "actor.lr=-1e-4"], "actor.lr"),
+    ("Adam eps 0", [*SHAPES, "actor.adam_eps=0"], "actor.adam_eps"),
+    ("negative max grad norm", [*SHAPES, "actor.max_grad_norm=-1"], "actor.max_grad_norm"),
+    ("negative LoRA rank", [*SHAPES, "model.lora_rank=-1"], "model.lora_rank"),
+    ("zero images per prompt", [*SHAPES, "rollout.n=0"], "rollout.n"),
+    ("zero sampling steps", [*SHAPES, "rollout.num_steps=0"], "rollout.num_steps"),
+    ("negative clip ratio", [*SHAPES, "diffusion_loss.clip_ratio=-0.1"], "diffusion_loss.clip_ratio"),
+    ("negative number of steps", [*SHAPES, "trainer.total_training_steps=-5"], "trainer.total_training_steps"),
+    ("guidance nan", [*SHAPES, "rollout.guidance_scale=nan"], "rollout.guidance_scale"),
+    ("zero PPO epochs", [*SHAPES, "actor.ppo_epochs=0"], "actor.ppo_epochs"),
+    ("zero workers", [*SHAPES, "trainer.n_workers=0"], "trainer.n_workers"),
+    ("zero CPUs per worker", [*SHAPES, "trainer.num_cpus_per_worker=0"], "trainer.num_cpus_per_worker"),
+    # names and combinations
+    ("misspelled key", [*SHAPES, "actor.lrr=1e-4"], "actor.lrr"),
+    ("unknown strategy", [*SHAPES, "trainer.strategy=zero3"], "trainer.strategy"),
+    ("unknown backend", [*SHAPES, "trainer.backend=slurm"], "trainer.backend"),
+    ("unknown training mode", [*SHAPES, "trainer.mode=fast"], "trainer.mode"),
+    ("unknown logger", [*SHAPES, "trainer.logger=[nope]"], "trainer.logger"),
+    ("unknown config name", ["train", "--config-name", "no_such_config"], "no_such_config"),
+    ("model folder that does not exist", [*SHAPES, "model.path={tmp}/no_model"], "model.path"),
+    ("resume from a folder that does not exist", [*SHAPES, "trainer.resume_mode={tmp}/gone"], "trainer.resume_mode"),
+    ("unknown reward", [*SHAPES, "reward.functions=[{name: nope}]"], "reward.functions[0].name"),
+    ("reward entry without a name", [*SHAPES, "reward.functions=[{weight: 1}]"], "reward.functions[0]"),
+    ("reward option that does not exist", [*SHAPES, "reward.functions=[{name: shapes_geneval, options: {x: 1}}]"],
+     "reward.functions[0].options"),
+    ("strict weight above 1", [*SHAPES, "reward.functions=[{name: shapes_geneval, options: {strict_weight: 2}}]"],
+     "strict_weight"),
+    ("negative extra-object penalty",
+     [*SHAPES, "reward.functions=[{name: shapes_geneval, options: {extra_object_penalty: -1}}]"],
+     "extra_object_penalty"),
+    ("reward weight inf", [*SHAPES, "reward.functions=[{name: shapes_geneval, weight: inf}]"],
+     "reward.functions[0].weight"),
+    ("reward weight that is a word", [*SHAPES, "reward.functions=[{name: shapes_geneval, weight: heavy}]"],
+     "reward.functions[0].weight"),
+    ("unknown built-in model", [*SHAPES, "model.path=builtin:nope"], "builtin:shapes"),
+    ("unknown gold reward", [*SHAPES, "val_kwargs.rewards=[{name: nope}]"], "val_kwargs.rewards[0].name"),
+    ("gold reward that is not a mapping", [*SHAPES, "val_kwargs.rewards=[3]"], "val_kwargs.rewards[0]"),
+    # the vision-language trainer
+    ("VLM: unknown estimator", [*VLM, "vlm.estimator=ppo"], "vlm.estimator"),
+    ("VLM: dual clip below 1", [*VLM, "vlm.dual_clip=0.5"], "vlm.dual_clip"),
+    ("VLM: top-p above 1", [*VLM, "vlm.top_p=2"], "vlm.top_p"),
+    ("VLM: negative temperature", [*VLM, "vlm.temperature=-1"], "vlm.temperature"),
+    ("VLM: EMA decay 1", [*VLM, "vlm.ema_decay=1"], "vlm.ema_decay"),
+    ("VLM: adaptive KL from a zero coefficient", [*VLM, "vlm.kl_target=0.1"], "vlm.kl_coef"),
+    ("VLM: entropy mask ratio 2", [*VLM, "vlm.entropy_mask_ratio=2"], "vlm.entropy_mask_ratio"),
+    ("VLM: GRPO with one answer per question", [*VLM, "rollout.n=1"], "rollout.n"),
+    ("VLM: critic warm-up without a critic", [*VLM, "vlm.freezing_actor_steps=3"], "vlm.freezing_actor_steps"),
+    ("VLM: mini-batch not dividing the batch", [*VLM, "actor.ppo_mini_batch_size=5"], "actor.ppo_mini_batch_size"),
+    ("VLM: two in-process workers", [*VLM, "trainer.n_workers=2"], "trainer.n_workers"),
+    ("VLM: questions not splitting over workers", [*VLM, "trainer.backend=ray", "trainer.n_workers=3"],
+     "data.train_batch_size"),
+    ("VLM: asynchronous mode", [*VLM, "trainer.mode=one_step_off"], "trainer.mode"),
+    ("VLM: gold image rewards", [*VLM, "val_kwargs.rewards=[{name: answer_match}]"], "val_kwargs.rewards"),
+    ("VLM: model folder without a processor", [*VLM, "model.path={tmp}"], "model.path"),
+]
+
+
+@pytest.fixture(scope="module")
+def places(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad_inputs")
+    (root / "a_file").write_text("not a folder")
+    run = root / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1, "reward/overall": 0.5}\n')
+    return root
+
+
+def _tree(folder: Path) -> dict[str, float]:
+    return {str(p.relative_to(folder)): p.stat().st_mtime for p in sorted(folder.rglob("*"))}
+
+
+def replay(argv: list[str], root: Path, workdir: Path) -> tuple[int, str]:
+    """Run `pixelrl argv` in-process from `workdir`; the exit code and everything printed."""
+    from pixelrl.cli import main
+
+    places = {"{tmp}": str(workdir), "{file}": str(root / "a_file"), "{run}": str(root / "run")}
+    filled = []
+    for arg in argv:
+        for mark, path in places.items():
+            arg = arg.replace(mark, path)
+        filled.append(arg)
+    out, err = io.StringIO(), io.StringIO()
+    cwd = os.getcwd()
+    os.chdir(workdir)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(filled)
+            except SystemExit as exit_:  # argparse
+                code = exit_.code
+    finally:
+        os.chdir(cwd)
+    return code, err.getvalue() + out.getvalue()
+
+
+@pytest.mark.parametrize("what, argv, expected", CATALOGUE, ids=[c[0] for c in CATALOGUE])
+def test_bad_input_gets_one_clear_error(places, tmp_path, what, argv, expected):
+    before, before_root = _tree(tmp_path), _tree(places)
+    code, printed = replay(argv, places, tmp_path)
+    assert code == 2, f"{what}: exit {code}\n{printed}"
+    assert "Traceback" not in printed, printed
+    assert expected in printed, f"{what}: {expected!r} not in\n{printed}"
+    assert "error" in printed, printed
+    assert _tree(tmp_path) == before and _tree(places) == before_root, f"{what} wrote something"
+
+
+def test_the_catalogue_is_large_and_every_kind_is_covered():
+    assert len(CATALOGUE) >= 60
+    assert len({c[0] for c in CATALOGUE}) == len(CATALOGUE)
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    print("| input | `pixelrl` says (exit code 2) |\n|---|---|")
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch)
+        (root / "a_file").write_text("not a folder")
+        (root / "run").mkdir()
+        (root / "run" / "metrics.jsonl").write_text('{"step": 1, "reward/overall": 0.5}\n')
+        work = root / "work"
+        work.mkdir()
+        for what, argv, _ in CATALOGUE:
+            code, printed = replay(argv, root, work)
+            message = " ".join(printed.strip().splitlines()[-1:]).replace(scratch, "<tmp>").replace("|", "\\|")
+            print(f"| {what}: `{' '.join(argv)}` | {message} |")
+        sys.stdout.flush()
