@@ -54,6 +54,11 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("plot a folder without metrics", ["plot", "{tmp}/nothing"], "metrics.jsonl"),
     ("plot a key the run never logged", ["plot", "{run}", "--keys", "nope/*"], "no metric"),
     ("plot to an unknown image type", ["plot", "{run}", "--out", "{tmp}/c.bad"], "unknown file type"),
+    ("export a run folder", ["export", "{run}", "{tmp}/out"], "is a run folder"),
+    ("export a checkpoint without actor/", ["export", "{ckpt_no_actor}", "{tmp}/out"], "actor/"),
+    ("export onto an existing file", ["export", "{ckpt}", "{file}"], "exists and is a file"),
+    ("export into a non-empty folder", ["export", "{ckpt}", "{run}"], "not empty"),
+    ("export with a relative model path from elsewhere", ["export", "{ckpt}", "{tmp}/out"], "--base-model"),
     # output locations of a training run
     ("run folder that is a file", [*SHAPES, "trainer.default_local_dir={file}"], "trainer.default_local_dir"),
     ("run folder under a file", [*SHAPES, "trainer.default_local_dir={file}/runs"], "is a file"),
@@ -122,11 +127,20 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
 @pytest.fixture(scope="module")
 def places(tmp_path_factory):
     root = tmp_path_factory.mktemp("bad_inputs")
+    _make_places(root)
+    return root
+
+
+def _make_places(root: Path) -> None:
+    """Things a bad input points at: a file, a run folder (metrics and a checkpoints/ folder) and
+    checkpoints with and without actor/ (their config names a relative model path)."""
     (root / "a_file").write_text("not a folder")
     run = root / "run"
-    run.mkdir()
+    (run / "checkpoints" / "global_step_3").mkdir(parents=True)
     (run / "metrics.jsonl").write_text('{"step": 1, "reward/overall": 0.5}\n')
-    return root
+    for name, with_actor in (("ckpt", True), ("ckpt_no_actor", False)):
+        (root / name / ("actor" if with_actor else "")).mkdir(parents=True, exist_ok=True)
+        (root / name / "config.yaml").write_text("model:\n  path: runs/tiny_sd3\n")
 
 
 def _tree(folder: Path) -> dict[str, float]:
@@ -137,7 +151,8 @@ def replay(argv: list[str], root: Path, workdir: Path) -> tuple[int, str]:
     """Run `pixelrl argv` in-process from `workdir`; the exit code and everything printed."""
     from pixelrl.cli import main
 
-    places = {"{tmp}": str(workdir), "{file}": str(root / "a_file"), "{run}": str(root / "run")}
+    places = {"{tmp}": str(workdir), "{file}": str(root / "a_file"), "{run}": str(root / "run"),
+              "{ckpt_no_actor}": str(root / "ckpt_no_actor"), "{ckpt}": str(root / "ckpt")}
     filled = []
     for arg in argv:
         for mark, path in places.items():
@@ -179,13 +194,12 @@ if __name__ == "__main__":
     print("| input | `pixelrl` says (exit code 2) |\n|---|---|")
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
-        (root / "a_file").write_text("not a folder")
-        (root / "run").mkdir()
-        (root / "run" / "metrics.jsonl").write_text('{"step": 1, "reward/overall": 0.5}\n')
+        _make_places(root)
         work = root / "work"
         work.mkdir()
         for what, argv, _ in CATALOGUE:
             code, printed = replay(argv, root, work)
-            message = " ".join(printed.strip().splitlines()[-1:]).replace(scratch, "<tmp>").replace("|", "\\|")
+            message = " ".join(printed.strip().splitlines()[-1:]).replace(str(work), "<tmp>").replace(scratch, "<scratch>")
+            message = message.replace("|", "\\|")
             print(f"| {what}: `{' '.join(argv)}` | {message} |")
         sys.stdout.flush()

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from pixelrl.core.paths import check_output_file, image_suffixes
+from pixelrl.core.paths import check_output_dir, check_output_file, image_suffixes
 from pixelrl.core.quiet import quiet_libraries
 
 
@@ -120,16 +120,30 @@ def cmd_train(args) -> int:
 
 
 def cmd_export(args) -> int:
+    from pixelrl.core.assets import resolve
     from pixelrl.core.config_loading import from_yaml_text
+    from pixelrl.core.errors import ConfigError
     from pixelrl.models.export import export_checkpoint
 
     ckpt = Path(args.checkpoint)
-    if not (ckpt / "config.yaml").is_file():
-        from pixelrl.core.errors import ConfigError
-
-        raise ConfigError("checkpoint", str(ckpt), "give a global_step_N checkpoint folder (it holds config.yaml)")
-    cfg = from_yaml_text((ckpt / "config.yaml").read_text())
-    out = export_checkpoint(ckpt / "actor", args.base_model or cfg.model.path, args.out, adapter_only=args.adapter_only)
+    if (ckpt / "checkpoints").is_dir():
+        steps = sorted((p.name for p in (ckpt / "checkpoints").glob("global_step_*") if p.is_dir()),
+                       key=lambda name: int(name.rsplit("_", 1)[1]) if name.rsplit("_", 1)[1].isdigit() else -1)
+        raise ConfigError("<checkpoint>", str(ckpt), "is a run folder: give one of its checkpoints, e.g. "
+                          f"{ckpt / 'checkpoints' / (steps[-1] if steps else 'global_step_N')}")
+    if not (ckpt / "config.yaml").is_file() or not (ckpt / "actor").is_dir():
+        raise ConfigError("<checkpoint>", str(ckpt), "give a complete global_step_N checkpoint folder (it holds "
+                          "config.yaml and actor/)")
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError("<out>", str(out), "exists and is " + ("a file" if not out.is_dir() else "not empty")
+                          + ": export into a new or empty folder")
+    check_output_dir(out, "<out>")
+    base = args.base_model or from_yaml_text((ckpt / "config.yaml").read_text()).model.path
+    if not Path(resolve(str(base))).is_dir():
+        raise ConfigError("--base-model", str(base), "the base model folder does not exist here (a run's relative "
+                          "model.path is relative to where it trained): pass --base-model PATH")
+    out = export_checkpoint(ckpt / "actor", base, out, adapter_only=args.adapter_only)
     print(f"exported {'adapter' if args.adapter_only else 'pipeline'} to {out}")
     return 0
 
@@ -171,7 +185,7 @@ def cmd_plot(args) -> int:
     run = Path(args.run)
     metrics = run / "metrics.jsonl" if run.is_dir() else run
     if not metrics.is_file():
-        raise ConfigError("run", args.run, "a run folder holding metrics.jsonl (trainer.logger includes jsonl), "
+        raise ConfigError("<run>", args.run, "a run folder holding metrics.jsonl (trainer.logger includes jsonl), "
                           "or the metrics.jsonl file itself")
     check_output_file(args.out, "--out", image_suffixes())
     keys = plot_metrics(metrics, args.keys, args.out, x=args.x)

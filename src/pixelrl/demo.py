@@ -59,10 +59,45 @@ def _before_after_grid(before, after, items, path: Path, per_category: int = 4) 
     Image.fromarray(np.concatenate([top, np.full((12, top.shape[1], 3), 255, np.uint8), bottom])).save(path)
 
 
+def demo_report(base: dict, trained: dict, div_before: dict, div_after: dict) -> dict:
+    """The demo's verdict on one run: gains with paired 95% intervals, unrequested objects,
+    diversity, and whether each honesty criterion holds (strict +0.20 with the paired interval
+    above 0, exact +0.15, no category's strict score down by more than 0.02, diversity down by
+    at most 10%)."""
+    from pixelrl.engine.evaluate import bootstrap_overall
+
+    strict_ci = bootstrap_overall(trained["items"], "strict", baseline=base["items"])
+    exact_ci = bootstrap_overall(trained["items"], "exact", baseline=base["items"])
+    strict_gain = trained["overall"] - base["overall"]
+    exact_gain = trained["overall_exact"] - base["overall_exact"]
+    worst = min(base["strict"], key=lambda c: trained["strict"][c] - base["strict"][c])
+    worst_drop = base["strict"][worst] - trained["strict"][worst]
+    div_ratio = div_after["pairwise_l1"] / max(div_before["pairwise_l1"], 1e-12)
+    criteria = {
+        "strict_gain_at_least_0.20": bool(strict_gain >= 0.20 and strict_ci[0] > 0),
+        "exact_gain_at_least_0.15": bool(exact_gain >= 0.15),
+        "no_category_down_more_than_0.02": bool(worst_drop <= 0.02),
+        "diversity_down_at_most_10pct": bool(div_ratio >= 0.90),
+    }
+    lines = [
+        f"strict: {base['overall']:.3f} -> {trained['overall']:.3f} ({strict_gain:+.3f}, paired 95% interval "
+        f"[{strict_ci[0]:+.3f}, {strict_ci[1]:+.3f}]); exact scene: {base['overall_exact']:.3f} -> "
+        f"{trained['overall_exact']:.3f} ({exact_gain:+.3f} [{exact_ci[0]:+.3f}, {exact_ci[1]:+.3f}])",
+        f"partial credit {base['overall_partial']:.3f} -> {trained['overall_partial']:.3f}; unrequested objects per "
+        f"image {base['extra_objects']:.2f} -> {trained['extra_objects']:.2f}; largest category drop: {worst} "
+        f"{-worst_drop:+.3f}",
+        f"diversity (mean pairwise L1 of images of one prompt): {div_before['pairwise_l1']:.3f} -> "
+        f"{div_after['pairwise_l1']:.3f} ({div_ratio - 1:+.0%}); distinct pairs "
+        f"{div_before['distinct_pair_fraction']:.2f} -> {div_after['distinct_pair_fraction']:.2f}",
+        "honest-gain criteria: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in criteria.items()),
+    ]
+    return {"lines": lines, "criteria": criteria, "strict_gain_interval": strict_ci, "exact_gain_interval": exact_ci}
+
+
 def run_demo(overrides: list[str], per_category: int = 64) -> dict:
     from pixelrl.core.config_loading import load_config
     from pixelrl.data.shapes import evaluation_items
-    from pixelrl.engine.evaluate import diversity, evaluate_geneval, format_table, load_for_eval
+    from pixelrl.engine.evaluate import bootstrap_overall, diversity, evaluate_geneval, format_table, load_for_eval
     from pixelrl.trainers.policy_gradient import PolicyGradientTrainer, run_dir_of
 
     cfg = load_config("shapes_flow_grpo", overrides)
@@ -80,22 +115,24 @@ def run_demo(overrides: list[str], per_category: int = 64) -> dict:
     trained = evaluate_geneval(load_for_eval(checkpoint=str(last)), items, **eval_kwargs)
 
     div_before, div_after = diversity(base["images"], items), diversity(trained["images"], items)
+    steps = cfg.trainer.total_training_steps
     print()
-    print("held-out strict score (GenEval-style, %d images)" % len(items))
-    table = format_table(base, "base").splitlines()
-    table.append(format_table(trained, f"after {cfg.trainer.total_training_steps} steps").splitlines()[-1])
-    print("\n".join(table))
-    gain = trained["overall"] - base["overall"]
-    print(f"overall: {base['overall']:.3f} -> {trained['overall']:.3f} ({gain:+.3f}); partial credit "
-          f"{base['overall_partial']:.3f} -> {trained['overall_partial']:.3f}")
-    print(f"diversity (mean pairwise L1 of images of one prompt): {div_before['pairwise_l1']:.3f} -> "
-          f"{div_after['pairwise_l1']:.3f}; distinct pairs {div_before['distinct_pair_fraction']:.2f} -> "
-          f"{div_after['distinct_pair_fraction']:.2f}")
+    print(f"held-out scores (GenEval-style, {len(items)} images; [a, b] = 95% bootstrap interval over items)")
+    for score in ("strict", "exact"):
+        for scored in (base, trained):
+            scored[f"{score}_interval"] = bootstrap_overall(scored["items"], score)
+        table = format_table(base, "base", score).splitlines()
+        table.append(format_table(trained, f"after {steps} steps", score).splitlines()[-1])
+        print("\n".join(table))
+    report = demo_report(base, trained, div_before, div_after)
+    for line in report["lines"]:
+        print(line)
     _before_after_grid(base["images"], trained["images"], items, run_dir / "before_after.png")
     _plot_rewards(result["history"], run_dir / "reward_curve.png")
+    keys = ("strict", "exact", "partial", "overall", "overall_exact", "overall_partial", "extra_objects")
     summary = {
-        "before": {k: base[k] for k in ("strict", "partial", "overall", "overall_partial")},
-        "after": {k: trained[k] for k in ("strict", "partial", "overall", "overall_partial")},
+        "before": {k: base[k] for k in keys}, "after": {k: trained[k] for k in keys},
+        "paired_strict_interval": report["strict_gain_interval"], "criteria": report["criteria"],
         "diversity_before": div_before, "diversity_after": div_after,
         "minutes": (time.time() - started) / 60, "overrides": list(overrides),
     }

@@ -10,7 +10,7 @@ class ConfigError(PixelRLError, ValueError):
 
     def __init__(self, field: str, value, fix: str):
         self.field, self.value, self.fix = field, value, fix
-        kind = "argument" if field.startswith("-") else "config field"  # command-line flags share the format
+        kind = "argument" if field.startswith(("-", "<")) else "config field"  # command-line flags and <positionals> share the format
         super().__init__(f"{kind} `{field}` = {value!r}: {fix}")
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from safetensors.torch import load_file
 
 from pixelrl.core.errors import ModelFolderError
+from pixelrl.models.base import load_part
 
 
 def _load_pipeline(base: Path):
@@ -21,7 +22,8 @@ def _load_pipeline(base: Path):
         # A pixel-space model: diffusers loads it with vae=None and samples with
         # output_type="latent" (the latents are the image in [-1, 1]).
         kwargs.update(vae=None)
-    return StableDiffusion3Pipeline.from_pretrained(base, **kwargs)
+    return load_part(base, "pipeline", lambda: StableDiffusion3Pipeline.from_pretrained(
+        base, use_safetensors=True, **kwargs))
 
 
 def export_checkpoint(actor_dir: str | Path, base_model: str | Path, out: str | Path, *, adapter_only: bool = False) -> Path:

@@ -1,0 +1,56 @@
+"""`pixelrl demo`'s verdict (the honest-gain criteria) and a short end-to-end run of it."""
+
+from __future__ import annotations
+
+import json
+
+from pixelrl.demo import demo_report
+
+
+def _scored(strict_per_item: list[int], exact_per_item: list[int], categories: list[str], extra: float) -> dict:
+    items = [{"prompt": f"p{i}", "seed": i, "category": c, "strict": s, "exact": e, "partial": s}
+             for i, (s, e, c) in enumerate(zip(strict_per_item, exact_per_item, categories))]
+    by_cat = {c: [it for it in items if it["category"] == c] for c in dict.fromkeys(categories)}
+    strict = {c: sum(it["strict"] for it in rows) / len(rows) for c, rows in by_cat.items()}
+    exact = {c: sum(it["exact"] for it in rows) / len(rows) for c, rows in by_cat.items()}
+    return {"items": items, "strict": strict, "exact": exact, "overall": sum(strict.values()) / len(strict),
+            "overall_exact": sum(exact.values()) / len(exact), "overall_partial": sum(strict.values()) / len(strict),
+            "extra_objects": extra}
+
+
+CATS = ["a"] * 4 + ["b"] * 4
+
+
+def test_an_honest_gain_meets_every_criterion():
+    base = _scored([0, 0, 0, 1, 0, 0, 1, 1], [0, 0, 0, 1, 0, 0, 1, 1], CATS, 0.1)
+    after = _scored([1, 1, 0, 1, 1, 0, 1, 1], [1, 1, 0, 1, 1, 0, 1, 1], CATS, 0.1)
+    # strict: a 0.25 -> 0.75, b 0.5 -> 0.75: overall 0.375 -> 0.75 (+0.375); exact the same
+    report = demo_report(base, after, {"pairwise_l1": 0.10, "distinct_pair_fraction": 1.0},
+                         {"pairwise_l1": 0.095, "distinct_pair_fraction": 1.0})
+    assert all(report["criteria"].values()), report["criteria"]
+    assert report["strict_gain_interval"][0] > 0
+    assert "+0.375" in report["lines"][0]
+
+
+def test_a_hacked_gain_fails_the_exact_category_and_diversity_criteria():
+    base = _scored([0, 0, 1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1, 1, 1], CATS, 0.1)
+    # every category-a image passes "at least" strict but holds extra objects; b loses one image
+    after = _scored([1, 1, 1, 1, 1, 1, 1, 0], [0, 0, 0, 0, 1, 1, 1, 0], CATS, 0.8)
+    report = demo_report(base, after, {"pairwise_l1": 0.10, "distinct_pair_fraction": 1.0},
+                         {"pairwise_l1": 0.08, "distinct_pair_fraction": 0.9})
+    assert report["criteria"] == {"strict_gain_at_least_0.20": False, "exact_gain_at_least_0.15": False,
+                                  "no_category_down_more_than_0.02": False, "diversity_down_at_most_10pct": False}
+    assert "b -0.250" in report["lines"][1] and "0.10 -> 0.80" in report["lines"][1]
+
+
+def test_the_demo_runs_end_to_end_and_writes_its_summary(tmp_path, capsys):
+    from pixelrl.demo import run_demo
+
+    summary = run_demo([f"trainer.default_local_dir={tmp_path}", "trainer.total_training_steps=2",
+                        "data.train_batch_size=2", "rollout.n=4", "actor.ppo_micro_batch_size=8",
+                        "trainer.save_freq=2"], per_category=2)
+    printed = capsys.readouterr().out
+    assert "| model (exact) |" in printed and "paired 95% interval" in printed and "honest-gain criteria" in printed
+    written = json.loads((tmp_path / "pixelrl" / "shapes_demo" / "demo_summary.json").read_text())
+    assert written["criteria"] == summary["criteria"] and set(written["before"]["strict"]) == set(written["after"]["strict"])
+    assert (tmp_path / "pixelrl" / "shapes_demo" / "before_after.png").is_file()
