@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 
 $(BIN)/pixelrl: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test,ocr]'
 	touch $(BIN)/pixelrl
 
 demo: $(BIN)/pixelrl

@@ -12,6 +12,7 @@
     pixelrl pretrain-vlm OUT [--steps N]                pretrain the shapes-QA vision-language model
     pixelrl demo-vlm [key=value ...]                    GRPO on the shipped shapes-QA VLM, accuracy before/after
     pixelrl plot RUN [--keys PATTERN ...]               a run's metrics as a PNG, one panel per key
+    pixelrl serve-reward --reward NAME [--host H]       a reward behind HTTP for `remote` rewards elsewhere
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ def _number(kind, low: float, allow_low: bool):
 positive_int = _number(int, 0, allow_low=False)
 non_negative_int = _number(int, 0, allow_low=True)
 non_negative_float = _number(float, 0.0, allow_low=True)
+positive_float = _number(float, 0.0, allow_low=False)
 
 
 def cmd_demo(args) -> int:
@@ -211,8 +213,6 @@ def cmd_generate(args) -> int:
 
 
 def cmd_make_preferences(args) -> int:
-    import json
-
     import torch
 
     from pixelrl.data.prompts import PromptDataset
@@ -221,15 +221,7 @@ def cmd_make_preferences(args) -> int:
     from pixelrl.workers.group import RewardGroup
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    from pixelrl.core.errors import ConfigError
-    from pixelrl.rewards.registry import check_reward_options
-
-    try:
-        options = json.loads(args.reward_options)
-    except json.JSONDecodeError as err:
-        raise ConfigError("--reward-options", args.reward_options, f"not JSON ({err.msg})") from None
-
-    check_reward_options(args.reward, options, field="--reward-options")
+    options = _reward_options(args)
     rows = PromptDataset.from_files([args.prompts]).rows
     rewards = RewardGroup([{"name": args.reward, "weight": 1.0, "options": options}], backend="local")
     summary = make_preferences(load_for_eval(args.model, args.checkpoint), rows, rewards, Path(args.out), n=args.n,
@@ -287,6 +279,51 @@ def cmd_demo_vlm(args) -> int:
     print(f"{'overall':<14}{before['val/accuracy']:>8.3f}{after['val/accuracy']:>8.3f}   "
           f"({after['val/accuracy'] - before['val/accuracy']:+.3f} in {(time.time() - start) / 60:.1f} min; "
           f"run folder {result['run_dir']})")
+    return 0
+
+
+def _reward_options(args) -> dict:
+    """`--reward-options` parsed as JSON and checked against `--reward`'s options."""
+    import json
+
+    from pixelrl.core.errors import ConfigError
+    from pixelrl.rewards.registry import check_reward_options
+
+    from pixelrl.rewards import REWARDS
+
+    if args.reward not in REWARDS:
+        raise ConfigError("--reward", args.reward, f"not a registered reward; known: {REWARDS.names()}")
+    try:
+        options = json.loads(args.reward_options)
+    except json.JSONDecodeError as err:
+        raise ConfigError("--reward-options", args.reward_options, f"not JSON ({err.msg})") from None
+    if not isinstance(options, dict):
+        raise ConfigError("--reward-options", args.reward_options, 'a JSON object, e.g. {"strict_weight": 0.5}')
+    check_reward_options(args.reward, options, field="--reward-options")
+    return options
+
+
+def cmd_serve_reward(args) -> int:
+    import pixelrl.rewards  # noqa: F401  (registers the rewards)
+    from pixelrl.rewards.server import RewardServer
+    from pixelrl.rewards.wire import Limits
+
+    from pixelrl.core.errors import ConfigError
+
+    if args.port > 65535:
+        raise ConfigError("--port", args.port, "a TCP port in 0..65535 (0 picks a free one)")
+    options = _reward_options(args)
+    token = os.environ.get(args.token_env) or None
+    server = RewardServer(args.reward, options, host=args.host, port=args.port, token=token,
+                          max_request_mb=args.max_request_mb, token_env=args.token_env,
+                          limits=Limits(max_images=args.max_images, max_pixels=args.max_pixels))
+    print(f"serving reward `{args.reward}` at {server.url} (POST /score, GET /health; "
+          f"{'bearer token from $' + args.token_env if token else 'no token: loopback only'}); Ctrl-C stops",
+          flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        server.close()
     return 0
 
 
@@ -360,6 +397,17 @@ def main(argv: list[str] | None = None) -> int:
     prefs.add_argument("--margin", type=non_negative_float, default=1.0, help="least score difference of a pair")
     prefs.add_argument("--pairs-per-prompt", type=positive_int, default=2)
     prefs.set_defaults(func=cmd_make_preferences)
+    serve = sub.add_parser("serve-reward", help="serve a registered reward over HTTP (JSON + PNG, never pickle)")
+    serve.add_argument("--reward", required=True, help="a registered reward name, e.g. ocr or shapes_geneval")
+    serve.add_argument("--reward-options", default="{}", help="the reward's options as JSON")
+    serve.add_argument("--host", default="127.0.0.1", help="listen address (a non-loopback one needs a token)")
+    serve.add_argument("--port", type=non_negative_int, default=8765)
+    serve.add_argument("--token-env", default="PIXELRL_REWARD_TOKEN",
+                       help="environment variable holding the bearer token (never pass it on the command line)")
+    serve.add_argument("--max-request-mb", type=positive_float, default=64.0)
+    serve.add_argument("--max-images", type=positive_int, default=1024, help="images per request")
+    serve.add_argument("--max-pixels", type=positive_int, default=4096 * 4096, help="pixels per image")
+    serve.set_defaults(func=cmd_serve_reward)
     demo = sub.add_parser("demo", help="Flow-GRPO on the shipped shapes model with a before/after evaluation")
     demo.add_argument("overrides", nargs="*", help="key=value overrides of configs/shapes_flow_grpo.yaml")
     demo.add_argument("--per-category", type=positive_int, default=64, help="held-out evaluation items per category")

@@ -141,6 +141,7 @@ class RewardConfig:
     placement: str = "colocated"  # colocated (shares the actor's resources) | pool (its own resources)
     num_workers: int = 1
     num_cpus: float = 1.0  # per reward worker when placement = pool
+    num_gpus: float = 0.0  # per reward worker when placement = pool: a reward model's own GPU (Ray clusters)
 
 
 @dataclass

@@ -215,6 +215,7 @@ def validate(cfg: PixelRLConfig) -> None:
     _choice("trainer.strategy", t.strategy, ("ddp", "fsdp2"))
     _choice("trainer.backend", t.backend, ("ray", "local"))
     _choice("reward.placement", cfg.reward.placement, ("colocated", "pool"))
+    _check_reward_gpus(cfg)
     _check_rollout_pool(cfg)
     for field, value in (("rollout.n", r.n), ("rollout.num_steps", r.num_steps), ("rollout.resolution", r.resolution),
                          ("data.train_batch_size", d.train_batch_size), ("actor.ppo_epochs", a.ppo_epochs),
@@ -313,3 +314,23 @@ def _check_rewards_and_loggers(cfg: PixelRLConfig) -> None:
     if t.resume_mode not in ("auto", "disable") and not Path(t.resume_mode).is_dir():
         raise ConfigError("trainer.resume_mode", t.resume_mode,
                           "use auto, disable, or the path of an existing global_step_N checkpoint folder")
+
+
+def _check_reward_gpus(cfg) -> None:
+    """Reward workers with their own GPUs need Ray, the pool placement, and GPUs to be had;
+    otherwise Ray would wait forever for a GPU no node offers."""
+    import os
+
+    gpus = cfg.reward.num_gpus
+    if isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or not math.isfinite(gpus) or gpus < 0:
+        raise ConfigError("reward.num_gpus", gpus, "a number of GPUs per reward worker >= 0 (fractions share a GPU)")
+    if gpus == 0:
+        return
+    if cfg.reward.placement != "pool" or cfg.trainer.backend != "ray":
+        raise ConfigError("reward.num_gpus", gpus, "GPUs of its own are for reward workers in their own pool: set "
+                          "reward.placement=pool and trainer.backend=ray (or reward.num_gpus=0)")
+    import torch
+
+    if not (cfg.trainer.ray_address or os.environ.get("RAY_ADDRESS")) and torch.cuda.device_count() == 0:
+        raise ConfigError("reward.num_gpus", gpus, "this machine has no GPU and no Ray cluster is named: join one "
+                          "(trainer.ray_address) or set reward.num_gpus=0")

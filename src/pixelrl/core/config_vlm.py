@@ -33,6 +33,11 @@ def validate_vlm(cfg: PixelRLConfig) -> None:
     if cfg.val_kwargs.rewards:
         raise ConfigError("val_kwargs.rewards", list(cfg.val_kwargs.rewards), "gold rewards judge validation images; "
                           "the vision-language trainer validates by held-out answer accuracy: remove it")
+    if cfg.reward.placement != "colocated" or cfg.reward.num_gpus:
+        field = "reward.placement" if cfg.reward.placement != "colocated" else "reward.num_gpus"
+        raise ConfigError(field, cfg.reward.placement if field == "reward.placement" else cfg.reward.num_gpus,
+                          "the vision-language trainer scores answers on its actor workers (string rewards are "
+                          "cheap): leave reward.placement=colocated and reward.num_gpus=0")
     if t.mode != "sync" or r.n_workers:
         raise ConfigError("trainer.mode" if t.mode != "sync" else "rollout.n_workers",
                           t.mode if t.mode != "sync" else r.n_workers,

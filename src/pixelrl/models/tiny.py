@@ -185,3 +185,28 @@ def build_tiny_sd3(
     )
     pipe.save_pretrained(path, safe_serialization=True)
     return path
+
+
+def build_tiny_clip(path: str | Path, *, image_size: int = 32, hidden: int = 32, projection: int = 16,
+                    words: Iterable[str] = _DEFAULT_WORDS, seed: int = 0) -> Path:
+    """Write a tiny random transformers CLIPModel with its processor (the layout of a local copy of
+    openai/clip-vit-large-patch14 or PickScore_v1) to `path`; `CLIPModel.from_pretrained(path)` and
+    `CLIPProcessor.from_pretrained(path)` load it."""
+    from transformers import CLIPConfig, CLIPImageProcessorPil, CLIPModel, CLIPProcessor
+
+    tokenizer = build_clip_tokenizer(words, max_length=32)
+    torch.manual_seed(seed)
+    small = dict(hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=2, num_attention_heads=2)
+    config = CLIPConfig(
+        text_config=dict(small, vocab_size=len(tokenizer), max_position_embeddings=tokenizer.model_max_length,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id),
+        vision_config=dict(small, image_size=image_size, patch_size=image_size // 4),
+        projection_dim=projection,
+    )
+    path = Path(path)
+    CLIPModel(config).save_pretrained(path)
+    image_processor = CLIPImageProcessorPil(size={"shortest_edge": image_size},
+                                         crop_size={"height": image_size, "width": image_size})
+    CLIPProcessor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(path)
+    return path

@@ -1,6 +1,6 @@
 """Reward functions: `fn(images_uint8 [B,H,W,3], prompts, metadata) -> dict[str, Tensor[B]]`."""
 
-from pixelrl.rewards import answers, delayed, jpeg, shapes  # noqa: F401  (registers the built-in rewards)
+from pixelrl.rewards import answers, clip, delayed, groupwise, jpeg, ocr, remote, shapes, vlm_judge  # noqa: F401  (registers the built-in rewards)
 from pixelrl.rewards.multi import RewardSpec, WeightedReward
 from pixelrl.rewards.registry import REWARDS, check_reward_output, get_reward, register_reward
 

@@ -225,13 +225,18 @@ class RewardGroup:
     """Reward scoring in-process (local backend) or in Ray reward workers.
 
     `colocated` workers take no CPU reservation of their own (they share the actors' nodes);
-    `pool` workers reserve `num_cpus` each, so a heavy reward model gets its own resources.
+    `pool` workers reserve `num_cpus` (and `num_gpus`) each, so a heavy reward model gets its own resources.
     """
 
     def __init__(self, functions: list[dict], *, backend: str, placement: str = "colocated",
-                 num_workers: int = 1, num_cpus: float = 1.0):
+                 num_workers: int = 1, num_cpus: float = 1.0, num_gpus: float = 0.0):
+        from pixelrl.rewards.groupwise import is_groupwise
+
         self.local = None
         self.workers = []
+        # a group-wise reward compares the images of a prompt: its calls must hold whole groups,
+        # so the batch goes to one worker in one piece
+        self.whole_batches = is_groupwise(functions)
         if backend == "local":
             self.local = RewardWorker(functions)
             self.local.setup()
@@ -241,7 +246,9 @@ class RewardGroup:
         reserve = 0 if placement == "colocated" else num_cpus
         threads = max(1, int(num_cpus)) if placement == "pool" else 1
         actor_cls = ray.remote(RewardWorker)
-        self.workers = [actor_cls.options(num_cpus=reserve).remote(functions, threads) for _ in range(num_workers)]
+        gpus = num_gpus if placement == "pool" else 0  # a reward on a GPU sees only its own (CUDA_VISIBLE_DEVICES)
+        self.workers = [actor_cls.options(num_cpus=reserve, num_gpus=gpus).remote(functions, threads)
+                        for _ in range(num_workers)]
         ray.get([w.setup.remote() for w in self.workers])
 
     def __call__(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> dict[str, torch.Tensor]:
@@ -251,7 +258,7 @@ class RewardGroup:
         else:
             import ray
 
-            chunks = np.array_split(np.arange(len(prompts)), len(self.workers))
+            chunks = np.array_split(np.arange(len(prompts)), 1 if self.whole_batches else len(self.workers))
             refs = [w.score.remote(array[c], [prompts[i] for i in c], [metadata[i] for i in c])
                     for w, c in zip(self.workers, chunks) if len(c)]
             parts = ray.get(refs)
@@ -263,9 +270,11 @@ class RewardGroup:
         nor the rollout pool waits for it. In one process, scores now."""
         if self.local is not None:
             batch = rollout.result()
-            return [self.local.score_rollout(batch.to_numpy(), metadata)]
+            return [self.local.score_rollout(metadata, batch.to_numpy())]
+        if self.whole_batches:
+            return [self.workers[0].score_rollout.remote(metadata, *rollout.handles)]
         parts = _shards(len(metadata), len(rollout.handles))
-        return [self.workers[i % len(self.workers)].score_rollout.remote(ref, metadata[part])
+        return [self.workers[i % len(self.workers)].score_rollout.remote(metadata[part], ref)
                 for i, (ref, part) in enumerate(zip(rollout.handles, parts))]
 
     def collect(self, handles: list) -> tuple[dict[str, torch.Tensor], float, float]:

@@ -30,10 +30,13 @@ class RewardWorker:
         out = self.reward(torch.from_numpy(np.array(images, copy=True)), prompts, metadata)
         return {k: v.numpy() for k, v in out.items()}
 
-    def score_rollout(self, payload: dict, metadata: list[dict]) -> dict:
-        """Score a rollout shard (the rollout verb's numpy payload); with wall-clock start/end."""
+    def score_rollout(self, metadata: list[dict], *payloads: dict) -> dict:
+        """Score rollout shards (the rollout verb's numpy payloads, in order) as one batch; with
+        wall-clock start/end. Several shards come together when a reward needs whole groups."""
         import time
 
         start = time.time()
-        scores = self.score(payload["tensors"]["images"], payload["values"]["prompts"], metadata)
+        images = np.concatenate([p["tensors"]["images"] for p in payloads])
+        prompts = [prompt for p in payloads for prompt in p["values"]["prompts"]]
+        scores = self.score(images, prompts, metadata)
         return {"scores": scores, "start": start, "end": time.time()}

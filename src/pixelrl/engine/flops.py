@@ -1,0 +1,98 @@
+"""Model FLOPs of the denoiser and the device's matmul peak, for `perf/mfu` on every run.
+
+Forward FLOPs are measured, not estimated: the first forward of each input shape runs under
+torch's FLOP counter (matmuls, convolutions and attention, as torch counts them) and its count is
+reused for every later forward of that shape. A forward that builds a graph is charged three
+times its FLOPs (forward + backward at twice the forward, the usual 6·N·D convention, also with
+LoRA, where the implementation skips most weight gradients), a no-grad forward once. Sampling,
+reference and training forwards of the denoiser all count; text encoding and decoding do not.
+With gradient checkpointing the recomputed forwards count again (they are real work).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+_PEAKS: dict[tuple[str, torch.dtype], float] = {}
+
+
+def _shape_key(args, kwargs) -> tuple:
+    tensors = [*args, *kwargs.values()]
+    return tuple((tuple(t.shape), t.dtype) for t in tensors if isinstance(t, torch.Tensor))
+
+
+class FlopMeter:
+    """Counts the model FLOPs of every forward of `modules` since the last `take()`."""
+
+    def __init__(self, *modules: torch.nn.Module):
+        self.per_shape: dict[tuple, int] = {}
+        self.flops = 0.0
+        self.forwards = 0
+        self.graph_forwards = 0
+        self._depth = 0
+        self._since: float | None = None  # the first forward after the last take()
+        self._counter: FlopCounterMode | None = None
+        self._pending: tuple | None = None
+        for module in modules:
+            module.register_forward_pre_hook(self._before, with_kwargs=True)
+            module.register_forward_hook(self._after, with_kwargs=True)
+
+    def _before(self, module, args, kwargs):
+        self._depth += 1
+        if self._depth == 1:
+            if self._since is None:
+                self._since = time.perf_counter()
+            key = _shape_key(args, kwargs)
+            self._pending = (key, torch.is_grad_enabled())
+            if key not in self.per_shape:
+                self._counter = FlopCounterMode(display=False)
+                self._counter.__enter__()
+
+    def _after(self, module, args, kwargs, output):
+        self._depth -= 1
+        if self._depth:
+            return
+        key, builds_graph = self._pending
+        if self._counter is not None:
+            self._counter.__exit__(None, None, None)
+            self.per_shape[key] = self._counter.get_total_flops()
+            self._counter = None
+        self.flops += self.per_shape[key] * (3 if builds_graph else 1)
+        self.forwards += 1
+        self.graph_forwards += int(builds_graph)
+
+    def take(self, peak_flops: float) -> dict[str, float]:
+        """`perf/*` metrics of the forwards since the last call (then reset): model FLOPs, the
+        achieved FLOP/s over the wall time from the first of those forwards to now (so the gaps
+        inside a step, e.g. waiting for rewards, count against utilisation), and MFU against
+        `peak_flops`."""
+        seconds = time.perf_counter() - self._since if self._since is not None else 0.0
+        achieved = self.flops / seconds if seconds > 0 else 0.0
+        metrics = {"perf/tflop": self.flops / 1e12, "perf/achieved_tflops": achieved / 1e12,
+                   "perf/mfu": achieved / peak_flops, "perf/peak_tflops": peak_flops / 1e12,
+                   "perf/denoiser_forwards": float(self.forwards), "perf/denoiser_backwards": float(self.graph_forwards)}
+        self.flops, self.forwards, self.graph_forwards, self._since = 0.0, 0, 0, None
+        return metrics
+
+
+def matmul_peak_flops(device: torch.device | str, dtype: torch.dtype, size: int = 1024, repeats: int = 5) -> float:
+    """Best achieved FLOP/s of a square matmul on `device` in `dtype` (measured once per process)."""
+    device = torch.device(device)
+    key = (str(device), dtype)
+    if key not in _PEAKS:
+        a = torch.randn(size, size, device=device).to(dtype)
+        b = torch.randn(size, size, device=device).to(dtype)
+        best = float("inf")
+        for _ in range(repeats + 1):  # the first run warms up
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            a @ b
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            best = min(best, time.perf_counter() - start)
+        _PEAKS[key] = 2 * size ** 3 / best
+    return _PEAKS[key]

@@ -1,0 +1,70 @@
+"""Group-wise rewards: a score per image computed from comparisons within its prompt's group.
+
+A reward factory marked `groupwise = True` is always called with whole groups (every image of a
+prompt in one call; the reward workers route the full batch to one worker for it), so it can
+compare the images of a prompt with each other. Its output is still one score per image, and the
+group advantage code takes it unchanged.
+
+`pairwise_win_rate` turns any per-image reward into the win rate of pairwise comparisons:
+
+    win_i = ( Σ_{j in G(i), j != i} [s_i > s_j] + ½ [s_i = s_j] ) / (|G(i)| - 1)     (½ alone)
+
+G(i) = the images with the same prompt. Win rates are invariant to any increasing transform of
+the inner score, so a reward whose scale drifts or is badly calibrated gives stable advantages.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pixelrl.core.errors import ConfigError
+from pixelrl.rewards.registry import REWARDS, check_reward_options, get_reward, register_reward
+
+
+def group_index(prompts: list[str]) -> torch.Tensor:
+    """A group id per image: images with the same prompt share one, in order of first appearance."""
+    ids: dict[str, int] = {}
+    return torch.tensor([ids.setdefault(p, len(ids)) for p in prompts], dtype=torch.long)
+
+
+def win_rates(scores: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """Fraction of the other images of its group each image beats (ties count half)."""
+    same = groups[:, None] == groups[None, :]
+    beats = (scores[:, None] > scores[None, :]).float() + 0.5 * (scores[:, None] == scores[None, :]).float()
+    others = same.float() - torch.eye(len(scores))
+    n_others = others.sum(1)
+    wins = (beats * others).sum(1)
+    return torch.where(n_others > 0, wins / n_others.clamp(min=1), torch.full_like(wins, 0.5))
+
+
+def check_win_rate_options(options: dict, field: str) -> None:
+    inner = options.get("reward", "")
+    if inner not in REWARDS or getattr(REWARDS.get(inner), "groupwise", False):
+        raise ConfigError(f"{field}.reward", inner, "the per-image reward to compare, one of "
+                          f"{[n for n in REWARDS.names() if not getattr(REWARDS.get(n), 'groupwise', False)]}")
+    check_reward_options(inner, dict(options.get("reward_options") or {}), f"{field}.reward_options")
+
+
+@register_reward("pairwise_win_rate")
+def pairwise_win_rate(reward: str = "", reward_options: dict | None = None, key: str | None = None):
+    """Win rate within the prompt's group of `reward` (built with `reward_options`); `key` picks its
+    output when it returns several (default: the output named like it, or its only one)."""
+    check_win_rate_options({"reward": reward, "reward_options": reward_options}, "reward.functions[].options")
+    inner = get_reward(reward, **dict(reward_options or {}))
+
+    def score(images, prompts, metadata):
+        out = inner(images, prompts, metadata)
+        main = key or (reward if reward in out else next(iter(out)))
+        return {"pairwise_win_rate": win_rates(out[main].float(), group_index(prompts)),
+                f"pairwise_win_rate/{reward}": out[main].float()}
+
+    return score
+
+
+pairwise_win_rate.check_options = check_win_rate_options
+pairwise_win_rate.groupwise = True
+
+
+def is_groupwise(functions: list[dict]) -> bool:
+    """True when any configured reward must see whole groups."""
+    return any(getattr(REWARDS.get(f["name"]), "groupwise", False) for f in functions)

@@ -1,0 +1,86 @@
+"""`ocr`: how well an image renders the text quoted in its prompt (Flow-GRPO's text-rendering task).
+
+target   = the text between the first pair of double quotes in the prompt
+read     = every line the OCR engine recognises (confidence >= `min_confidence`), joined
+both lower-cased with all whitespace removed
+distance = 0 if target occurs in read, else Levenshtein(read, target), capped at len(target)
+reward   = 1 - distance / len(target)
+
+The cap means a page of unrelated text costs no more than reading nothing. The OCR engine is
+RapidOCR (PP-OCR detection and recognition models run with onnxruntime); its weights ship inside
+the package, so nothing is downloaded. Install it with `pip install 'pixelrl[ocr]'`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+
+import numpy as np
+import torch
+
+from pixelrl.core.errors import ConfigError, RewardError
+from pixelrl.rewards.registry import register_reward
+
+_WHITESPACE = re.compile(r"\s+")
+
+
+def quoted_target(prompt: str) -> str:
+    """The text between the first pair of double quotes, or a RewardError naming the prompt."""
+    parts = prompt.split('"')
+    if len(parts) < 3 or not _normalise(parts[1]):
+        raise RewardError(f"reward `ocr` needs the text to render between double quotes in the prompt, e.g. "
+                          f'a sign that says "open"; this prompt has none: {prompt!r}')
+    return parts[1]
+
+
+def _normalise(text: str) -> str:
+    return _WHITESPACE.sub("", text).lower()
+
+
+def text_similarity(read: str, target: str) -> float:
+    """1 - capped edit distance / len(target), after lower-casing and removing whitespace."""
+    from rapidfuzz.distance import Levenshtein
+
+    read, target = _normalise(read), _normalise(target)
+    distance = 0 if target in read else min(Levenshtein.distance(read, target), len(target))
+    return 1.0 - distance / len(target)
+
+
+def check_ocr_options(options: dict, field: str) -> None:
+    missing = [m for m in ("rapidocr_onnxruntime", "rapidfuzz") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ConfigError(f"{field}", {"name": "ocr"}, f"the OCR reward needs {missing}: pip install 'pixelrl[ocr]'")
+    confidence = options.get("min_confidence", 0.5)
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 <= confidence < 1:
+        raise ConfigError(f"{field}.min_confidence", confidence, "a number in [0, 1)")
+
+
+@register_reward("ocr")
+def ocr(min_confidence: float = 0.5):
+    """Text-rendering reward; `min_confidence` drops recognised lines below it (PaddleOCR's default 0.5)."""
+    check_ocr_options({"min_confidence": min_confidence}, "reward.functions[].options")
+    engine = None
+
+    def read_text(image: np.ndarray) -> str:
+        nonlocal engine
+        if engine is None:  # built on first use, in the process that scores (a reward worker)
+            from rapidocr_onnxruntime import RapidOCR
+
+            # the worker's thread budget, not every core of the node
+            engine = RapidOCR(text_score=min_confidence, print_verbose=False,
+                              intra_op_num_threads=torch.get_num_threads(), inter_op_num_threads=1)
+        # Flow-GRPO reads without the text-direction classifier
+        lines, _ = engine(image, use_cls=False)
+        return "".join(text for _, text, score in (lines or []) if score >= min_confidence)
+
+    def reward(images, prompts, metadata):
+        targets = [quoted_target(p) for p in prompts]
+        arrays = images.detach().cpu().numpy().astype(np.uint8)
+        scores = [text_similarity(read_text(a), t) for a, t in zip(arrays, targets)]
+        return {"ocr": torch.tensor(scores, dtype=torch.float32)}
+
+    return reward
+
+
+ocr.check_options = check_ocr_options

@@ -1,0 +1,113 @@
+"""`remote`: scores from a `pixelrl serve-reward` server over HTTP (JSON, never pickle).
+
+The batch goes out in requests of at most `batch_size` images. A connection failure, a timeout
+or a 502/503/504 is retried `retries` times with exponential backoff; anything else, and
+exhausted retries, stop the step with a RewardError that names the server and the cause. A
+failed request never turns into a zero reward.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import urllib.error
+import urllib.request
+from urllib.parse import urlsplit
+
+import torch
+
+from pixelrl.core.errors import ConfigError, RewardError
+from pixelrl.rewards.registry import register_reward
+from pixelrl.rewards.wire import ENCODINGS, WireError, decode_scores, encode_request
+
+RETRIED_STATUSES = (502, 503, 504)
+
+
+def check_remote_options(options: dict, field: str) -> None:
+    url = options.get("url", "")
+    parts = urlsplit(url) if isinstance(url, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+        raise ConfigError(f"{field}.url", url, "the reward server's address, e.g. http://127.0.0.1:8765 (scheme, host "
+                                               "and port; the client adds /score)")
+    for name, low in (("timeout_s", 0), ("backoff_s", -1e-9)):
+        value = options.get(name, 1.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > low or value != value:
+            raise ConfigError(f"{field}.{name}", value, "a number of seconds" + (" > 0" if low == 0 else " >= 0"))
+    for name, low in (("retries", 0), ("batch_size", 1)):
+        value = options.get(name, low)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ConfigError(f"{field}.{name}", value, f"an integer >= {low}")
+    if options.get("encoding", "png") not in ENCODINGS:
+        raise ConfigError(f"{field}.encoding", options.get("encoding"), f"one of {list(ENCODINGS)}")
+
+
+@register_reward("remote")
+def remote(url: str = "", key: str | None = None, token_env: str = "PIXELRL_REWARD_TOKEN", timeout_s: float = 60.0,
+           retries: int = 3, backoff_s: float = 1.0, batch_size: int = 64, encoding: str = "png"):
+    """Scores of the server at `url`; `key` picks the main score when the server's reward returns several."""
+    check_remote_options({"url": url, "timeout_s": timeout_s, "retries": retries, "backoff_s": backoff_s,
+                          "batch_size": batch_size, "encoding": encoding}, "reward.functions[].options")
+    endpoint = url.rstrip("/") + "/score"
+
+    def post(body: bytes) -> bytes:
+        headers = {"Content-Type": "application/json"}
+        token = os.environ.get(token_env)
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        last = ""
+        for attempt in range(retries + 1):
+            if attempt:
+                time.sleep(backoff_s * 2 ** (attempt - 1))
+            try:
+                with urllib.request.urlopen(urllib.request.Request(endpoint, body, headers), timeout=timeout_s) as r:
+                    return r.read()
+            except urllib.error.HTTPError as err:
+                message = _server_message(err)
+                if err.code not in RETRIED_STATUSES:
+                    hint = f" (set ${token_env} to the server's token)" if err.code == 401 else ""
+                    raise RewardError(f"reward server {url} answered {err.code}: {message}{hint}") from None
+                last = f"{err.code}: {message}"
+            except (TimeoutError, socket.timeout):
+                last = f"no answer within timeout_s={timeout_s} s"
+            except urllib.error.URLError as err:
+                reason = err.reason
+                last = (f"no answer within timeout_s={timeout_s} s" if isinstance(reason, (TimeoutError, socket.timeout))
+                        else f"cannot connect ({reason})")
+            except (ConnectionError, OSError) as err:
+                last = f"connection failed ({err})"
+        raise RewardError(f"reward server {url} failed {retries + 1} time(s), last: {last}; is `pixelrl serve-reward` "
+                          "running there? (the step stops rather than scoring 0)")
+
+    def reward(images, prompts, metadata):
+        arrays = images.detach().cpu().numpy()
+        parts: dict[str, list[torch.Tensor]] = {}
+        for start in range(0, len(prompts), batch_size):
+            end = start + batch_size
+            body = encode_request(arrays[start:end], prompts[start:end], metadata[start:end], encoding)
+            try:
+                scores = decode_scores(post(body), len(prompts[start:end]))
+            except WireError as err:
+                raise RewardError(f"reward server {url}: {err}") from None
+            for name, value in scores.items():
+                parts.setdefault(name, []).append(value)
+        out = {name: torch.cat(values) for name, values in parts.items()}
+        main = key if key is not None else (next(iter(out)) if len(out) == 1 else None)
+        if main not in out:
+            raise RewardError(f"reward server {url} returned {sorted(out)}; name the main score with the remote "
+                              f"reward's option `key`" + (f" (`{key}` is not among them)" if key else ""))
+        return {"remote": out.pop(main), **{f"remote/{name}": value for name, value in out.items()}}
+
+    return reward
+
+
+def _server_message(err: urllib.error.HTTPError) -> str:
+    import json
+
+    try:
+        return str(json.loads(err.read())["error"])
+    except Exception:
+        return err.reason or "no message"
+
+
+remote.check_options = check_remote_options

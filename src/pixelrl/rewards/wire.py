@@ -1,0 +1,152 @@
+"""The reward server's wire format: JSON only, never pickle.
+
+Request (POST /score, Content-Type: application/json):
+    {"protocol": 1, "prompts": [str, ...], "metadata": [{...}, ...],
+     "images": {"encoding": "png", "data": [base64 PNG, ...]}}
+  or "images": {"encoding": "raw", "shape": [B, H, W, 3], "data": base64 of B*H*W*3 uint8 bytes}
+Answer 200: {"scores": {"<key>": [float, ...], ...}}; any other status: {"error": "<message>"}.
+
+Everything a request carries is data: strings, numbers and pixels. Decoding checks sizes before
+it allocates, so a hostile request costs at most the server's limits.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from PIL import Image
+
+from pixelrl.core.errors import PixelRLError
+
+PROTOCOL = 1
+ENCODINGS = ("png", "raw")
+
+
+class WireError(PixelRLError):
+    """A request or answer that breaks the wire format; `status` is the HTTP status to answer with."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_images: int = 1024
+    max_pixels: int = 4096 * 4096  # per image
+
+
+def _json_value(value):
+    """Metadata values numpy produced become plain JSON values; anything else is refused."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (np.ndarray, torch.Tensor)):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON data")
+
+
+def encode_request(images: np.ndarray, prompts: list[str], metadata: list[dict], encoding: str = "png") -> bytes:
+    images = np.ascontiguousarray(images, dtype=np.uint8)
+    if encoding == "png":
+        data = []
+        for array in images:
+            buffer = io.BytesIO()
+            Image.fromarray(array, mode="RGB").save(buffer, format="PNG", compress_level=1)
+            data.append(base64.b64encode(buffer.getvalue()).decode("ascii"))
+        payload = {"encoding": "png", "data": data}
+    else:
+        payload = {"encoding": "raw", "shape": list(images.shape), "data": base64.b64encode(images.tobytes()).decode("ascii")}
+    body = {"protocol": PROTOCOL, "prompts": list(prompts), "metadata": list(metadata), "images": payload}
+    try:
+        return json.dumps(body, default=_json_value).encode("utf-8")
+    except TypeError as err:
+        raise WireError(f"metadata cannot be sent to a reward server: {err}; keep metadata to strings, numbers, "
+                        "lists and dicts") from None
+
+
+def _b64(text, what: str) -> bytes:
+    if not isinstance(text, str):
+        raise WireError(f"{what} must be a base64 string")
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise WireError(f"{what} is not valid base64") from None
+
+
+def _decode_png(text, index: int, limits: Limits) -> np.ndarray:
+    raw = _b64(text, f"images.data[{index}]")
+    try:
+        image = Image.open(io.BytesIO(raw), formats=["PNG"])  # lazy: reads the header only
+    except Exception:
+        raise WireError(f"images.data[{index}] is not a PNG image") from None
+    width, height = image.size
+    if width * height > limits.max_pixels:
+        raise WireError(f"images.data[{index}] is {width}x{height}, over this server's {limits.max_pixels} pixels",
+                        status=413)
+    try:
+        return np.asarray(image.convert("RGB"), dtype=np.uint8)
+    except Exception:
+        raise WireError(f"images.data[{index}] is a damaged PNG image") from None
+
+
+def decode_request(body: bytes, limits: Limits = Limits()) -> tuple[np.ndarray, list[str], list[dict]]:
+    """(images [B, H, W, 3] uint8, prompts, metadata) from a request body, or a WireError."""
+    try:
+        request = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise WireError("the body is not JSON (this server takes JSON only; pickled payloads are refused)") from None
+    if not isinstance(request, dict):
+        raise WireError("the body must be a JSON object with protocol, prompts, metadata and images")
+    if request.get("protocol") != PROTOCOL:
+        raise WireError(f"protocol {request.get('protocol')!r} is not supported; this server speaks protocol {PROTOCOL}")
+    prompts, metadata, images = request.get("prompts"), request.get("metadata"), request.get("images")
+    if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts) or not prompts:
+        raise WireError("prompts must be a non-empty list of strings")
+    batch = len(prompts)
+    if batch > limits.max_images:
+        raise WireError(f"{batch} images in one request, over this server's {limits.max_images}; send smaller "
+                        "batches (the remote reward's batch_size)", status=413)
+    if not isinstance(metadata, list) or len(metadata) != batch or not all(isinstance(m, dict) for m in metadata):
+        raise WireError(f"metadata must be a list of {batch} objects, one per prompt")
+    if not isinstance(images, dict) or images.get("encoding") not in ENCODINGS:
+        raise WireError(f"images must be an object with encoding one of {list(ENCODINGS)}")
+    if images["encoding"] == "png":
+        data = images.get("data")
+        if not isinstance(data, list) or len(data) != batch:
+            raise WireError(f"images.data must be a list of {batch} base64 PNG images, one per prompt")
+        arrays = [_decode_png(text, i, limits) for i, text in enumerate(data)]
+        if len({a.shape for a in arrays}) != 1:
+            raise WireError(f"images differ in size {sorted({a.shape for a in arrays})}; send one size per request")
+        return np.stack(arrays), prompts, metadata
+    shape = images.get("shape")
+    if (not isinstance(shape, list) or len(shape) != 4 or not all(isinstance(s, int) and s > 0 for s in shape)
+            or shape[0] != batch or shape[3] != 3):
+        raise WireError(f"images.shape must be [{batch}, H, W, 3] with positive integers, got {shape!r}")
+    if shape[1] * shape[2] > limits.max_pixels:
+        raise WireError(f"images are {shape[2]}x{shape[1]}, over this server's {limits.max_pixels} pixels", status=413)
+    raw = _b64(images.get("data"), "images.data")
+    if len(raw) != batch * shape[1] * shape[2] * 3:
+        raise WireError(f"images.data holds {len(raw)} bytes; shape {shape} needs {batch * shape[1] * shape[2] * 3}")
+    return np.frombuffer(raw, dtype=np.uint8).reshape(shape).copy(), prompts, metadata
+
+
+def encode_scores(scores: dict[str, torch.Tensor]) -> bytes:
+    return json.dumps({"scores": {k: v.tolist() for k, v in scores.items()}}).encode("utf-8")
+
+
+def decode_scores(body: bytes, batch: int) -> dict[str, torch.Tensor]:
+    try:
+        answer = json.loads(body)
+        scores = answer["scores"]
+        out = {str(k): torch.tensor([float(x) for x in v], dtype=torch.float32) for k, v in scores.items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise WireError(f"the server's answer is not a scores object: {body[:200]!r}") from None
+    if not out or any(len(v) != batch for v in out.values()):
+        raise WireError(f"the server answered {({k: len(v) for k, v in out.items()})} scores for {batch} images")
+    return out

@@ -1,0 +1,54 @@
+"""The VLM judge on a tiny random Qwen2-VL: its P(yes) equals the probability the VLM trainer's
+own scoring path gives the one-word answers, batching does not change it, bad options are named."""
+
+import numpy as np
+import pytest
+import torch
+
+from pixelrl.core.errors import ConfigError, ModelFolderError
+from pixelrl.models.qwen_vl.model import QwenVLModel
+from pixelrl.rewards import get_reward
+
+PROMPTS = ["a red circle", "two blue squares", "a green star"]
+TEMPLATE = "is there {prompt} ?"
+
+
+def images(batch=3, seed=0):
+    return torch.from_numpy(np.random.default_rng(seed).integers(0, 256, (batch, 32, 32, 3), dtype=np.uint8))
+
+
+def test_judge_probability_equals_the_answer_probability_of_the_policy_scoring_path(tiny_vlm_path):
+    batch = images()
+    two_way = get_reward("vlm_judge", path=str(tiny_vlm_path), template=TEMPLATE)(batch, PROMPTS, [{}] * 3)["vlm_judge"]
+    full = get_reward("vlm_judge", path=str(tiny_vlm_path), template=TEMPLATE, two_way=False, batch_size=1)(
+        batch, PROMPTS, [{}] * 3)["vlm_judge"]
+
+    model = QwenVLModel(tiny_vlm_path)
+    questions = [TEMPLATE.replace("{prompt}", p) for p in PROMPTS]
+    prompts = model.prompts(list(batch.numpy()), questions)
+    with torch.no_grad():
+        p_yes = model.token_logprobs(model.with_responses(prompts, ["yes"] * 3))[:, 0].exp()
+        p_no = model.token_logprobs(model.with_responses(prompts, ["no"] * 3))[:, 0].exp()
+    torch.testing.assert_close(full, p_yes, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(two_way, p_yes / (p_yes + p_no), rtol=1e-4, atol=1e-6)
+    assert ((two_way > 0) & (two_way < 1)).all()
+
+
+def test_judge_is_independent_of_batching_and_reads_the_prompt(tiny_vlm_path):
+    batch = images(seed=1)
+    whole = get_reward("vlm_judge", path=str(tiny_vlm_path), template=TEMPLATE)(batch, PROMPTS, [{}] * 3)["vlm_judge"]
+    single = get_reward("vlm_judge", path=str(tiny_vlm_path), template=TEMPLATE, batch_size=1)(
+        batch, PROMPTS, [{}] * 3)["vlm_judge"]
+    torch.testing.assert_close(single, whole, rtol=1e-4, atol=1e-6)
+    other = get_reward("vlm_judge", path=str(tiny_vlm_path), template=TEMPLATE)(
+        batch, ["a purple triangle"] * 3, [{}] * 3)["vlm_judge"]
+    assert not torch.allclose(other, whole)
+
+
+def test_judge_options_are_checked(tmp_path, tiny_vlm_path):
+    with pytest.raises(ConfigError, match="options.path"):
+        get_reward("vlm_judge", path=str(tmp_path))
+    with pytest.raises(ConfigError, match="options.template"):
+        get_reward("vlm_judge", path=str(tiny_vlm_path), template="no placeholder")
+    with pytest.raises(ModelFolderError, match="'absolutely' is not in the judge's vocabulary"):
+        get_reward("vlm_judge", path=str(tiny_vlm_path), yes="absolutely")(images(1), ["x"], [{}])
