@@ -51,21 +51,17 @@ def run_one(args) -> dict:
         cfg.actor.ppo_micro_batch_size = args.micro
         engine = PolicyEngine.from_config(cfg)
         reward = WeightedReward([RewardSpec("jpeg_compressibility")])
-        counts = {"fwd_nograd": 0, "fwd_grad": 0}
-
-        def count(module, args_, kwargs):
-            counts["fwd_grad" if torch.is_grad_enabled() else "fwd_nograd"] += 1
-
-        engine.model.transformer.register_forward_pre_hook(count, with_kwargs=True)
         prompts = [f"a red circle number {i}" for i in range(args.prompts)]
         policy_gradient_step(engine, reward, prompts, [{}] * args.prompts, 1, cfg)  # warm-up
         phases: dict[str, float] = {}
         total_time = 0.0
-        counts = {k: 0 for k in counts}
+        counts = {"perf/denoiser_forwards": 0.0, "perf/denoiser_backwards": 0.0, "perf/tflop": 0.0, "perf/mfu": 0.0}
         for it in range(args.iters):
             start = time.perf_counter()
             _, metrics = policy_gradient_step(engine, reward, prompts, [{}] * args.prompts, it + 2, cfg)
             total_time += time.perf_counter() - start
+            for key in counts:  # the engine's FLOP meter: measured forward FLOPs, 3x for graph forwards
+                counts[key] += metrics[key] / args.iters
             for key, value in metrics.items():
                 if key.startswith("timing_s/") and key != "timing_s/step":
                     phases[key[9:]] = phases.get(key[9:], 0.0) + value / args.iters
@@ -77,8 +73,12 @@ def run_one(args) -> dict:
             "iter_img_s": images * args.iters / total_time,
             "s_per_iter": total_time / args.iters,
             "phases_s": {k: round(v, 3) for k, v in phases.items()},
-            "fwd_nograd_per_iter": counts["fwd_nograd"] / args.iters,
-            "fwd_grad_per_iter": counts["fwd_grad"] / args.iters,
+            "fwd_nograd_per_iter": counts["perf/denoiser_forwards"] - counts["perf/denoiser_backwards"],
+            "fwd_grad_per_iter": counts["perf/denoiser_backwards"],
+            "gflop_per_iter": counts["perf/tflop"] * 1000,
+            "achieved_gflop_s": counts["perf/tflop"] * 1000 * args.iters / total_time,
+            "mfu": counts["perf/mfu"],
+            "peak_gflop_s": metrics["perf/peak_tflops"] * 1000,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         }
 
@@ -108,9 +108,11 @@ def main() -> None:
     common = ["--iters", str(args.iters), "--micro", str(args.micro), "--cfg", str(args.cfg),
               "--resolution", str(args.resolution), "--threads", str(args.threads)] + (["--no-vae"] if args.no_vae else [])
     print(f"# tiny SD3 ({'pixel space' if args.no_vae else 'VAE'}), {args.resolution}px, LoRA r8, CFG {args.cfg}, "
-          f"micro-batch {args.micro}, {args.threads} threads, {args.iters} timed iterations after 1 warm-up")
+          f"micro-batch {args.micro}, {args.threads} threads, {args.iters} timed iterations after 1 warm-up; "
+          "MFU = model FLOP/s (forward FLOPs measured by torch's counter, 3x for forward+backward) over a "
+          "matmul peak measured in the same process")
     header = ("| prompts x n | steps | window | rollout img/s | iteration img/s | s/iter | gen s | reward s "
-              "| update s | fwd no-grad/iter | fwd+bwd/iter | peak RSS MB |")
+              "| update s | fwd no-grad/iter | fwd+bwd/iter | GFLOP/iter | GFLOP/s | MFU | peak RSS MB |")
     print(header)
     print("|---" * (header.count("|") - 1) + "|")
     for prompts, n, steps, window in SWEEP:
@@ -121,7 +123,8 @@ def main() -> None:
         p = r["phases_s"]
         print(f"| {prompts} x {n} | {steps} | {r['window']} | {r['rollout_img_s']:.1f} | {r['iter_img_s']:.1f} "
               f"| {r['s_per_iter']:.2f} | {p['gen']:.2f} | {p['reward']:.3f} | {p['update_actor']:.2f} "
-              f"| {r['fwd_nograd_per_iter']:.0f} | {r['fwd_grad_per_iter']:.0f} | {r['peak_rss_mb']:.0f} |", flush=True)
+              f"| {r['fwd_nograd_per_iter']:.0f} | {r['fwd_grad_per_iter']:.0f} | {r['gflop_per_iter']:.2f} "
+              f"| {r['achieved_gflop_s']:.1f} | {r['mfu']:.1%} | {r['peak_rss_mb']:.0f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ def _plot_rewards(history: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
     ax.plot(steps, rewards, color="tab:blue", alpha=0.25)
-    ax.plot(steps, smooth(rewards), color="tab:blue", label="training reward (0.5 partial + 0.5 strict), 10-step mean")
+    ax.plot(steps, smooth(rewards), color="tab:blue", label="training reward, 10-step mean")
     ax.plot(steps, strict, color="tab:orange", alpha=0.25)
     ax.plot(steps, smooth(strict), color="tab:orange", label="strict score of the training batch, 10-step mean")
     ax.set_xlabel("step")
@@ -98,6 +98,7 @@ def run_demo(overrides: list[str], per_category: int = 64) -> dict:
     from pixelrl.core.config_loading import load_config
     from pixelrl.data.shapes import evaluation_items
     from pixelrl.engine.evaluate import bootstrap_overall, diversity, evaluate_geneval, format_table, load_for_eval
+    from pixelrl.trainers.checkpointing import find_resume_folder
     from pixelrl.trainers.policy_gradient import PolicyGradientTrainer, run_dir_of
 
     cfg = load_config("shapes_flow_grpo", overrides)
@@ -111,11 +112,12 @@ def run_demo(overrides: list[str], per_category: int = 64) -> dict:
 
     trainer = PolicyGradientTrainer(cfg)
     result = trainer.fit()
-    last = run_dir / "checkpoints" / f"global_step_{cfg.trainer.total_training_steps}"
+    # the final checkpoint: the last step, or an earlier one when trainer.time_budget_s stopped the run
+    last = find_resume_folder(run_dir / "checkpoints", "auto")
+    steps = int(last.name.rsplit("_", 1)[-1])
     trained = evaluate_geneval(load_for_eval(checkpoint=str(last)), items, **eval_kwargs)
 
     div_before, div_after = diversity(base["images"], items), diversity(trained["images"], items)
-    steps = cfg.trainer.total_training_steps
     print()
     print(f"held-out scores (GenEval-style, {len(items)} images; [a, b] = 95% bootstrap interval over items)")
     for score in ("strict", "exact"):

@@ -197,6 +197,9 @@ class TrainerConfig:
     # i - 1 - max_staleness. The schedule is fixed, so async runs are reproducible and resume exactly.
     mode: str = "sync"
     max_staleness: int = 2  # async only: how many steps older than on-policy a batch's weights are
+    # per-device peak for perf/mfu, in TFLOP/s (e.g. 989 for an H100's dense bf16); 0 = measure a
+    # matmul peak on each actor worker at start-up, in the model's dtype
+    peak_tflops: float = 0.0
 
 
 @dataclass

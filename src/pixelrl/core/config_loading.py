@@ -226,6 +226,7 @@ def validate(cfg: PixelRLConfig) -> None:
     _positive("rollout.noise_level", r.noise_level, allow_zero=True)
     _positive("diffusion_loss.kl_coef", cfg.diffusion_loss.kl_coef, allow_zero=True)
     _positive("trainer.time_budget_s", t.time_budget_s, allow_zero=True)
+    _positive("trainer.peak_tflops", t.peak_tflops, allow_zero=True)
     _positive("trainer.total_training_steps", t.total_training_steps, allow_zero=True)  # 0 = from the epochs
     _positive("trainer.total_epochs", t.total_epochs)
     _choice("rollout.solver", r.solver, SOLVERS)

@@ -13,6 +13,7 @@ from collections import defaultdict
 import torch
 
 from pixelrl.algos.losses import get_loss, require_keys
+from pixelrl.engine.flops import FlopMeter, matmul_peak_flops
 from pixelrl.engine.learner import Learner
 from pixelrl.engine.objectives import OBJECTIVE_CLASSES
 from pixelrl.core.batch import Batch
@@ -75,6 +76,8 @@ class PolicyEngine:
         self.update_calls = 0
         # Ranks sharing each optimizer step; `actor.ppo_mini_batch_size` counts images over all.
         self.data_parallel_size = 1
+        # model FLOPs of every denoiser forward (sampling, reference, training): perf/mfu
+        self.flop_meter = FlopMeter(model.transformer, *filter(None, [self._frozen_reference]))
 
     @classmethod
     def from_config(cls, cfg: PixelRLConfig, trains: bool = True) -> "PolicyEngine":
@@ -315,4 +318,12 @@ class PolicyEngine:
             metrics["old_policy_decay"] = decay
         metrics["lr"] = self.learner.current_lr
         metrics["policy_version"] = self.policy_version
+        metrics.update(self.flop_meter.take(self.peak_flops()))
         return metrics
+
+    def peak_flops(self) -> float:
+        """The device's peak FLOP/s for MFU: trainer.peak_tflops, or a matmul measured here once."""
+        if self.cfg.trainer.peak_tflops > 0:
+            return self.cfg.trainer.peak_tflops * 1e12
+        param = next(self.model.transformer.parameters())
+        return matmul_peak_flops(param.device, param.dtype)

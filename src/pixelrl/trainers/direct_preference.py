@@ -13,7 +13,7 @@ import numpy as np
 from pixelrl.algos.forward_process import best_worst_pairs
 from pixelrl.core.batch import Batch
 from pixelrl.core.config import mini_batches_per_epoch
-from pixelrl.trainers.step import PhaseTimer, Rollout, make_rollout, summary_metrics
+from pixelrl.trainers.step import PhaseTimer, Rollout, actor_step_metrics, make_rollout, summary_metrics
 
 
 def train_on_clean_samples(actor, rollout: Rollout, cfg, num_workers: int = 1,
@@ -56,7 +56,7 @@ def offline_preference_step(actor, rows: dict, cfg) -> dict[str, float]:
                   {"num_mini_batches": mini_batches_per_epoch(cfg)})
     with timer.phase("update_actor"):
         actor_metrics = actor.update(train)
-    metrics = {f"actor/{k}": v for k, v in actor_metrics.items()}
+    metrics = actor_step_metrics(actor_metrics)
     for key, values in rows["scores"].items():
         known = [v for v in values if v is not None]
         if known:

@@ -204,6 +204,12 @@ def policy_gradient_step(actor, reward_fn, prompts: list[str], metadata: list[di
     return rollout.batch, train_on(actor, rollout, cfg, num_workers)
 
 
+def actor_step_metrics(actor_metrics: dict) -> dict[str, float]:
+    """The actor's update metrics under `actor/`, except the engine's `perf/*` (MFU, FLOPs,
+    forward and backward counts), which keep their own names."""
+    return {(k if k.startswith("perf/") else f"actor/{k}"): v for k, v in actor_metrics.items()}
+
+
 def summary_metrics(rollout: Rollout, actor_metrics: dict, timer: PhaseTimer) -> dict[str, float]:
     """Reward, advantage, actor and timing metrics of a step (names as verl-omni's). Timing
     sums the producer's phases (gen, reward, adv) and the consumer's."""
@@ -219,7 +225,7 @@ def summary_metrics(rollout: Rollout, actor_metrics: dict, timer: PhaseTimer) ->
     metrics.update({f"critic/rewards/{k}": v for k, v in stats.items()})
     metrics.update(_stats("critic/advantages", batch["advantages"]))
     metrics["critic/advantages/zero_frac"] = float((batch["advantages"] == 0).float().mean())
-    metrics.update({f"actor/{k}": v for k, v in actor_metrics.items()})
+    metrics.update(actor_step_metrics(actor_metrics))
     seconds = dict(rollout.seconds)
     for name, secs in timer.seconds.items():
         seconds[name] = seconds.get(name, 0.0) + secs

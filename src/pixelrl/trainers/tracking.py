@@ -14,7 +14,8 @@ from PIL import Image, ImageDraw
 from pixelrl.core.errors import ConfigError
 
 CONSOLE_KEYS = ("critic/rewards/mean", "reward/overall", "actor/pg_loss", "actor/kl", "actor/clipfrac",
-                "actor/grad_norm", "critic/explained_variance", "perf/throughput", "timing_s/step", "timing/step_s")
+                "actor/grad_norm", "critic/explained_variance", "perf/throughput", "perf/mfu", "timing_s/step",
+                "timing/step_s")
 
 
 def image_grid(images: np.ndarray, captions: list[str] | None = None, ncols: int = 8, scale: int = 2) -> np.ndarray:

@@ -1,0 +1,51 @@
+"""perf/mfu: the FLOP meter by hand on a linear layer, and on every training step the denoiser's
+forward and backward counts of the tiny config's schedule."""
+
+import pytest
+import torch
+
+from conftest import read_metrics, train_cli
+from pixelrl.engine.flops import FlopMeter, matmul_peak_flops
+
+
+def test_flop_meter_counts_forwards_by_hand_and_charges_graph_forwards_three_times():
+    layer = torch.nn.Linear(8, 4, bias=False)
+    meter = FlopMeter(layer)
+    with torch.no_grad():
+        layer(torch.randn(3, 8))              # 2 * 3 * 8 * 4 = 192
+    layer(torch.randn(3, 8)).sum().backward()  # same shape, reused count, builds a graph: 3 * 192
+    layer(torch.randn(5, 8))                   # a new shape is measured: 2 * 5 * 8 * 4 = 320, x3
+    assert meter.per_shape and len(meter.per_shape) == 2
+    metrics = meter.take(peak_flops=1e9)
+    assert metrics["perf/tflop"] * 1e12 == pytest.approx(192 + 3 * 192 + 3 * 320)
+    assert metrics["perf/denoiser_forwards"] == 3 and metrics["perf/denoiser_backwards"] == 2
+    assert metrics["perf/mfu"] == pytest.approx(metrics["perf/achieved_tflops"] * 1e12 / 1e9)
+    assert meter.take(peak_flops=1e9)["perf/tflop"] == 0  # reset
+
+
+def test_matmul_peak_is_measured_once_and_positive():
+    peak = matmul_peak_flops("cpu", torch.float32, size=256)
+    assert peak > 1e8 and matmul_peak_flops("cpu", torch.float32, size=256) == peak
+
+
+def test_every_step_reports_mfu_and_the_schedules_denoiser_calls(tmp_path, tiny_pixel_path):
+    code, run = train_cli(tmp_path, tiny_pixel_path, "trainer.backend=local", "trainer.logger=[jsonl]",
+                          "data.train_batch_size=2", "actor.ppo_mini_batch_size=4", "trainer.total_training_steps=2",
+                          "trainer.save_freq=-1", "trainer.test_freq=-1")
+    assert code == 0
+    metrics = read_metrics(run)
+    for m in metrics:
+        # 2 prompts x 4 images, guidance 1 (no CFG batch), 6 steps in one rollout micro-batch:
+        # 6 sampling forwards; steps 0..4 trained (the last, near-clean step stays ODE), 2 mini-batches
+        # of 4 images: 2 x 5 forward+backward
+        assert m["perf/denoiser_forwards"] == 6 + 10 and m["perf/denoiser_backwards"] == 10
+        assert 0 < m["perf/mfu"] <= 1 and m["perf/tflop"] > 0
+        assert m["perf/mfu"] == pytest.approx(m["perf/achieved_tflops"] / m["perf/peak_tflops"])
+        assert "actor/perf/mfu" not in m
+    # the same shapes every step: the same FLOPs
+    assert metrics[0]["perf/tflop"] == metrics[1]["perf/tflop"]
+    # a configured peak replaces the measured one
+    code, run = train_cli(tmp_path / "peak", tiny_pixel_path, "trainer.backend=local", "trainer.logger=[jsonl]",
+                          "data.train_batch_size=2", "actor.ppo_mini_batch_size=4", "trainer.total_training_steps=1",
+                          "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.peak_tflops=1000")
+    assert code == 0 and read_metrics(run)[0]["perf/peak_tflops"] == 1000
