@@ -118,6 +118,8 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("reward GPUs on a machine without one",
      [*SHAPES, "trainer.backend=ray", "reward.placement=pool", "reward.num_gpus=1"], "reward.num_gpus"),
     ("negative reward GPUs", [*SHAPES, "reward.num_gpus=-1"], "reward.num_gpus"),
+    ("demo that would save no checkpoint", ["demo", "trainer.save_freq=-1"], "trainer.save_freq"),
+    ("negative device peak for MFU", [*SHAPES, "trainer.peak_tflops=-1"], "trainer.peak_tflops"),
     # the reward server
     ("reward server reachable from other machines without a token",
      ["serve-reward", "--reward", "jpeg_compressibility", "--host", "0.0.0.0"], "--host"),

@@ -96,12 +96,16 @@ def demo_report(base: dict, trained: dict, div_before: dict, div_after: dict) ->
 
 def run_demo(overrides: list[str], per_category: int = 64) -> dict:
     from pixelrl.core.config_loading import load_config
+    from pixelrl.core.errors import ConfigError
     from pixelrl.data.shapes import evaluation_items
     from pixelrl.engine.evaluate import bootstrap_overall, diversity, evaluate_geneval, format_table, load_for_eval
     from pixelrl.trainers.checkpointing import find_resume_folder
     from pixelrl.trainers.policy_gradient import PolicyGradientTrainer, run_dir_of
 
     cfg = load_config("shapes_flow_grpo", overrides)
+    if cfg.trainer.save_freq == -1:
+        raise ConfigError("trainer.save_freq", -1, "the demo evaluates the trained model from its final checkpoint: "
+                          "use 0 (save only at the last step) or a positive interval")
     run_dir = run_dir_of(cfg)
     items = evaluation_items("test", per_category=per_category)
     eval_kwargs = dict(num_steps=cfg.val_kwargs.num_steps, guidance_scale=cfg.rollout.guidance_scale)
