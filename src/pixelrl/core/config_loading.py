@@ -323,8 +323,7 @@ def _check_reward_gpus(cfg) -> None:
     import os
 
     gpus = cfg.reward.num_gpus
-    if isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or not math.isfinite(gpus) or gpus < 0:
-        raise ConfigError("reward.num_gpus", gpus, "a number of GPUs per reward worker >= 0 (fractions share a GPU)")
+    _positive("reward.num_gpus", gpus, allow_zero=True)
     if gpus == 0:
         return
     if cfg.reward.placement != "pool" or cfg.trainer.backend != "ray":

@@ -16,28 +16,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from pixelrl.core.errors import ConfigError
-from pixelrl.rewards.registry import register_reward
+from pixelrl.rewards.registry import (check_model_folder_option, check_number_option, register_reward,
+                                      scoring_device)
 
 AESTHETIC_HIDDEN = (1024, 128, 64, 16)
-
-
-def check_model_folder_option(options: dict, field: str, needs: tuple[str, ...] = ("config.json",)) -> None:
-    """The `path` option names a local folder holding `needs` (checked before any worker starts)."""
-    path = options.get("path")
-    if not isinstance(path, str) or not path:
-        raise ConfigError(f"{field}.path", path, "the local folder of the scoring model (see docs/rewards/)")
-    missing = [name for name in needs if not (Path(path).expanduser() / name).exists()]
-    if missing:
-        raise ConfigError(f"{field}.path", path, f"this folder lacks {missing}; see docs/rewards/ for the layout "
-                                                 "(nothing is downloaded)")
-    batch = options.get("batch_size", 32)
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ConfigError(f"{field}.batch_size", batch, "an integer >= 1")
-
-
-def _device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _pooled(output) -> torch.Tensor:
@@ -53,7 +35,7 @@ class ClipBackbone:
 
         from pixelrl.models.base import load_part
 
-        self.device, self.batch_size = _device(), batch_size
+        self.device, self.batch_size = scoring_device(), batch_size
         self.model = load_part(path, "CLIP model", lambda: CLIPModel.from_pretrained(path, use_safetensors=True))
         self.model.eval().requires_grad_(False).to(self.device)
         processor_path = processor_path or path
@@ -100,9 +82,7 @@ def _similarity_reward(name: str, path: str, divisor: float, batch_size: int, pr
 
 def _check_similarity_options(options: dict, field: str) -> None:
     check_model_folder_option(options, field)
-    divisor = options.get("divisor", 1.0)
-    if isinstance(divisor, bool) or not isinstance(divisor, (int, float)) or not divisor > 0:
-        raise ConfigError(f"{field}.divisor", divisor, "a number > 0")
+    check_number_option(options, field, "divisor", 1.0, lambda v: v > 0, "a number > 0")
 
 
 @register_reward("clip_score")

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import time
 
-from pixelrl.core.errors import ConfigError
-from pixelrl.rewards.registry import REWARDS, check_reward_options, get_reward, register_reward
+from pixelrl.rewards.registry import REWARDS, check_inner_reward, check_number_option, get_reward, register_reward
 
 
 @register_reward("delayed")
@@ -28,14 +27,9 @@ def delayed(reward: str = "jpeg_compressibility", seconds_per_image: float = 0.0
 
 
 def check_delayed_options(options: dict, field: str) -> None:
-    reward = options.get("reward", "jpeg_compressibility")
-    if reward == "delayed" or reward not in REWARDS:
-        raise ConfigError(f"{field}.reward", reward,
-                          f"name the reward to delay, one of {[n for n in REWARDS.names() if n != 'delayed']}")
-    seconds = options.get("seconds_per_image", 0.0)
-    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds < 0:
-        raise ConfigError(f"{field}.seconds_per_image", seconds, "a number of seconds >= 0")
-    check_reward_options(reward, dict(options.get("reward_options") or {}), f"{field}.reward_options")
+    check_inner_reward(options, field, "jpeg_compressibility", [n for n in REWARDS.names() if n != "delayed"],
+                       "name the reward to delay")
+    check_number_option(options, field, "seconds_per_image", 0.0, lambda v: v >= 0, "a number of seconds >= 0")
 
 
 delayed.check_options = check_delayed_options

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from pixelrl.core.errors import ConfigError
-from pixelrl.rewards.registry import REWARDS, check_reward_options, get_reward, register_reward
+from pixelrl.rewards.registry import REWARDS, check_inner_reward, get_reward, register_reward
 
 
 def group_index(prompts: list[str]) -> torch.Tensor:
@@ -38,11 +37,8 @@ def win_rates(scores: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
 
 
 def check_win_rate_options(options: dict, field: str) -> None:
-    inner = options.get("reward", "")
-    if inner not in REWARDS or getattr(REWARDS.get(inner), "groupwise", False):
-        raise ConfigError(f"{field}.reward", inner, "the per-image reward to compare, one of "
-                          f"{[n for n in REWARDS.names() if not getattr(REWARDS.get(n), 'groupwise', False)]}")
-    check_reward_options(inner, dict(options.get("reward_options") or {}), f"{field}.reward_options")
+    per_image = [n for n in REWARDS.names() if not getattr(REWARDS.get(n), "groupwise", False)]
+    check_inner_reward(options, field, "", per_image, "the per-image reward to compare")
 
 
 @register_reward("pairwise_win_rate")

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from pixelrl.core.errors import ConfigError, RewardError
-from pixelrl.rewards.registry import register_reward
+from pixelrl.rewards.registry import check_number_option, register_reward
 
 _WHITESPACE = re.compile(r"\s+")
 
@@ -51,9 +51,7 @@ def check_ocr_options(options: dict, field: str) -> None:
     missing = [m for m in ("rapidocr_onnxruntime", "rapidfuzz") if importlib.util.find_spec(m) is None]
     if missing:
         raise ConfigError(f"{field}", {"name": "ocr"}, f"the OCR reward needs {missing}: pip install 'pixelrl[ocr]'")
-    confidence = options.get("min_confidence", 0.5)
-    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 <= confidence < 1:
-        raise ConfigError(f"{field}.min_confidence", confidence, "a number in [0, 1)")
+    check_number_option(options, field, "min_confidence", 0.5, lambda v: 0 <= v < 1, "a number in [0, 1)")
 
 
 @register_reward("ocr")

@@ -38,6 +38,51 @@ def check_reward_options(name: str, options: dict, field: str = "reward.function
         check_values(options, field)
 
 
+def check_number_option(options: dict, field: str, name: str, default, valid: Callable[[float], bool], fix: str,
+                        integer: bool = False) -> None:
+    """Stop with a ConfigError naming `field.name` unless the option is a number (an integer when
+    `integer`; never a bool or NaN) for which `valid` holds."""
+    value = options.get(name, default)
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or value != value or not valid(value):
+        from pixelrl.core.errors import ConfigError
+
+        raise ConfigError(f"{field}.{name}", value, fix)
+
+
+def check_inner_reward(options: dict, field: str, default: str, allowed: list[str], role: str) -> None:
+    """A reward built around another (`reward` + `reward_options`): the inner name is one of
+    `allowed` and its options are its own."""
+    inner = options.get("reward", default)
+    if inner not in allowed:
+        from pixelrl.core.errors import ConfigError
+
+        raise ConfigError(f"{field}.reward", inner, f"{role}, one of {allowed}")
+    check_reward_options(inner, dict(options.get("reward_options") or {}), f"{field}.reward_options")
+
+
+def check_model_folder_option(options: dict, field: str, needs: tuple[str, ...] = ("config.json",)) -> None:
+    """The `path` option names a local folder holding `needs`, and `batch_size` is >= 1 (checked
+    before any worker starts; a model-based reward loads nothing else)."""
+    from pathlib import Path
+
+    from pixelrl.core.errors import ConfigError
+
+    path = options.get("path")
+    if not isinstance(path, str) or not path:
+        raise ConfigError(f"{field}.path", path, "the local folder of the scoring model (see docs/rewards/)")
+    missing = [name for name in needs if not (Path(path).expanduser() / name).exists()]
+    if missing:
+        raise ConfigError(f"{field}.path", path, f"this folder lacks {missing}; see docs/rewards/ for the layout "
+                                                 "(nothing is downloaded)")
+    check_number_option(options, field, "batch_size", 1, lambda v: v >= 1, "an integer >= 1", integer=True)
+
+
+def scoring_device() -> torch.device:
+    """Where a model-based reward runs: the reward worker's GPU when it has one."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def get_reward(name: str, **options) -> RewardFn:
     factory = REWARDS.get(name)
     check_reward_options(name, options)

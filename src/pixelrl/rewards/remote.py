@@ -8,6 +8,7 @@ failed request never turns into a zero reward.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
@@ -18,7 +19,7 @@ from urllib.parse import urlsplit
 import torch
 
 from pixelrl.core.errors import ConfigError, RewardError
-from pixelrl.rewards.registry import register_reward
+from pixelrl.rewards.registry import check_number_option, register_reward
 from pixelrl.rewards.wire import ENCODINGS, WireError, decode_scores, encode_request
 
 RETRIED_STATUSES = (502, 503, 504)
@@ -30,14 +31,10 @@ def check_remote_options(options: dict, field: str) -> None:
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
         raise ConfigError(f"{field}.url", url, "the reward server's address, e.g. http://127.0.0.1:8765 (scheme, host "
                                                "and port; the client adds /score)")
-    for name, low in (("timeout_s", 0), ("backoff_s", -1e-9)):
-        value = options.get(name, 1.0)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > low or value != value:
-            raise ConfigError(f"{field}.{name}", value, "a number of seconds" + (" > 0" if low == 0 else " >= 0"))
-    for name, low in (("retries", 0), ("batch_size", 1)):
-        value = options.get(name, low)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ConfigError(f"{field}.{name}", value, f"an integer >= {low}")
+    check_number_option(options, field, "timeout_s", 1.0, lambda v: v > 0, "a number of seconds > 0")
+    check_number_option(options, field, "backoff_s", 1.0, lambda v: v >= 0, "a number of seconds >= 0")
+    check_number_option(options, field, "retries", 0, lambda v: v >= 0, "an integer >= 0", integer=True)
+    check_number_option(options, field, "batch_size", 1, lambda v: v >= 1, "an integer >= 1", integer=True)
     if options.get("encoding", "png") not in ENCODINGS:
         raise ConfigError(f"{field}.encoding", options.get("encoding"), f"one of {list(ENCODINGS)}")
 
@@ -102,8 +99,6 @@ def remote(url: str = "", key: str | None = None, token_env: str = "PIXELRL_REWA
 
 
 def _server_message(err: urllib.error.HTTPError) -> str:
-    import json
-
     try:
         return str(json.loads(err.read())["error"])
     except Exception:

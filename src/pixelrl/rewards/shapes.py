@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pixelrl.rewards.registry import register_reward
+from pixelrl.rewards.registry import check_number_option, register_reward
 
 SHAPES = ("circle", "square", "triangle")
 # Saturated colours spread around the hue circle; rendered on black.
@@ -239,14 +239,10 @@ def shapes_geneval(strict_weight: float = 0.0, extra_object_penalty: float = 0.0
 
 
 def _check_shapes_geneval(options: dict, field: str) -> None:
-    from pixelrl.core.errors import ConfigError
-
-    weight, penalty = options.get("strict_weight", 0.0), options.get("extra_object_penalty", 0.0)
-    if not isinstance(weight, (int, float)) or not 0 <= weight <= 1:
-        raise ConfigError(f"{field}.strict_weight", weight, "a number in [0, 1]: the weight of the strict 0/1 score")
-    if not isinstance(penalty, (int, float)) or not 0 <= penalty < float("inf"):
-        raise ConfigError(f"{field}.extra_object_penalty", penalty,
-                          "a number >= 0: reward subtracted per unrequested object (0 = off; 0.1-0.3 guards)")
+    check_number_option(options, field, "strict_weight", 0.0, lambda v: 0 <= v <= 1,
+                        "a number in [0, 1]: the weight of the strict 0/1 score")
+    check_number_option(options, field, "extra_object_penalty", 0.0, lambda v: 0 <= v < float("inf"),
+                        "a number >= 0: reward subtracted per unrequested object (0 = off; 0.1-0.3 guards)")
 
 
 shapes_geneval.check_options = _check_shapes_geneval

@@ -11,31 +11,24 @@ the VLM trainer's family (Qwen2-VL layout), loaded from a local folder, frozen, 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import torch
 
 from pixelrl.core.errors import ConfigError, ModelFolderError
-from pixelrl.rewards.registry import register_reward
+from pixelrl.rewards.registry import check_model_folder_option, register_reward, scoring_device
 
 DEFAULT_TEMPLATE = 'Does this image show "{prompt}"? Answer yes or no.'
 
 
 def check_judge_options(options: dict, field: str) -> None:
-    path = options.get("path")
-    if not isinstance(path, str) or not (Path(path).expanduser() / "config.json").is_file():
-        raise ConfigError(f"{field}.path", path, "a local Qwen2-VL folder (config.json, *.safetensors, tokenizer, "
-                                                 "preprocessor_config.json); nothing is downloaded")
+    # the judge is a Qwen2-VL folder: its config and its image processor's
+    check_model_folder_option(options, field, needs=("config.json", "preprocessor_config.json"))
     template = options.get("template", DEFAULT_TEMPLATE)
     if not isinstance(template, str) or "{prompt}" not in template:
         raise ConfigError(f"{field}.template", template, "a question containing {prompt}, e.g. " + DEFAULT_TEMPLATE)
     for key in ("yes", "no"):
         if not isinstance(options.get(key, key), str) or not options.get(key, key).strip():
             raise ConfigError(f"{field}.{key}", options.get(key), "the answer word, e.g. " + key)
-    batch = options.get("batch_size", 16)
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ConfigError(f"{field}.batch_size", batch, "an integer >= 1")
 
 
 def _single_token(judge, word: str, path: str) -> int:
@@ -60,7 +53,7 @@ def vlm_judge(path: str = "", template: str = DEFAULT_TEMPLATE, yes: str = "yes"
     def load():
         from pixelrl.models.qwen_vl.model import QwenVLModel
 
-        judge = QwenVLModel(path, device="cuda" if torch.cuda.is_available() else "cpu")
+        judge = QwenVLModel(path, device=scoring_device())
         judge.model.requires_grad_(False)
         state.update(judge=judge, ids=[_single_token(judge, yes, path), _single_token(judge, no, path)])
 
@@ -75,9 +68,7 @@ def vlm_judge(path: str = "", template: str = DEFAULT_TEMPLATE, yes: str = "yes"
         scores = []
         for start in range(0, len(arrays), batch_size):
             batch = judge.prompts(arrays[start:start + batch_size], questions[start:start + batch_size])
-            # prompts are left-padded, so the last column predicts the first answer token
-            logits = judge.model(**judge.model_inputs(batch), use_cache=False).logits[:, -1].float()
-            logp = torch.log_softmax(judge._suppress(logits), -1)
+            logp = judge.next_token_logprobs(batch)
             if two_way:
                 scores.append(torch.softmax(logp[:, [yes_id, no_id]], -1)[:, 0])
             else:

@@ -184,6 +184,12 @@ class QwenVLModel:
         P, R = batch.prompt_length, batch.input_ids.shape[1] - batch.prompt_length
         return out.logits[:, P - 1:P - 1 + R]
 
+    def next_token_logprobs(self, prompts: TokenBatch, module: nn.Module | None = None) -> torch.Tensor:
+        """Log-probs [B, V] of the first response token after left-padded `prompts` (the last
+        column predicts it), vision placeholders excluded as in sampling."""
+        logits = (module or self.model)(**self.model_inputs(prompts), use_cache=False).logits[:, -1].float()
+        return torch.log_softmax(self._suppress(logits), -1)
+
     def token_logprobs(self, batch: TokenBatch, *, temperature: float = 1.0, module: nn.Module | None = None,
                        with_entropy: bool = False):
         """Per-token log-probs [B, R] of the batch's responses (zero outside `response_mask`), and
