@@ -2,6 +2,7 @@
 options, zero-advantage dropping, and the engine paths that must match the references."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -173,7 +174,8 @@ def test_linspace_shift_schedule_hand_computed():
     from pixelrl.sampling.schedule import schedule_sigmas
 
     # s = 1, .75, .5, .25, 0 -> 3 s / (1 + 2 s)
-    sigmas = schedule_sigmas(FlowMatchEulerDiscreteScheduler(shift=3.0), 4, "linspace_shift")
+    model = SimpleNamespace(scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0))
+    sigmas = schedule_sigmas(model, 4, "linspace_shift", 32, 32)
     assert torch.allclose(sigmas, torch.tensor([1.0, 0.9, 0.75, 0.5, 0.0]))
     assert paper_config("dance_grpo_sd35").rollout.sigma_schedule == "linspace_shift"
     assert paper_config("mixgrpo_sd35").rollout.sigma_schedule == "linspace_shift"

@@ -123,3 +123,33 @@ def test_lora_trains_only_adapters_and_disabling_gives_the_base_model(tiny_sd3_p
         assert torch.equal(model.predict_velocity(x, torch.tensor(0.5), text), base)
     state = lora_state_dict(model.transformer)
     assert state and all("lora" in k for k in state)
+
+
+def test_a_folder_of_another_family_is_refused_with_model_type_named(tmp_path, tiny_pixel_path):
+    import json
+    import shutil
+
+    from pixelrl.core.errors import ConfigError
+    from pixelrl.models.loader import check_model_type, folder_model_type, load_folder_model
+
+    assert folder_model_type(tiny_pixel_path) == "sd3"
+    assert isinstance(load_folder_model(tiny_pixel_path), SD3Model)  # eval / generate pick the family
+    check_model_type("sd3", tiny_pixel_path)
+    other = tmp_path / "other"
+    shutil.copytree(tiny_pixel_path, other)
+    index = json.loads((other / "model_index.json").read_text())
+    (other / "model_index.json").write_text(json.dumps({**index, "_class_name": "KandinskyPipeline"}))
+    with pytest.raises(ConfigError, match="model.type.*holds a KandinskyPipeline folder"):
+        check_model_type("sd3", other)
+    with pytest.raises(ModelFolderError, match="no family"):
+        load_folder_model(other)
+
+
+def test_fsdp_units_are_the_blocks_the_family_declares_unsplittable(tiny_pixel_path):
+    from pixelrl.models.parallelize import no_split_units
+
+    model = SD3Model(tiny_pixel_path)
+    units = model.fsdp_units()
+    assert units == list(model.transformer.transformer_blocks)
+    with pytest.raises(ValueError, match="declares no `_no_split_modules`"):
+        no_split_units(torch.nn.Linear(2, 2))

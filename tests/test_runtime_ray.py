@@ -59,7 +59,12 @@ def test_two_ranks_hold_identical_weights_equal_to_a_one_worker_run(ray_cluster,
         finally:
             group.shutdown()
 
-    (rank0, rank1), two_metrics = train(RayWorkerGroup(to_yaml(cfg), 2, 1))
+    group = RayWorkerGroup(to_yaml(cfg), 2, 1)
+    units = group.call("fsdp_units", gather="all")
+    # FSDP2 shards every SD3 joint block (the family's `_no_split_modules`) and the root; DDP nothing
+    expected = ["SD3Transformer2DModel"] + ["JointTransformerBlock"] * 2 if strategy == "fsdp2" else []
+    assert units == [expected, expected]
+    (rank0, rank1), two_metrics = train(group)
     (single,), one_metrics = train(LocalWorkerGroup(to_yaml(cfg)))
     assert rank0.keys() == rank1.keys() == single.keys()
     assert all(np.array_equal(rank0[k], rank1[k]) for k in rank0)

@@ -31,7 +31,7 @@ def test_builtin_paths_resolve_or_name_the_field():
 
 
 def test_pretraining_lowers_the_flow_matching_loss_and_writes_a_loadable_pipeline(tmp_path):
-    from pixelrl.engine.pretrain import pretrain_shapes
+    from pixelrl.shapes.pretrain import pretrain_shapes
     from pixelrl.engine.evaluate import generate
     from pixelrl.models import SD3Model
 
@@ -49,7 +49,7 @@ def test_pretraining_lowers_the_flow_matching_loss_and_writes_a_loadable_pipelin
     # the loss is logged every 100 steps; re-measure it directly instead: trained beats init
     import torch
 
-    from pixelrl.engine.pretrain import ShapesStream, flow_matching_loss, images_to_model_space
+    from pixelrl.shapes.pretrain import ShapesStream, flow_matching_loss, images_to_model_space
 
     captions, batch = ShapesStream(seed=123).batch(32)
     losses = {}

@@ -141,11 +141,12 @@ def cmd_export(args) -> int:
         raise ConfigError("<out>", str(out), "exists and is " + ("a file" if not out.is_dir() else "not empty")
                           + ": export into a new or empty folder")
     check_output_dir(out, "<out>")
-    base = args.base_model or from_yaml_text((ckpt / "config.yaml").read_text()).model.path
+    saved = from_yaml_text((ckpt / "config.yaml").read_text()).model
+    base = args.base_model or saved.path
     if not Path(resolve(str(base))).is_dir():
         raise ConfigError("--base-model", str(base), "the base model folder does not exist here (a run's relative "
                           "model.path is relative to where it trained): pass --base-model PATH")
-    out = export_checkpoint(ckpt / "actor", base, out, adapter_only=args.adapter_only)
+    out = export_checkpoint(ckpt / "actor", base, out, model_type=saved.type, adapter_only=args.adapter_only)
     print(f"exported {'adapter' if args.adapter_only else 'pipeline'} to {out}")
     return 0
 
@@ -236,7 +237,7 @@ def cmd_make_preferences(args) -> int:
 def cmd_pretrain_shapes(args) -> int:
     import torch
 
-    from pixelrl.engine.pretrain import pretrain_shapes
+    from pixelrl.shapes.pretrain import pretrain_shapes
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     final = pretrain_shapes(args.out, steps=args.steps, seed=args.seed, eval_every=args.eval_every,

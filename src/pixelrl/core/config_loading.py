@@ -133,7 +133,7 @@ def validate(cfg: PixelRLConfig) -> None:
     from pixelrl.algos.kl import KL_TYPES
     from pixelrl.algos.losses import LOSSES
     from pixelrl.models.base import DTYPES
-    from pixelrl.models.loader import MODEL_TYPES, latent_unit
+    from pixelrl.models.loader import MODEL_TYPES, check_model_type, latent_unit, model_family
     from pixelrl.models.lora import LORA_INITS
     from pixelrl.sampling.multistep import SOLVERS
     from pixelrl.sampling.schedule import SIGMA_SCHEDULES
@@ -261,6 +261,7 @@ def validate(cfg: PixelRLConfig) -> None:
                           f"mini-batch ({mini // t.n_workers}) a multiple of the micro-batch")
     if not cfg.model.path:
         raise ConfigError("model.path", cfg.model.path, "set it to a local diffusers pipeline folder")
+    model_family(m.type).check_options(m.max_sequence_length)
     unit = latent_unit(m.type, m.path)
     if unit and r.resolution % unit:
         raise ConfigError("rollout.resolution", r.resolution,
@@ -275,6 +276,7 @@ def validate(cfg: PixelRLConfig) -> None:
     if not Path(resolve(str(m.path))).is_dir():
         raise ConfigError("model.path", m.path, "the folder does not exist: set model.path to a local diffusers "
                           "pipeline folder (or builtin:shapes; `pixelrl build-tiny DIR` makes a tiny random one)")
+    check_model_type(m.type, m.path)
 
 
 def _check_output_locations(cfg: PixelRLConfig) -> None:

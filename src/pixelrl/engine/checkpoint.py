@@ -2,7 +2,7 @@
 
 Layout of an engine folder (written by rank 0; every rank takes part in gathering):
     trainable.safetensors      exact trainable tensors, by parameter name (for resume)
-    adapter/pytorch_lora_weights.safetensors   LoRA in the diffusers layout (`load_lora_weights`)
+    adapter/pytorch_lora_weights.safetensors   LoRA in the family's diffusers layout (`load_lora_weights`)
     old_adapter.safetensors    the `old` adapter (DiffusionNFT's old policy, AWM's EMA) when kept
     optimizer.pt               full optimizer state (loaded with weights_only=True)
     engine_state.json          lr scheduler state and counters
@@ -54,11 +54,7 @@ def save_engine(engine, folder: str | Path, *, write: bool = True) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "trainable.safetensors"))
     if engine.use_lora:
-        from diffusers import StableDiffusion3Pipeline
-
-        lora = {peft_key(k): v for k, v in weights.items()}
-        StableDiffusion3Pipeline.save_lora_weights(folder / "adapter", transformer_lora_layers=lora,
-                                                   safe_serialization=True)
+        engine.model.save_lora(folder / "adapter", {peft_key(k): v for k, v in weights.items()})
     if old is not None:
         save_file({k: v.contiguous() for k, v in old.items()}, str(folder / "old_adapter.safetensors"))
     torch.save(optimizer, folder / "optimizer.pt")

@@ -6,7 +6,8 @@ workers themselves; the engine stays unaware of Ray.
 - `ddp`: every rank holds the full model; after a mini-batch's backward passes the trainable
   gradients are averaged with one flat all-reduce (what DDP does under `no_sync`
   accumulation), then every rank takes the same optimizer step.
-- `fsdp2`: `torch.distributed.fsdp.fully_shard` on each transformer block and the root; every
+- `fsdp2`: `torch.distributed.fsdp.fully_shard` on the model family's units and the root
+  (`pixelrl.models.parallelize`, applied before the optimizer is built); every
   forward all-gathers parameters and every backward reduce-scatters gradients, so all ranks
   must run the same number of forwards (the config validation enforces equal shards).
 """
@@ -51,27 +52,6 @@ def ddp_grad_sync(params: list[torch.nn.Parameter]) -> None:
         n = g.numel()
         p.grad = flat[offset:offset + n].view_as(g).clone()
         offset += n
-
-
-def apply_fsdp2(transformer: torch.nn.Module) -> None:
-    """Shard each transformer block, then the root module (FSDP2 / fully_shard)."""
-    blocks = getattr(transformer, "transformer_blocks", None)
-    if blocks is None:
-        raise ValueError("fsdp2 needs a transformer with `transformer_blocks` to shard")
-    shard_blocks(transformer, list(blocks))
-
-
-def shard_blocks(root: torch.nn.Module, blocks: list[torch.nn.Module]) -> None:
-    """FSDP2: one all-gather unit per block, the rest (embeddings, norms, heads) in the root's."""
-    from torch.distributed.fsdp import fully_shard
-
-    for block in blocks:
-        fully_shard(block)
-    fully_shard(root)
-    # FSDP2 decides which unit is the root at the first forward through it; a sub-unit called on
-    # its own first (transformers' generate encodes the image before any full forward) would
-    # claim that role. Settle it now.
-    root._get_fsdp_state()._lazy_init()
 
 
 def full_tensor(value: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,6 @@ import torch
 from pixelrl.models.base import DiffusionModel
 from pixelrl.rewards.shapes import CATEGORIES, score_scene
 from pixelrl.sampling.rollout import SamplingSettings, rollout
-from pixelrl.sampling.schedule import sigmas_from_scheduler
 from pixelrl.sampling.windows import Window
 
 
@@ -19,7 +18,7 @@ def generate(model: DiffusionModel, prompts: list[str], seeds: list[int], *, num
              guidance_scale: float = 4.0, resolution: int = 32, negative_prompt: str = "",
              batch_size: int = 128) -> torch.Tensor:
     """uint8 images [B, H, W, 3] from the ODE sampler (no noise injected), one per (prompt, seed)."""
-    sigmas = sigmas_from_scheduler(model.scheduler, num_steps)
+    sigmas = model.sigmas(num_steps, resolution, resolution)
     settings = SamplingSettings(noise_level=0.0, guidance_scale=guidance_scale)
     images = []
     for start in range(0, len(prompts), batch_size):
@@ -117,9 +116,10 @@ def load_for_eval(model_path: str | None = None, checkpoint: str | None = None, 
     from pathlib import Path
 
     from pixelrl.models import load_model
+    from pixelrl.models.loader import load_folder_model
 
     if checkpoint is None:
-        return load_model("sd3", model_path or "builtin:shapes", max_sequence_length=max_sequence_length)
+        return load_folder_model(model_path or "builtin:shapes", max_sequence_length=max_sequence_length)
     from pixelrl.core.config_loading import from_yaml_text
     from pixelrl.engine.checkpoint import load_engine
     from pixelrl.engine.policy_engine import PolicyEngine

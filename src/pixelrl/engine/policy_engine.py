@@ -33,7 +33,7 @@ class PolicyEngine:
     """`trains=False` builds a rollout-only engine (a separate rollout pool's worker): the same
     model and adapters, no optimizer; it receives weights with `load_weights`."""
 
-    def __init__(self, model: DiffusionModel, cfg: PixelRLConfig, trains: bool = True):
+    def __init__(self, model: DiffusionModel, cfg: PixelRLConfig, trains: bool = True, parallelize=None):
         self.model = model
         self.cfg = cfg
         self.loss = get_loss(cfg.diffusion_loss.name)
@@ -46,7 +46,7 @@ class PolicyEngine:
             logprob_reduction=cfg.rollout.logprob_reduction,
             solver=cfg.rollout.solver,
         )
-        self.sigmas = schedule_sigmas(model.scheduler, cfg.rollout.num_steps, cfg.rollout.sigma_schedule)
+        self.sigmas = self.schedule(cfg.rollout.num_steps)
 
         mcfg = cfg.model
         torch.manual_seed(cfg.seed)
@@ -68,6 +68,8 @@ class PolicyEngine:
             model.transformer.enable_gradient_checkpointing()
         if not model.trainable_parameters():
             raise ConfigError("model.lora_target_modules", mcfg.lora_target_modules, "no parameter is trainable")
+        if parallelize is not None:  # data parallelism (DDP / FSDP2) wraps the model before the optimizer exists
+            parallelize(model)
         # The optimizer side (AdamW, warm-up, clipping, non-finite policy, DDP grad-sync hook).
         self.learner = Learner.from_actor_config(model.trainable_parameters, cfg.actor) if trains else None
         # Counts optimizer steps; a batch remembers the version that sampled it, so the engine
@@ -80,13 +82,19 @@ class PolicyEngine:
         self.flop_meter = FlopMeter(model.transformer, *filter(None, [self._frozen_reference]))
 
     @classmethod
-    def from_config(cls, cfg: PixelRLConfig, trains: bool = True) -> "PolicyEngine":
-        """Load `cfg.model` and build the engine around it (one process, no Ray)."""
+    def from_config(cls, cfg: PixelRLConfig, trains: bool = True, parallelize=None) -> "PolicyEngine":
+        """Load `cfg.model` and build the engine around it (one process, no Ray); `parallelize(model)`
+        shards or replicates it across a process group once its adapters exist."""
         from pixelrl.models import load_model
 
         m = cfg.model
         return cls(load_model(m.type, m.path, device=m.device, dtype=m.dtype,
-                              max_sequence_length=m.max_sequence_length), cfg, trains)
+                              max_sequence_length=m.max_sequence_length), cfg, trains, parallelize)
+
+    def schedule(self, num_steps: int) -> torch.Tensor:
+        """The N + 1 sigmas of `rollout.sigma_schedule` at the rollout resolution."""
+        res = self.cfg.rollout.resolution
+        return schedule_sigmas(self.model, num_steps, self.cfg.rollout.sigma_schedule, res, res)
 
     # ------------------------------------------------------------------ rollout
     @property
@@ -107,7 +115,7 @@ class PolicyEngine:
     def _rollout(self, prompts, seeds, *, window, settings, num_steps, noise_seeds) -> Batch:
         settings = settings or self.settings
         sigmas = (self.sigmas if num_steps is None
-                  else schedule_sigmas(self.model.scheduler, num_steps, self.cfg.rollout.sigma_schedule))
+                  else self.schedule(num_steps))
         window = window or (self.default_window() if num_steps is None else full_window(num_steps))
         if settings.noise_level == 0:
             window = Window(0, 0)  # a deterministic sampler: no transition to store
@@ -175,8 +183,7 @@ class PolicyEngine:
     def step_outputs(self, micro: Batch, step: torch.Tensor, settings: SamplingSettings):
         """Re-score window step `step[i]` of sample i (a [B] index tensor)."""
         text = self.model.encode_prompts(micro["prompts"])
-        negative = (self.model.encode_prompts([self.cfg.rollout.negative_prompt] * len(micro))
-                    if settings.guidance_scale != 1.0 else None)
+        negative = self.model.negative_embeds(self.cfg.rollout.negative_prompt, len(micro), settings.guidance_scale)
         device = self.model.device
         rows = torch.arange(len(micro))
         return step_with_log_prob(

@@ -86,7 +86,8 @@ class VLMEngine:
         samples and scores its own prompts; whitening and the KL controller use all ranks' numbers."""
         import torch.distributed as dist
 
-        from pixelrl.engine.distributed import broadcast_parameters, ddp_grad_sync, shard_blocks
+        from pixelrl.engine.distributed import broadcast_parameters, ddp_grad_sync
+        from pixelrl.models.parallelize import shard_blocks
 
         self.data_parallel_size = dist.get_world_size()
         modules = [self.policy.model] + ([self.critic] if self.critic is not None else [])

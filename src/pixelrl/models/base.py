@@ -6,9 +6,12 @@ shipped tiny model share one rollout loop and one update step.
 
 from __future__ import annotations
 
+import copy
+import json
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -45,17 +48,71 @@ class PromptEmbeds:
 
 
 class DiffusionModel(ABC):
-    """A flow-matching text-to-image model: denoiser, text encoders, scheduler, decoder."""
+    """A flow-matching text-to-image model: denoiser, text encoders, scheduler, decoder.
+
+    A model family (one folder under `models/`) subclasses this and owns everything specific to
+    it: the diffusers pipeline it stands for (prompt encoding, LoRA file layout, export), the
+    conditioning its denoiser takes, the latent layout, the sigma schedule and the FSDP units.
+    Sampling, engines and trainers only call the methods below."""
 
     transformer: nn.Module  # the denoiser; the only module that is ever trained
     scheduler: object  # a diffusers FlowMatchEulerDiscreteScheduler (or compatible)
     device: torch.device
     dtype: torch.dtype  # compute dtype of the denoiser
     default_lora_targets: tuple[str, ...] = ()
+    # the diffusers pipeline class this family stands for (`_class_name` in model_index.json)
+    pipeline_class_name: str = ""
+    # classifier-free guidance as a second (negative-prompt) branch; False for guidance-distilled
+    # families, whose denoiser takes the guidance scale as an input
+    uses_negative_prompt: bool = True
 
     def __init__(self, prompt_cache_size: int = 4096):
         self._prompt_cache: OrderedDict[str, PromptEmbeds] = OrderedDict()
         self._prompt_cache_size = prompt_cache_size
+
+    # --- the family's diffusers pipeline (class-level: export needs no loaded model) ---------
+    @classmethod
+    def pipeline_class(cls):
+        import diffusers
+
+        return getattr(diffusers, cls.pipeline_class_name)
+
+    @classmethod
+    def load_pipeline(cls, folder: Path):
+        """The diffusers pipeline of a model folder, as `from_pretrained` loads it (export)."""
+        return load_part(folder, "pipeline", lambda: cls.pipeline_class().from_pretrained(folder, use_safetensors=True))
+
+    @classmethod
+    def save_lora(cls, folder: Path, lora: dict[str, torch.Tensor]) -> None:
+        """Write a denoiser LoRA (peft key names) where the pipeline's `load_lora_weights` reads it."""
+        cls.pipeline_class().save_lora_weights(folder, transformer_lora_layers=lora, safe_serialization=True)
+
+    @classmethod
+    def check_options(cls, max_sequence_length: int) -> None:
+        """Refuse `model.*` options this family cannot use (config validation calls it)."""
+
+    @classmethod
+    def latent_unit(cls, folder: Path) -> int | None:
+        """The pixel multiple an image side must be for this folder, from its config files alone
+        (no weights loaded); None when the folder cannot tell (loading it reports why)."""
+        return None
+
+    # --- schedule and parallelism ---------------------------------------------------------
+    def image_seq_len(self, height: int, width: int) -> int:
+        """Image tokens the denoiser sees at this resolution (resolution-dependent shifting)."""
+        raise NotImplementedError(f"{type(self).__name__} does not define image_seq_len")
+
+    def sigmas(self, num_steps: int, height: int, width: int) -> torch.Tensor:
+        """The N + 1 sigmas the family's own scheduler uses at this resolution."""
+        seq_len = self.image_seq_len(height, width) if getattr(self.scheduler.config, "use_dynamic_shifting",
+                                                               False) else None
+        return sigmas_from_scheduler(self.scheduler, num_steps, seq_len)
+
+    def fsdp_units(self) -> list[nn.Module]:
+        """The denoiser's FSDP all-gather units: the blocks diffusers declares unsplittable."""
+        from pixelrl.models.parallelize import no_split_units
+
+        return no_split_units(self.transformer)
 
     # --- text -----------------------------------------------------------------------------
     @abstractmethod
@@ -80,6 +137,12 @@ class DiffusionModel(ABC):
         while len(self._prompt_cache) > self._prompt_cache_size:
             self._prompt_cache.popitem(last=False)
         return PromptEmbeds.cat(parts)
+
+    def negative_embeds(self, negative_prompt: str, batch: int, guidance_scale: float) -> PromptEmbeds | None:
+        """The unconditional branch's embeddings, when this guidance scale needs one."""
+        if guidance_scale == 1.0 or not self.uses_negative_prompt:
+            return None
+        return self.encode_prompts([negative_prompt] * batch)
 
     # --- denoiser -------------------------------------------------------------------------
     @abstractmethod
@@ -134,6 +197,85 @@ def to_uint8_images(pixels: torch.Tensor) -> torch.Tensor:
     """[-1, 1] channel-first float images -> uint8 [B, H, W, 3] (rounded, clamped)."""
     x = ((pixels.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
     return x.permute(0, 2, 3, 1).contiguous().cpu()
+
+
+def sigmas_from_scheduler(scheduler, num_steps: int, image_seq_len: int | None = None,
+                          grid: list[float] | None = None) -> torch.Tensor:
+    """The N + 1 sigmas (ending in 0) that `scheduler` uses for `num_steps` steps.
+
+    The scheduler is copied so that callers never mutate the model's own instance. Schedulers
+    with resolution-dependent shifting (FLUX, Qwen-Image) need `image_seq_len` to compute `mu`,
+    as their pipelines do with `calculate_shift`. `grid` is the unshifted sigma grid a pipeline
+    passes (FLUX: linspace(1, 1/N, N)); without it the scheduler spaces its own.
+    """
+    sched = copy.deepcopy(scheduler)
+    kwargs = {}
+    if getattr(sched.config, "use_dynamic_shifting", False):
+        if image_seq_len is None:
+            raise ValueError("this scheduler shifts by resolution: pass image_seq_len")
+        from diffusers.pipelines.flux.pipeline_flux import calculate_shift
+
+        c = sched.config
+        kwargs["mu"] = calculate_shift(image_seq_len, c.get("base_image_seq_len", 256), c.get("max_image_seq_len", 4096),
+                                       c.get("base_shift", 0.5), c.get("max_shift", 1.15))
+    if grid is not None:
+        kwargs["sigmas"] = list(grid)
+    sched.set_timesteps(num_steps, device="cpu", **kwargs)
+    sigmas = sched.sigmas.detach().to(torch.float32).cpu()
+    if sigmas.shape[0] != num_steps + 1 or float(sigmas[-1]) != 0.0:
+        raise ValueError(f"expected {num_steps + 1} sigmas ending in 0 from the scheduler, got {sigmas.tolist()}")
+    return sigmas
+
+
+def check_pipeline_folder(path: str | Path, required=("transformer", "scheduler"), *, pipeline: str = "") -> Path:
+    """The folder as a Path, or one ModelFolderError naming what is missing."""
+    from pixelrl.core.errors import ModelFolderError
+
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise ModelFolderError(
+            f"model folder `{folder}` does not exist: set model.path to a local diffusers pipeline folder "
+            f"(e.g. one saved by `{pipeline or 'DiffusionPipeline'}.save_pretrained`)")
+    missing = [name for name in required if not (folder / name / "config.json").is_file()
+               and not (folder / name / "scheduler_config.json").is_file()]
+    if missing:
+        raise ModelFolderError(
+            f"model folder `{folder}` lacks the component folder(s) {missing} (each needs its config file): "
+            f"point model.path at the root of a diffusers pipeline folder")
+    return folder
+
+
+def read_component_config(folder: Path, part: str) -> dict | None:
+    """`folder/part/config.json` as a dict, or None when it is not there or not JSON."""
+    file = folder / part / "config.json"
+    try:
+        return json.loads(file.read_text()) if file.is_file() else None
+    except (OSError, ValueError):
+        return None
+
+
+def vae_scale_factor(folder: Path) -> int:
+    """How many pixels one latent cell spans (1 for a pixel-space folder without a VAE)."""
+    vae = read_component_config(folder, "vae")
+    return 2 ** (len(vae.get("block_out_channels", [0])) - 1) if vae else 1
+
+
+@torch.no_grad()
+def vae_decode(vae, latents: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Model-space latents -> uint8 images through a diffusers AutoencoderKL (its scaling and
+    shift factors undone first)."""
+    cfg = vae.config
+    z = latents.to(dtype) / cfg.scaling_factor + (cfg.shift_factor or 0.0)
+    return to_uint8_images(vae.decode(z, return_dict=False)[0])
+
+
+@torch.no_grad()
+def vae_encode(vae, images: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """uint8 images -> model-space latents: the posterior mean (not a sample), so the same image
+    always gives the same x0 and a resumed run sees the latents an uninterrupted one saw."""
+    cfg = vae.config
+    z = vae.encode(from_uint8_images(images).to(device, dtype)).latent_dist.mode()
+    return ((z.float() - (cfg.shift_factor or 0.0)) * cfg.scaling_factor).float()
 
 
 def load_part(folder, part: str, load):

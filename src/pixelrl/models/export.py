@@ -9,25 +9,13 @@ from pathlib import Path
 from safetensors.torch import load_file
 
 from pixelrl.core.errors import ModelFolderError
-from pixelrl.models.base import load_part
 
 
-def _load_pipeline(base: Path):
-    from diffusers import StableDiffusion3Pipeline
-
-    kwargs = {}
-    if not (base / "text_encoder_3").is_dir():
-        kwargs.update(text_encoder_3=None, tokenizer_3=None)
-    if not (base / "vae").is_dir():
-        # A pixel-space model: diffusers loads it with vae=None and samples with
-        # output_type="latent" (the latents are the image in [-1, 1]).
-        kwargs.update(vae=None)
-    return load_part(base, "pipeline", lambda: StableDiffusion3Pipeline.from_pretrained(
-        base, use_safetensors=True, **kwargs))
-
-
-def export_checkpoint(actor_dir: str | Path, base_model: str | Path, out: str | Path, *, adapter_only: bool = False) -> Path:
+def export_checkpoint(actor_dir: str | Path, base_model: str | Path, out: str | Path, *, model_type: str,
+                      adapter_only: bool = False) -> Path:
+    """`model_type` is the run's `model.type`: its family knows how its pipeline loads."""
     from pixelrl.core.assets import resolve
+    from pixelrl.models.loader import model_family
 
     actor_dir, base_model, out = Path(actor_dir), Path(resolve(str(base_model))), Path(out)
     adapter = actor_dir / "adapter"
@@ -36,7 +24,7 @@ def export_checkpoint(actor_dir: str | Path, base_model: str | Path, out: str | 
             raise ModelFolderError(f"`{actor_dir}` holds no LoRA adapter (a full fine-tune): export without --adapter-only")
         shutil.copytree(adapter, out, dirs_exist_ok=True)
         return out
-    pipe = _load_pipeline(base_model)
+    pipe = model_family(model_type).load_pipeline(base_model)
     if adapter.is_dir():
         pipe.load_lora_weights(adapter)
         pipe.fuse_lora()

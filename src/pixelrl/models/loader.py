@@ -1,8 +1,14 @@
-"""Build a `DiffusionModel` from a model type name and a local folder."""
+"""Model families by name (`model.type`), and building a `DiffusionModel` from a local folder.
+
+A family is one folder under `models/` and one line here; each entry imports its family lazily
+(returning the `DiffusionModel` subclass), so a run pays only for the family it uses."""
 
 from __future__ import annotations
 
-from pixelrl.core.errors import ConfigError
+import json
+from pathlib import Path
+
+from pixelrl.core.errors import ConfigError, ModelFolderError
 from pixelrl.core.registry import Registry
 from pixelrl.models.base import DiffusionModel
 
@@ -10,10 +16,15 @@ MODEL_TYPES: Registry = Registry("model type", "model.type")
 
 
 @MODEL_TYPES.register("sd3")
-def _load_sd3(path, **kwargs) -> DiffusionModel:
+def _sd3() -> type[DiffusionModel]:
     from pixelrl.models.sd3 import SD3Model
 
-    return SD3Model(path, **kwargs)
+    return SD3Model
+
+
+def model_family(model_type: str) -> type[DiffusionModel]:
+    """The adapter class of `model.type` (a ConfigError naming the field for an unknown name)."""
+    return MODEL_TYPES.get(model_type)()
 
 
 def load_model(model_type: str, path, **kwargs) -> DiffusionModel:
@@ -22,23 +33,56 @@ def load_model(model_type: str, path, **kwargs) -> DiffusionModel:
 
     if not path:
         raise ConfigError("model.path", path, "set it to a local diffusers pipeline folder")
-    return MODEL_TYPES.get(model_type)(resolve(str(path)), **kwargs)
+    return model_family(model_type)(resolve(str(path)), **kwargs)
 
 
 def latent_unit(model_type: str, path) -> int | None:
     """The pixel multiple an image side must be for this model folder (VAE scale x patch size),
     read from its config files without loading weights; None when the folder is not there yet
     (loading it reports that)."""
-    import json
-    from pathlib import Path
-
     from pixelrl.core.assets import resolve
 
     folder = Path(resolve(str(path)))
-    transformer = folder / "transformer" / "config.json"
-    if model_type != "sd3" or not transformer.is_file():
+    return model_family(model_type).latent_unit(folder) if folder.is_dir() else None
+
+
+def folder_pipeline_class(path) -> str | None:
+    """The pipeline class a folder's model_index.json names (None without a readable index)."""
+    from pixelrl.core.assets import resolve
+
+    index = Path(resolve(str(path))) / "model_index.json"
+    try:
+        name = json.loads(index.read_text()).get("_class_name")
+    except (OSError, ValueError, AttributeError):
         return None
-    patch = int(json.loads(transformer.read_text()).get("patch_size", 1))
-    vae = folder / "vae" / "config.json"
-    scale = 2 ** (len(json.loads(vae.read_text()).get("block_out_channels", [0])) - 1) if vae.is_file() else 1
-    return patch * scale
+    return name if isinstance(name, str) else None
+
+
+def folder_model_type(path) -> str | None:
+    """The `model.type` of a pipeline folder, from the pipeline class in its model_index.json;
+    None when the folder has no readable index or holds a pipeline no family stands for."""
+    class_name = folder_pipeline_class(path)
+    return next((name for name in MODEL_TYPES.names() if model_family(name).pipeline_class_name == class_name), None)
+
+
+def check_model_type(model_type: str, path) -> None:
+    """A folder saved by another family's pipeline than `model.type` names: one ConfigError
+    naming both (loading it would fail deep in diffusers, or worse, half-load)."""
+    found = folder_pipeline_class(path)
+    expected = model_family(model_type).pipeline_class_name
+    if found is not None and found != expected:
+        match = folder_model_type(path)
+        fix = f"set model.type={match}" if match else f"pixelrl has no family for {found}; families: {MODEL_TYPES.names()}"
+        raise ConfigError("model.type", model_type, f"model.path holds a {found} folder, not a {expected} one: {fix}")
+
+
+def load_folder_model(path, **kwargs) -> DiffusionModel:
+    """Load a pipeline folder as the family its model_index.json names (eval / generate)."""
+    from pixelrl.core.assets import resolve
+
+    model_type = folder_model_type(path)
+    if model_type is None:
+        raise ModelFolderError(f"model folder `{resolve(str(path))}`: its model_index.json is missing or names a "
+                               f"pipeline pixelrl has no family for (families: {MODEL_TYPES.names()}); point at a "
+                               "diffusers pipeline folder saved by one of their pipelines")
+    return load_model(model_type, path, **kwargs)

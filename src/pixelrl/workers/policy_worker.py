@@ -65,20 +65,21 @@ class PolicyWorker(RankProcess):
 
     def setup(self, master: tuple[str, int] | None = None) -> dict:
         from pixelrl.engine import PolicyEngine
-        from pixelrl.engine.distributed import apply_fsdp2, broadcast_parameters, ddp_grad_sync
+        from pixelrl.engine.distributed import broadcast_parameters, ddp_grad_sync
+        from pixelrl.models.parallelize import apply_fsdp2
 
         cfg = self._join(master)
-        self.engine = PolicyEngine.from_config(cfg, trains=self.role == "actor")
-        model = self.engine.model
-        self.engine.data_parallel_size = self.world_size
-        if self.world_size > 1:
-            broadcast_parameters(model.transformer)
+
+        def parallelize(model) -> None:
+            broadcast_parameters(model.transformer)  # every rank starts from rank 0's weights
             if cfg.trainer.strategy == "fsdp2":
-                apply_fsdp2(model.transformer)
-                # FSDP2 made the parameters DTensors: the optimizer must see the sharded ones.
-                self.engine.learner.rebuild()
-            else:
-                self.engine.learner.grad_sync = ddp_grad_sync
+                apply_fsdp2(model)  # the optimizer is then built over the sharded parameters
+
+        self.engine = PolicyEngine.from_config(cfg, trains=self.role == "actor",
+                                               parallelize=parallelize if self.world_size > 1 else None)
+        self.engine.data_parallel_size = self.world_size
+        if self.world_size > 1 and cfg.trainer.strategy != "fsdp2" and self.engine.learner is not None:
+            self.engine.learner.grad_sync = ddp_grad_sync
         return {"rank": self.rank, "pid": os.getpid(), "trainable": len(self.engine.trainable_names())}
 
     # --- the engine's verbs, with numpy transport -------------------------------------
@@ -123,6 +124,12 @@ class PolicyWorker(RankProcess):
 
         state = full_trainable_state(self.engine.model.transformer, self.engine.trainable_names())
         return {k: v.numpy() for k, v in state.items()}
+
+    def fsdp_units(self) -> list[str]:
+        """Class names of this rank's FSDP2 units (empty under DDP or in one process)."""
+        from pixelrl.models.parallelize import fsdp_unit_names
+
+        return fsdp_unit_names(self.engine.model.transformer)
 
     # --- checkpoints ----------------------------------------------------------------------
     def save(self, folder: str) -> None:

@@ -11,8 +11,9 @@ from pathlib import Path
 import torch
 
 from pixelrl.core.errors import ModelFolderError
-from pixelrl.models.base import (DiffusionModel, PromptEmbeds, from_uint8_images, load_part, resolve_dtype,
-                                 to_uint8_images)
+from pixelrl.models.base import (DiffusionModel, PromptEmbeds, check_pipeline_folder, from_uint8_images, load_part,
+                                 read_component_config, resolve_dtype, to_uint8_images, vae_decode, vae_encode,
+                                 vae_scale_factor)
 
 # Attention projections of the joint transformer blocks (image and text streams).
 SD3_LORA_TARGETS = (
@@ -20,25 +21,28 @@ SD3_LORA_TARGETS = (
     "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out",
 )
 
-def check_pipeline_folder(path: str | Path, required=("transformer", "scheduler")) -> Path:
-    folder = Path(path).expanduser()
-    if not folder.is_dir():
-        raise ModelFolderError(
-            f"model folder `{folder}` does not exist: set model.path to a local diffusers pipeline folder "
-            f"(e.g. one saved by `StableDiffusion3Pipeline.save_pretrained`)"
-        )
-    missing = [name for name in required if not (folder / name / "config.json").is_file()
-               and not (folder / name / "scheduler_config.json").is_file()]
-    if missing:
-        raise ModelFolderError(
-            f"model folder `{folder}` lacks the component folder(s) {missing} (each needs its config file): "
-            f"point model.path at the root of a diffusers pipeline folder"
-        )
-    return folder
-
-
 class SD3Model(DiffusionModel):
     default_lora_targets = SD3_LORA_TARGETS
+    pipeline_class_name = "StableDiffusion3Pipeline"
+
+    @classmethod
+    def load_pipeline(cls, folder: Path):
+        """diffusers requires every SD3 component: a folder without T5 (CLIP only) or without a
+        VAE (pixel space; sample with output_type="latent") loads with those set to None."""
+        kwargs = {}
+        if not (folder / "text_encoder_3").is_dir():
+            kwargs.update(text_encoder_3=None, tokenizer_3=None)
+        if not (folder / "vae").is_dir():
+            kwargs.update(vae=None)
+        return load_part(folder, "pipeline", lambda: cls.pipeline_class().from_pretrained(
+            folder, use_safetensors=True, **kwargs))
+
+    @classmethod
+    def latent_unit(cls, folder: Path) -> int | None:
+        transformer = read_component_config(folder, "transformer")
+        if transformer is None:
+            return None
+        return int(transformer.get("patch_size", 1)) * vae_scale_factor(folder)
 
     def __init__(
         self,
@@ -54,7 +58,7 @@ class SD3Model(DiffusionModel):
                                StableDiffusion3Pipeline)
         from transformers import CLIPTextModelWithProjection, CLIPTokenizer
 
-        folder = check_pipeline_folder(path)
+        folder = check_pipeline_folder(path, pipeline=self.pipeline_class_name)
         self.path = folder
         self.device = torch.device(device)
         self.dtype = resolve_dtype(dtype)
@@ -130,6 +134,10 @@ class SD3Model(DiffusionModel):
             return_dict=False,
         )[0]
 
+    def image_seq_len(self, height: int, width: int) -> int:
+        unit = self.vae_scale * self.patch_size
+        return (height // unit) * (width // unit)
+
     # --- images ---------------------------------------------------------------------------
     def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
         unit = self.vae_scale * self.patch_size
@@ -139,22 +147,13 @@ class SD3Model(DiffusionModel):
             raise ConfigError("rollout.resolution", (height, width), f"height and width must be multiples of {unit}")
         return (self.in_channels, height // self.vae_scale, width // self.vae_scale)
 
-    @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         if self.vae is None:  # pixel-space model: latents are images in [-1, 1]
             return to_uint8_images(latents)
-        cfg = self.vae.config
-        z = latents.to(self.dtype) / cfg.scaling_factor + (cfg.shift_factor or 0.0)
-        return to_uint8_images(self.vae.decode(z, return_dict=False)[0])
+        return vae_decode(self.vae, latents, self.dtype)
 
-    @torch.no_grad()
     def encode(self, images: torch.Tensor) -> torch.Tensor:
-        """The posterior mean (not a sample) of the VAE, so the same image always gives the same
-        x0 and a resumed run sees the latents an uninterrupted one saw."""
         self.latent_shape(images.shape[1], images.shape[2])  # names a size the model cannot take
-        pixels = from_uint8_images(images).to(self.device)
         if self.vae is None:
-            return pixels
-        cfg = self.vae.config
-        z = self.vae.encode(pixels.to(self.dtype)).latent_dist.mode()
-        return ((z.float() - (cfg.shift_factor or 0.0)) * cfg.scaling_factor).float()
+            return from_uint8_images(images).to(self.device)
+        return vae_encode(self.vae, images, self.device, self.dtype)

@@ -20,8 +20,7 @@ from pixelrl.data.shapes import evaluation_items, prompt_splits, render, vocabul
 from pixelrl.engine.evaluate import evaluate_geneval, format_table
 from pixelrl.engine.learner import Learner
 from pixelrl.models.base import DiffusionModel
-from pixelrl.models.sd3 import SD3Model
-from pixelrl.models.tiny import build_tiny_sd3
+from pixelrl.models.sd3 import SD3Model, build_tiny_sd3
 from pixelrl.rewards.shapes import CATEGORIES
 
 # The shipped architecture (see the model card): pixel space 32 x 32 RGB, patch 4.

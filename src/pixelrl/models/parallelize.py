@@ -1,0 +1,52 @@
+"""FSDP2 over a model's own wrap units, applied to the plain model before any optimizer exists
+(the order torchtitan uses: the optimizer is then built over the sharded parameters)."""
+
+from __future__ import annotations
+
+from torch import nn
+
+
+def no_split_units(module: nn.Module) -> list[nn.Module]:
+    """The submodules whose class the model declares unsplittable (`_no_split_modules`, set by
+    diffusers and transformers on every block type: SD3's joint blocks, FLUX's double and single
+    blocks, Wan's blocks), outermost first, none nested in another."""
+    names = set(getattr(module, "_no_split_modules", None) or ())
+    if not names:
+        raise ValueError(f"{type(module).__name__} declares no `_no_split_modules`: give its FSDP units explicitly")
+    units: list[nn.Module] = []
+    inside: set[int] = set()
+    for sub in module.modules():
+        if id(sub) in inside or type(sub).__name__ not in names:
+            continue
+        units.append(sub)
+        inside.update(id(m) for m in sub.modules())
+    if not units:
+        raise ValueError(f"{type(module).__name__} holds none of its `_no_split_modules` {sorted(names)}")
+    return units
+
+
+def shard_blocks(root: nn.Module, blocks: list[nn.Module]) -> None:
+    """FSDP2: one all-gather unit per block, the rest (embeddings, norms, heads) in the root's."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in blocks:
+        fully_shard(block)
+    fully_shard(root)
+    # FSDP2 decides which unit is the root at the first forward through it; a sub-unit called on
+    # its own first (transformers' generate encodes the image before any full forward) would
+    # claim that role. Settle it now.
+    root._get_fsdp_state()._lazy_init()
+
+
+def fsdp_unit_names(root: nn.Module) -> list[str]:
+    """The original class name of every module `fully_shard` wrapped under `root` (itself included)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    # fully_shard swaps a module's class for a subclass of (FSDPModule, its original class)
+    return [next(c for c in type(m).__mro__ if not issubclass(c, FSDPModule)).__name__
+            for m in root.modules() if isinstance(m, FSDPModule)]
+
+
+def apply_fsdp2(model) -> None:
+    """Shard a DiffusionModel's denoiser over its family's units, then the root."""
+    shard_blocks(model.transformer, model.fsdp_units())
