@@ -1,4 +1,4 @@
-"""Flow-GRPO throughput on the tiny SD3 model, one process (no Ray).
+"""Flow-GRPO throughput on a tiny model (SD3 by default, or FLUX), one process (no Ray).
 
 Prints, per configuration: images/s for rollout and for a full iteration, seconds per phase,
 denoiser forwards (with and without grad) per iteration, and peak RSS. Each configuration runs
@@ -6,6 +6,7 @@ in its own subprocess so that peak RSS belongs to it alone.
 
     python benchmarks/bench_flow_grpo.py                 # the default sweep
     python benchmarks/bench_flow_grpo.py --prompts 4 --n 4 --steps 10 --iters 3   # one config
+    python benchmarks/bench_flow_grpo.py --per-family    # one row per model family (4 x 4, 10 steps)
 """
 
 from __future__ import annotations
@@ -34,15 +35,22 @@ def run_one(args) -> dict:
 
     from pixelrl.core.config import PixelRLConfig
     from pixelrl.models import build_tiny_sd3
+    from pixelrl.models.flux import build_tiny_flux
     from pixelrl.rewards import RewardSpec, WeightedReward
     from pixelrl.engine import PolicyEngine
     from pixelrl.trainers.step import policy_gradient_step
 
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        path = build_tiny_sd3(os.path.join(tmp, "tiny"), resolution=args.resolution, with_vae=not args.no_vae, with_t5=False)
         cfg = PixelRLConfig(seed=0)
-        cfg.model.path, cfg.model.max_sequence_length = str(path), 0
+        if args.family == "flux":  # FLUX always has a VAE and T5; guidance is an input (no CFG batch)
+            path = build_tiny_flux(os.path.join(tmp, "tiny"), resolution=args.resolution)
+            cfg.model.type, cfg.model.max_sequence_length = "flux", 16
+        else:
+            path = build_tiny_sd3(os.path.join(tmp, "tiny"), resolution=args.resolution, with_vae=not args.no_vae,
+                                  with_t5=False)
+            cfg.model.max_sequence_length = 0
+        cfg.model.path = str(path)
         cfg.model.lora_rank, cfg.model.lora_alpha = 8, 16
         cfg.rollout.resolution, cfg.rollout.n, cfg.rollout.num_steps = args.resolution, args.n, args.steps
         cfg.rollout.guidance_scale = args.cfg
@@ -67,7 +75,7 @@ def run_one(args) -> dict:
                     phases[key[9:]] = phases.get(key[9:], 0.0) + value / args.iters
         images = args.prompts * args.n
         return {
-            "prompts": args.prompts, "n": args.n, "steps": args.steps, "window": args.window or args.steps - 1,
+            "family": args.family, "prompts": args.prompts, "n": args.n, "steps": args.steps, "window": args.window or args.steps - 1,
             "images_per_iter": images,
             "rollout_img_s": images / phases["gen"],
             "iter_img_s": images * args.iters / total_time,
@@ -95,6 +103,8 @@ def main() -> None:
     parser.add_argument("--resolution", type=int, default=32)
     parser.add_argument("--no-vae", action="store_true")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--family", choices=["sd3", "flux"], default="sd3", help="the tiny model's family")
+    parser.add_argument("--per-family", action="store_true", help="one row per family at 4 prompts x 4, 10 steps")
     parser.add_argument("--json", action="store_true", help="print one JSON line (used by the sweep)")
     args = parser.parse_args()
     from pixelrl.core.quiet import quiet_libraries
@@ -107,6 +117,8 @@ def main() -> None:
 
     common = ["--iters", str(args.iters), "--micro", str(args.micro), "--cfg", str(args.cfg),
               "--resolution", str(args.resolution), "--threads", str(args.threads)] + (["--no-vae"] if args.no_vae else [])
+    if args.per_family:
+        return per_family(common)
     print(f"# tiny SD3 ({'pixel space' if args.no_vae else 'VAE'}), {args.resolution}px, LoRA r8, CFG {args.cfg}, "
           f"micro-batch {args.micro}, {args.threads} threads, {args.iters} timed iterations after 1 warm-up; "
           "MFU = model FLOP/s (forward FLOPs measured by torch's counter, 3x for forward+backward) over a "
@@ -125,6 +137,22 @@ def main() -> None:
               f"| {r['s_per_iter']:.2f} | {p['gen']:.2f} | {p['reward']:.3f} | {p['update_actor']:.2f} "
               f"| {r['fwd_nograd_per_iter']:.0f} | {r['fwd_grad_per_iter']:.0f} | {r['gflop_per_iter']:.2f} "
               f"| {r['achieved_gflop_s']:.1f} | {r['mfu']:.1%} | {r['peak_rss_mb']:.0f} |", flush=True)
+
+
+def per_family(common: list[str]) -> None:
+    """One row per model family: the same RL step on each family's tiny model."""
+    print("# 4 prompts x 4 images, 10 steps, full window; " + " ".join(common))
+    header = "| family | rollout img/s | iteration img/s | s/iter | gen s | update s | GFLOP/iter | MFU | peak RSS MB |"
+    print(header)
+    print("|---" * (header.count("|") - 1) + "|")
+    for family in ("sd3", "flux"):
+        cmd = [sys.executable, __file__, "--json", "--prompts", "4", "--n", "4", "--steps", "10", "--family", family,
+               *common]
+        r = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
+        p = r["phases_s"]
+        print(f"| {family} | {r['rollout_img_s']:.1f} | {r['iter_img_s']:.1f} | {r['s_per_iter']:.2f} | {p['gen']:.2f} "
+              f"| {p['update_actor']:.2f} | {r['gflop_per_iter']:.2f} | {r['mfu']:.1%} | {r['peak_rss_mb']:.0f} |",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -112,3 +112,30 @@ def test_direct_preference_resume_is_exact_with_two_workers(ray_cluster, tmp_pat
         a = load_file(str(straight / "checkpoints" / "global_step_4" / "actor" / name))
         b = load_file(str(split / "checkpoints" / "global_step_4" / "actor" / name))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+
+
+def test_fsdp2_on_two_ray_workers_shards_flux_double_and_single_blocks_and_ranks_agree(ray_cluster, tiny_flux_path):
+    """FLUX's FSDP units are its own (`_no_split_modules`): every double- and single-stream block
+    is an all-gather unit on both ranks, and after an update the ranks hold the same weights."""
+    import numpy as np
+
+    from pixelrl.core.config_loading import load_config, to_yaml
+    from pixelrl.trainers.step import policy_gradient_step
+    from pixelrl.workers.group import RayWorkerGroup, RewardGroup
+
+    cfg = load_config("flow_grpo_flux_tiny", [f"model.path={tiny_flux_path}", "trainer.n_workers=2",
+                                              "trainer.strategy=fsdp2", "algorithm.drop_zero_advantage=false"])
+    rewards = RewardGroup([dict(f) for f in cfg.reward.functions], backend="local")
+    group = RayWorkerGroup(to_yaml(cfg), 2, 1)
+    try:
+        expected = ["FluxTransformer2DModel", "FluxTransformerBlock", "FluxSingleTransformerBlock",
+                    "FluxSingleTransformerBlock"]
+        assert group.call("fsdp_units", gather="all") == [expected, expected]
+        start = group.trainable_states()[0]
+        policy_gradient_step(group, rewards, ["a red circle", "a cat", "a tree", "a car"], [{}] * 4, 1, cfg,
+                             uids=list("abcd"), num_workers=2)
+        rank0, rank1 = group.trainable_states()
+    finally:
+        group.shutdown()
+    assert all(np.array_equal(rank0[k], rank1[k]) for k in rank0)
+    assert any(not np.array_equal(rank0[k], start[k]) for k in rank0)  # the update moved the adapter

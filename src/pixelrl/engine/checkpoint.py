@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 from pixelrl.core.errors import PixelRLError
 from pixelrl.engine.distributed import (full_trainable_state, load_trainable_state, optimizer_state,
                                         set_optimizer_state)
+from pixelrl.models.lora import lora_config
 
 
 class CheckpointError(PixelRLError, ValueError):
@@ -54,7 +55,8 @@ def save_engine(engine, folder: str | Path, *, write: bool = True) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "trainable.safetensors"))
     if engine.use_lora:
-        engine.model.save_lora(folder / "adapter", {peft_key(k): v for k, v in weights.items()})
+        engine.model.save_lora(folder / "adapter", {peft_key(k): v for k, v in weights.items()},
+                               lora_config(engine.model.transformer))
     if old is not None:
         save_file({k: v.contiguous() for k, v in old.items()}, str(folder / "old_adapter.safetensors"))
     torch.save(optimizer, folder / "optimizer.pt")

@@ -83,9 +83,12 @@ class DiffusionModel(ABC):
         return load_part(folder, "pipeline", lambda: cls.pipeline_class().from_pretrained(folder, use_safetensors=True))
 
     @classmethod
-    def save_lora(cls, folder: Path, lora: dict[str, torch.Tensor]) -> None:
-        """Write a denoiser LoRA (peft key names) where the pipeline's `load_lora_weights` reads it."""
-        cls.pipeline_class().save_lora_weights(folder, transformer_lora_layers=lora, safe_serialization=True)
+    def save_lora(cls, folder: Path, lora: dict[str, torch.Tensor], config: dict) -> None:
+        """Write a denoiser LoRA (peft key names) where the pipeline's `load_lora_weights` reads it.
+        `config` (the adapter's peft LoraConfig as a dict) goes into the file's metadata: without it
+        diffusers assumes lora_alpha = rank and would apply the adapter at the wrong scale."""
+        cls.pipeline_class().save_lora_weights(folder, transformer_lora_layers=lora, safe_serialization=True,
+                                               transformer_lora_adapter_metadata=config)
 
     @classmethod
     def check_options(cls, max_sequence_length: int) -> None:

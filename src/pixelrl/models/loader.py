@@ -22,6 +22,13 @@ def _sd3() -> type[DiffusionModel]:
     return SD3Model
 
 
+@MODEL_TYPES.register("flux")
+def _flux() -> type[DiffusionModel]:
+    from pixelrl.models.flux import FluxModel
+
+    return FluxModel
+
+
 def model_family(model_type: str) -> type[DiffusionModel]:
     """The adapter class of `model.type` (a ConfigError naming the field for an unknown name)."""
     return MODEL_TYPES.get(model_type)()

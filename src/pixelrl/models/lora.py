@@ -54,6 +54,11 @@ def lora_state_dict(transformer: nn.Module, adapter_name: str = "default") -> di
     return get_peft_model_state_dict(transformer, adapter_name=adapter_name)
 
 
+def lora_config(transformer: nn.Module, adapter_name: str = "default") -> dict:
+    """The adapter's peft LoraConfig as a dict (rank, alpha, targets: how to apply its weights)."""
+    return transformer.peft_config[adapter_name].to_dict()
+
+
 def add_adapter_copy(transformer: nn.Module, new_name: str, source: str = "default") -> None:
     """A second, frozen adapter `new_name` with the configuration and weights of `source`
     (DiffusionNFT's `old` policy, AWM's EMA). `source` stays the active, trainable adapter."""

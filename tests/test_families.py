@@ -1,0 +1,142 @@
+"""Every model family through the same RL code: prompt encoding and ODE samples equal to the
+family's own diffusers pipeline, its LoRA checkpoint loading into that pipeline, its FSDP units,
+and Flow-GRPO moving a reward on its tiny model."""
+
+import pytest
+import torch
+
+from conftest import tiny_config
+from pixelrl.engine import PolicyEngine
+from pixelrl.models import model_family
+
+# family -> (fixture of its tiny folder, model.* / rollout.* settings the tiny folder needs)
+FAMILIES = {
+    "sd3": ("tiny_sd3_path", dict(model__max_sequence_length=8, rollout__guidance_scale=4.5)),
+    "flux": ("tiny_flux_path", dict(model__max_sequence_length=16, rollout__guidance_scale=3.5)),
+}
+PROMPTS = ["a red circle", "two blue squares on the left"]
+
+
+def _config(request, family, **overrides):
+    fixture, settings = FAMILIES[family]
+    return tiny_config(request.getfixturevalue(fixture), model__type=family, **{**settings, **overrides})
+
+
+def _pipeline_latents(family, pipe, cfg, prompt, seed):
+    """The family's diffusers pipeline's ODE sample, as unpacked latents [1, C, h, w]."""
+    kwargs = dict(num_inference_steps=cfg.rollout.num_steps, height=32, width=32, output_type="latent",
+                  guidance_scale=cfg.rollout.guidance_scale, max_sequence_length=cfg.model.max_sequence_length,
+                  generator=torch.Generator().manual_seed(seed))
+    latents = pipe(prompt, **kwargs).images
+    if family == "flux":  # FluxPipeline returns packed latents for output_type="latent"
+        latents = pipe._unpack_latents(latents, 32, 32, pipe.vae_scale_factor)
+    return latents
+
+
+def _our_latents(engine, prompts, seeds):
+    from pixelrl.sampling import SamplingSettings, Window, rollout
+
+    settings = SamplingSettings(noise_level=0.0, guidance_scale=engine.cfg.rollout.guidance_scale)
+    with torch.no_grad():
+        return rollout(engine.model, prompts, seeds, sigmas=engine.sigmas, window=Window(0, 0), settings=settings,
+                       height=32, width=32).final_latents
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_prompt_encoding_equals_the_family_pipelines_encode_prompt(request, family):
+    cfg = _config(request, family)
+    model = model_family(family)(cfg.model.path, max_sequence_length=cfg.model.max_sequence_length)
+    pipe = model_family(family).load_pipeline(model.path)
+    ours = model.encode_prompts(PROMPTS)
+    if family == "sd3":
+        embeds, _, pooled, _ = pipe.encode_prompt(PROMPTS, PROMPTS, PROMPTS, do_classifier_free_guidance=False,
+                                                  max_sequence_length=cfg.model.max_sequence_length)
+    else:
+        embeds, pooled, _ = pipe.encode_prompt(PROMPTS, PROMPTS, max_sequence_length=cfg.model.max_sequence_length)
+    assert torch.allclose(ours.embeds, embeds, atol=1e-6) and torch.allclose(ours.pooled, pooled, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_ode_sample_and_saved_lora_equal_the_family_pipeline(request, tmp_path, family):
+    """pixelrl's ODE sample from a seed is the pipeline's (same schedule, guidance, latent layout);
+    after training-like LoRA changes, the checkpoint's adapter loads into the pipeline with
+    `load_lora_weights` and both still sample the same latents."""
+    from pixelrl.engine.checkpoint import save_engine
+
+    cfg = _config(request, family, rollout__num_steps=4)
+    engine = PolicyEngine.from_config(cfg)
+    pipe = model_family(family).load_pipeline(engine.model.path)
+    expected = torch.cat([_pipeline_latents(family, pipe, cfg, p, seed) for p, seed in zip(PROMPTS, (3, 4))])
+    assert torch.allclose(_our_latents(engine, PROMPTS, [3, 4]), expected, atol=1e-5)
+
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in engine.model.transformer.named_parameters():
+            if "lora_B" in name:  # B starts at zero: give the adapter an effect
+                param.copy_(0.05 * torch.randn(param.shape, generator=generator))
+    save_engine(engine, tmp_path / "actor")
+    pipe.load_lora_weights(tmp_path / "actor" / "adapter")
+    tuned = torch.cat([_pipeline_latents(family, pipe, cfg, p, seed) for p, seed in zip(PROMPTS, (3, 4))])
+    assert (tuned - expected).abs().max() > 1e-3  # the adapter changed the pipeline's samples ...
+    assert torch.allclose(_our_latents(engine, PROMPTS, [3, 4]), tuned, atol=1e-5)  # ... exactly as ours
+
+
+def test_flux_is_guidance_distilled_and_sharded_over_its_double_and_single_blocks(tiny_flux_path):
+    from pixelrl.models.flux import FluxModel
+
+    model = FluxModel(tiny_flux_path, max_sequence_length=16)
+    assert model.negative_embeds("", 2, 3.5) is None  # no CFG batch: guidance is an input
+    units = [type(m).__name__ for m in model.fsdp_units()]
+    assert units == ["FluxTransformerBlock", "FluxSingleTransformerBlock", "FluxSingleTransformerBlock"]
+    # the guidance embedding is used: another scale gives another velocity from the same input
+    x = torch.randn(1, *model.latent_shape(32, 32), generator=torch.Generator().manual_seed(0))
+    text, sigma = model.encode_prompts(["a cat"]), torch.tensor([0.7])
+    assert not torch.allclose(model.predict_velocity(x, sigma, text, guidance_scale=1.0),
+                              model.predict_velocity(x, sigma, text, guidance_scale=5.0))
+    # dynamic shifting: the schedule depends on the image size, as FluxPipeline's does
+    assert not torch.equal(model.sigmas(6, 32, 32), model.sigmas(6, 64, 64))
+
+
+def test_flux_refuses_zero_t5_tokens_and_an_image_size_its_packing_cannot_take(tiny_flux_path):
+    from pixelrl.core.config_loading import load_config
+    from pixelrl.core.errors import ConfigError
+
+    base = [f"model.path={tiny_flux_path}"]
+    with pytest.raises(ConfigError, match="model.max_sequence_length"):
+        load_config("flow_grpo_flux_tiny", [*base, "model.max_sequence_length=0"])
+    with pytest.raises(ConfigError, match="rollout.resolution.*multiple of 4"):
+        load_config("flow_grpo_flux_tiny", [*base, "rollout.resolution=30"])
+    with pytest.raises(ConfigError, match="model.type.*FluxPipeline folder.*model.type=flux"):
+        load_config("flow_grpo_tiny", base)
+
+
+def test_flow_grpo_on_tiny_flux_moves_the_reward_and_exports_a_pipeline_diffusers_loads(tiny_flux_path, tmp_path):
+    """The whole trainer (one process) on FLUX: the JPEG-compressibility reward of the policy rises
+    on unseen seeds, and `pixelrl export` writes a FluxPipeline folder with the LoRA fused in."""
+    from diffusers import FluxPipeline
+
+    from pixelrl.cli import main
+    from pixelrl.core.config_loading import load_config
+    from pixelrl.engine.checkpoint import load_engine
+    from pixelrl.engine.evaluate import fixed_seed_reward
+    from pixelrl.rewards import WeightedReward
+    from pixelrl.trainers.policy_gradient import PolicyGradientTrainer
+
+    steps = 16
+    cfg = load_config("flow_grpo_flux_tiny", [f"model.path={tiny_flux_path}", "trainer.backend=local",
+                                              f"trainer.total_training_steps={steps}", "trainer.logger=[jsonl]",
+                                              f"trainer.default_local_dir={tmp_path}", "actor.lr=5e-2"])
+    engine, reward = PolicyEngine.from_config(cfg), WeightedReward.from_functions(cfg.reward.functions)
+    prompts, seeds = cfg.data.prompts[:4] * 4, list(range(10_000, 10_016))
+    before = fixed_seed_reward(engine, reward, prompts, seeds)
+    result = PolicyGradientTrainer(cfg).fit()
+    checkpoint = f"{result['run_dir']}/checkpoints/global_step_{steps}"
+    load_engine(engine, f"{checkpoint}/actor")
+    after = fixed_seed_reward(engine, reward, prompts, seeds)
+    assert after > before + 0.04, (before, after)  # JPEG kB; ~ +0.075 measured
+
+    assert main(["export", checkpoint, str(tmp_path / "exported")]) == 0
+    pipe = FluxPipeline.from_pretrained(tmp_path / "exported")
+    ours = _our_latents(engine, ["a red circle"], [5])
+    theirs = _pipeline_latents("flux", pipe, cfg, "a red circle", 5)
+    assert torch.allclose(ours, theirs, atol=1e-4)  # fused weights: float reordering only
