@@ -1,4 +1,4 @@
-"""Flow-GRPO throughput on a tiny model (SD3 by default, or FLUX), one process (no Ray).
+"""Flow-GRPO throughput on a tiny model (SD3 by default, FLUX or Qwen-Image), one process (no Ray).
 
 Prints, per configuration: images/s for rollout and for a full iteration, seconds per phase,
 denoiser forwards (with and without grad) per iteration, and peak RSS. Each configuration runs
@@ -36,6 +36,7 @@ def run_one(args) -> dict:
     from pixelrl.core.config import PixelRLConfig
     from pixelrl.models import build_tiny_sd3
     from pixelrl.models.flux import build_tiny_flux
+    from pixelrl.models.qwen_image import build_tiny_qwen_image
     from pixelrl.rewards import RewardSpec, WeightedReward
     from pixelrl.engine import PolicyEngine
     from pixelrl.trainers.step import policy_gradient_step
@@ -46,6 +47,9 @@ def run_one(args) -> dict:
         if args.family == "flux":  # FLUX always has a VAE and T5; guidance is an input (no CFG batch)
             path = build_tiny_flux(os.path.join(tmp, "tiny"), resolution=args.resolution)
             cfg.model.type, cfg.model.max_sequence_length = "flux", 16
+        elif args.family == "qwen_image":
+            path = build_tiny_qwen_image(os.path.join(tmp, "tiny"), resolution=args.resolution)
+            cfg.model.type, cfg.model.max_sequence_length = "qwen_image", 64
         else:
             path = build_tiny_sd3(os.path.join(tmp, "tiny"), resolution=args.resolution, with_vae=not args.no_vae,
                                   with_t5=False)
@@ -103,7 +107,7 @@ def main() -> None:
     parser.add_argument("--resolution", type=int, default=32)
     parser.add_argument("--no-vae", action="store_true")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--family", choices=["sd3", "flux"], default="sd3", help="the tiny model's family")
+    parser.add_argument("--family", choices=["sd3", "flux", "qwen_image"], default="sd3", help="the tiny model's family")
     parser.add_argument("--per-family", action="store_true", help="one row per family at 4 prompts x 4, 10 steps")
     parser.add_argument("--json", action="store_true", help="print one JSON line (used by the sweep)")
     args = parser.parse_args()
@@ -145,7 +149,7 @@ def per_family(common: list[str]) -> None:
     header = "| family | rollout img/s | iteration img/s | s/iter | gen s | update s | GFLOP/iter | MFU | peak RSS MB |"
     print(header)
     print("|---" * (header.count("|") - 1) + "|")
-    for family in ("sd3", "flux"):
+    for family in ("sd3", "flux", "qwen_image"):
         cmd = [sys.executable, __file__, "--json", "--prompts", "4", "--n", "4", "--steps", "10", "--family", family,
                *common]
         r = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])

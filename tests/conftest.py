@@ -35,6 +35,14 @@ def tiny_flux_path(tmp_path_factory):
     return build_tiny_flux(tmp_path_factory.mktemp("tiny_flux") / "pipe", resolution=32)
 
 
+@pytest.fixture(scope="session")
+def tiny_qwen_image_path(tmp_path_factory):
+    """A tiny random Qwen-Image pipeline (Qwen2.5-VL text states with masks, true CFG, packed latents)."""
+    from pixelrl.models.qwen_image import build_tiny_qwen_image
+
+    return build_tiny_qwen_image(tmp_path_factory.mktemp("tiny_qwen_image") / "pipe", resolution=32)
+
+
 def paper_config(name, *overrides):
     """A bundled config for a real checkpoint, validated with an empty folder standing in for the
     model folder this machine does not have (validation checks only that it exists)."""

@@ -114,23 +114,28 @@ def test_direct_preference_resume_is_exact_with_two_workers(ray_cluster, tmp_pat
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
 
 
-def test_fsdp2_on_two_ray_workers_shards_flux_double_and_single_blocks_and_ranks_agree(ray_cluster, tiny_flux_path):
-    """FLUX's FSDP units are its own (`_no_split_modules`): every double- and single-stream block
-    is an all-gather unit on both ranks, and after an update the ranks hold the same weights."""
+@pytest.mark.parametrize("family, units", [
+    ("flux", ["FluxTransformer2DModel", "FluxTransformerBlock", "FluxSingleTransformerBlock",
+              "FluxSingleTransformerBlock"]),
+    ("qwen_image", ["QwenImageTransformer2DModel", "QwenImageTransformerBlock", "QwenImageTransformerBlock"]),
+])
+def test_fsdp2_on_two_ray_workers_shards_each_familys_blocks_and_ranks_agree(ray_cluster, request, family, units):
+    """A family's FSDP units are its own (`_no_split_modules`): FLUX's double- and single-stream
+    blocks, Qwen-Image's blocks are all-gather units on both ranks, and after an update the ranks
+    hold the same weights."""
     import numpy as np
 
     from pixelrl.core.config_loading import load_config, to_yaml
     from pixelrl.trainers.step import policy_gradient_step
     from pixelrl.workers.group import RayWorkerGroup, RewardGroup
 
-    cfg = load_config("flow_grpo_flux_tiny", [f"model.path={tiny_flux_path}", "trainer.n_workers=2",
+    path = request.getfixturevalue(f"tiny_{family}_path")
+    cfg = load_config(f"flow_grpo_{family}_tiny", [f"model.path={path}", "trainer.n_workers=2",
                                               "trainer.strategy=fsdp2", "algorithm.drop_zero_advantage=false"])
     rewards = RewardGroup([dict(f) for f in cfg.reward.functions], backend="local")
     group = RayWorkerGroup(to_yaml(cfg), 2, 1)
     try:
-        expected = ["FluxTransformer2DModel", "FluxTransformerBlock", "FluxSingleTransformerBlock",
-                    "FluxSingleTransformerBlock"]
-        assert group.call("fsdp_units", gather="all") == [expected, expected]
+        assert group.call("fsdp_units", gather="all") == [units, units]
         start = group.trainable_states()[0]
         policy_gradient_step(group, rewards, ["a red circle", "a cat", "a tree", "a car"], [{}] * 4, 1, cfg,
                              uids=list("abcd"), num_workers=2)

@@ -8,7 +8,7 @@
     pixelrl make-preferences OUT [--prompts FILE]       offline DPO pairs from a model's scored samples
     pixelrl demo [key=value ...]                        Flow-GRPO on the shipped shapes model, before/after
     pixelrl demo-jpeg                                   15-second Flow-GRPO run on a tiny random model
-    pixelrl build-tiny PATH [--family flux]             write a tiny random SD3 (or FLUX) pipeline folder
+    pixelrl build-tiny PATH [--family F]                write a tiny random SD3 / FLUX / Qwen-Image pipeline
     pixelrl pretrain-vlm OUT [--steps N]                pretrain the shapes-QA vision-language model
     pixelrl demo-vlm [key=value ...]                    GRPO on the shipped shapes-QA VLM, accuracy before/after
     pixelrl plot RUN [--keys PATTERN ...]               a run's metrics as a PNG, one panel per key
@@ -331,12 +331,16 @@ def cmd_serve_reward(args) -> int:
 def cmd_build_tiny(args) -> int:
     from pixelrl.core.errors import ConfigError
 
+    if args.family != "sd3" and (args.no_vae or args.no_t5):
+        raise ConfigError("--family", args.family, "only SD3 folders can leave out the VAE or T5: drop --no-vae / --no-t5")
     if args.family == "flux":
         from pixelrl.models.flux import build_tiny_flux
 
-        if args.no_vae or args.no_t5:
-            raise ConfigError("--family", "flux", "FLUX always has a VAE and T5: drop --no-vae / --no-t5")
         path = build_tiny_flux(args.path, resolution=args.resolution, seed=args.seed)
+    elif args.family == "qwen_image":
+        from pixelrl.models.qwen_image import build_tiny_qwen_image
+
+        path = build_tiny_qwen_image(args.path, resolution=args.resolution, seed=args.seed)
     else:
         from pixelrl.models import build_tiny_sd3
 
@@ -437,9 +441,9 @@ def main(argv: list[str] | None = None) -> int:
     demo_vlm = sub.add_parser("demo-vlm", help="GRPO on the shipped shapes-QA VLM with accuracy before/after")
     demo_vlm.add_argument("overrides", nargs="*", help="key=value overrides of configs/vlm_grpo_shapes_qa.yaml")
     demo_vlm.set_defaults(func=cmd_demo_vlm)
-    tiny = sub.add_parser("build-tiny", help="write a tiny random pipeline folder (SD3 or FLUX)")
+    tiny = sub.add_parser("build-tiny", help="write a tiny random pipeline folder (SD3, FLUX or Qwen-Image)")
     tiny.add_argument("path")
-    tiny.add_argument("--family", choices=["sd3", "flux"], default="sd3", help="the model family (model.type)")
+    tiny.add_argument("--family", choices=["sd3", "flux", "qwen_image"], default="sd3", help="the model family (model.type)")
     tiny.add_argument("--resolution", type=positive_int, default=32)
     tiny.add_argument("--no-vae", action="store_true", help="pixel space (diffusers then needs vae=None)")
     tiny.add_argument("--no-t5", action="store_true", help="CLIP only (diffusers then needs text_encoder_3=None)")

@@ -17,6 +17,13 @@ import torch
 from torch import nn
 
 
+# The attention projections of a joint-attention block, image stream and text stream (SD3's joint
+# blocks, FLUX's double-stream blocks, Qwen-Image's blocks): the LoRA targets the references train.
+JOINT_ATTENTION_LORA_TARGETS = (
+    "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
+    "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out",
+)
+
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
@@ -33,18 +40,27 @@ def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
 
 @dataclass
 class PromptEmbeds:
-    """Text conditioning for a batch: sequence embeddings and (for SD3/FLUX) pooled vectors."""
+    """Text conditioning for a batch: sequence embeddings, pooled vectors (SD3, FLUX) and, for
+    families whose prompts encode to different lengths (Qwen-Image), a token mask."""
 
     embeds: torch.Tensor  # [B, L, D]
     pooled: torch.Tensor | None = None  # [B, P]
+    mask: torch.Tensor | None = None  # [B, L], 1 for a real token, 0 for padding
 
     def __len__(self) -> int:
         return self.embeds.shape[0]
 
     @staticmethod
     def cat(parts: list["PromptEmbeds"]) -> "PromptEmbeds":
+        """One batch; with masks, shorter sequences are zero-padded (and masked) to the longest."""
         pooled = None if parts[0].pooled is None else torch.cat([p.pooled for p in parts])
-        return PromptEmbeds(torch.cat([p.embeds for p in parts]), pooled)
+        if parts[0].mask is None:
+            return PromptEmbeds(torch.cat([p.embeds for p in parts]), pooled)
+        length = max(p.embeds.shape[1] for p in parts)
+        pad = [length - p.embeds.shape[1] for p in parts]
+        embeds = torch.cat([torch.nn.functional.pad(p.embeds, (0, 0, 0, n)) for p, n in zip(parts, pad)])
+        mask = torch.cat([torch.nn.functional.pad(p.mask, (0, n)) for p, n in zip(parts, pad)])
+        return PromptEmbeds(embeds, pooled, mask)
 
 
 class DiffusionModel(ABC):
@@ -69,6 +85,30 @@ class DiffusionModel(ABC):
     def __init__(self, prompt_cache_size: int = 4096):
         self._prompt_cache: OrderedDict[str, PromptEmbeds] = OrderedDict()
         self._prompt_cache_size = prompt_cache_size
+
+    # --- loading (used by each family's __init__) --------------------------------------------
+    def _open(self, path, required: tuple[str, ...], device, dtype, max_sequence_length: int) -> Path:
+        """Check the folder and the options; set path, device, dtype and max_sequence_length."""
+        folder = check_pipeline_folder(path, required, pipeline=self.pipeline_class_name)
+        self.check_options(max_sequence_length)
+        self.path, self.device, self.dtype = folder, torch.device(device), resolve_dtype(dtype)
+        self.max_sequence_length = int(max_sequence_length)
+        return folder
+
+    def _load_module(self, folder: Path, part: str, cls, *, frozen: bool = True) -> nn.Module:
+        """`cls.from_pretrained(folder/part)` from safetensors, in the model's dtype on its device,
+        without gradients; frozen parts (text encoders, VAE) also in eval mode."""
+        module = load_part(folder, f"{part}/", lambda: cls.from_pretrained(
+            folder / part, torch_dtype=self.dtype, use_safetensors=True)).to(self.device).requires_grad_(False)
+        return module.eval() if frozen else module
+
+    @staticmethod
+    def _load_scheduler(folder: Path):
+        """The folder's flow-matching scheduler (every family here samples with this one)."""
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        return load_part(folder, "scheduler/", lambda: FlowMatchEulerDiscreteScheduler.from_pretrained(
+            folder / "scheduler"))
 
     # --- the family's diffusers pipeline (class-level: export needs no loaded model) ---------
     @classmethod

@@ -29,6 +29,13 @@ def _flux() -> type[DiffusionModel]:
     return FluxModel
 
 
+@MODEL_TYPES.register("qwen_image")
+def _qwen_image() -> type[DiffusionModel]:
+    from pixelrl.models.qwen_image import QwenImageModel
+
+    return QwenImageModel
+
+
 def model_family(model_type: str) -> type[DiffusionModel]:
     """The adapter class of `model.type` (a ConfigError naming the field for an unknown name)."""
     return MODEL_TYPES.get(model_type)()

@@ -8,7 +8,6 @@ its folder (`models/sd3/tiny.py`, ...).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Iterable
 

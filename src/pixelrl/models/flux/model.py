@@ -18,16 +18,13 @@ from pathlib import Path
 import torch
 
 from pixelrl.core.errors import ConfigError
-from pixelrl.models.base import (DiffusionModel, PromptEmbeds, check_pipeline_folder, load_part, resolve_dtype,
+from pixelrl.models.base import (JOINT_ATTENTION_LORA_TARGETS, DiffusionModel, PromptEmbeds, load_part,
                                  sigmas_from_scheduler, vae_decode, vae_encode, vae_scale_factor)
 
 # Flow-GRPO's FLUX targets: the attention projections (double-stream blocks, image and text; the
 # single-stream blocks' to_q/k/v match too) and both feed-forwards of the double-stream blocks.
-FLUX_LORA_TARGETS = (
-    "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
-    "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out",
-    "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj", "ff_context.net.2",
-)
+FLUX_LORA_TARGETS = (*JOINT_ATTENTION_LORA_TARGETS, "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj",
+                     "ff_context.net.2")
 
 
 class FluxModel(DiffusionModel):
@@ -50,31 +47,16 @@ class FluxModel(DiffusionModel):
     def __init__(self, path: str | Path, *, device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32",
                  max_sequence_length: int = 512, prompt_cache_size: int = 4096):
         super().__init__(prompt_cache_size)
-        from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+        from diffusers import AutoencoderKL, FluxPipeline, FluxTransformer2DModel
         from transformers import AutoTokenizer, CLIPTextModel, CLIPTokenizer, T5EncoderModel
 
-        folder = check_pipeline_folder(path, ("transformer", "scheduler", "vae", "text_encoder", "text_encoder_2"),
-                                       pipeline=self.pipeline_class_name)
-        self.check_options(max_sequence_length)
-        self.path = folder
-        self.device = torch.device(device)
-        self.dtype = resolve_dtype(dtype)
-        self.max_sequence_length = int(max_sequence_length)
-
-        def frozen(module):
-            return module.to(self.device).requires_grad_(False).eval()
-
-        self.transformer = load_part(folder, "transformer/", lambda: FluxTransformer2DModel.from_pretrained(
-            folder / "transformer", torch_dtype=self.dtype, use_safetensors=True)).to(self.device)
-        self.transformer.requires_grad_(False)
-        self.scheduler = load_part(folder, "scheduler/", lambda: FlowMatchEulerDiscreteScheduler.from_pretrained(
-            folder / "scheduler"))
-        self.vae = frozen(load_part(folder, "vae/", lambda: AutoencoderKL.from_pretrained(
-            folder / "vae", torch_dtype=self.dtype, use_safetensors=True)))
-        clip = frozen(load_part(folder, "text_encoder/", lambda: CLIPTextModel.from_pretrained(
-            folder / "text_encoder", torch_dtype=self.dtype, use_safetensors=True)))
-        t5 = frozen(load_part(folder, "text_encoder_2/", lambda: T5EncoderModel.from_pretrained(
-            folder / "text_encoder_2", torch_dtype=self.dtype, use_safetensors=True)))
+        folder = self._open(path, ("transformer", "scheduler", "vae", "text_encoder", "text_encoder_2"), device, dtype,
+                            max_sequence_length)
+        self.transformer = self._load_module(folder, "transformer", FluxTransformer2DModel, frozen=False)
+        self.scheduler = self._load_scheduler(folder)
+        self.vae = self._load_module(folder, "vae", AutoencoderKL)
+        clip = self._load_module(folder, "text_encoder", CLIPTextModel)
+        t5 = self._load_module(folder, "text_encoder_2", T5EncoderModel)
         clip_tok = load_part(folder, "tokenizer/", lambda: CLIPTokenizer.from_pretrained(folder / "tokenizer"))
         t5_tok = load_part(folder, "tokenizer_2/", lambda: AutoTokenizer.from_pretrained(folder / "tokenizer_2"))
         # The diffusers pipeline over the same modules: its encode_prompt and (un)packing helpers.

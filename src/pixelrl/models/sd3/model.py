@@ -11,18 +11,12 @@ from pathlib import Path
 import torch
 
 from pixelrl.core.errors import ModelFolderError
-from pixelrl.models.base import (DiffusionModel, PromptEmbeds, check_pipeline_folder, from_uint8_images, load_part,
-                                 read_component_config, resolve_dtype, to_uint8_images, vae_decode, vae_encode,
+from pixelrl.models.base import (JOINT_ATTENTION_LORA_TARGETS, DiffusionModel, PromptEmbeds, from_uint8_images,
+                                 load_part, read_component_config, to_uint8_images, vae_decode, vae_encode,
                                  vae_scale_factor)
 
-# Attention projections of the joint transformer blocks (image and text streams).
-SD3_LORA_TARGETS = (
-    "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
-    "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out",
-)
-
 class SD3Model(DiffusionModel):
-    default_lora_targets = SD3_LORA_TARGETS
+    default_lora_targets = JOINT_ATTENTION_LORA_TARGETS
     pipeline_class_name = "StableDiffusion3Pipeline"
 
     @classmethod
@@ -54,34 +48,21 @@ class SD3Model(DiffusionModel):
         prompt_cache_size: int = 4096,
     ):
         super().__init__(prompt_cache_size)
-        from diffusers import (AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel,
-                               StableDiffusion3Pipeline)
+        from diffusers import AutoencoderKL, SD3Transformer2DModel, StableDiffusion3Pipeline
         from transformers import CLIPTextModelWithProjection, CLIPTokenizer
 
-        folder = check_pipeline_folder(path, pipeline=self.pipeline_class_name)
-        self.path = folder
-        self.device = torch.device(device)
-        self.dtype = resolve_dtype(dtype)
-        self.max_sequence_length = int(max_sequence_length)
-
-        self.transformer = load_part(folder, "transformer/", lambda: SD3Transformer2DModel.from_pretrained(
-            folder / "transformer", torch_dtype=self.dtype, use_safetensors=True))
-        self.transformer.to(self.device)
-        self.scheduler = load_part(folder, "scheduler/", lambda: FlowMatchEulerDiscreteScheduler.from_pretrained(
-            folder / "scheduler"))
+        folder = self._open(path, ("transformer", "scheduler"), device, dtype, max_sequence_length)
+        self.transformer = self._load_module(folder, "transformer", SD3Transformer2DModel, frozen=False)
+        self.scheduler = self._load_scheduler(folder)
         self.vae = None
         if (folder / "vae" / "config.json").is_file():
-            self.vae = load_part(folder, "vae/", lambda: AutoencoderKL.from_pretrained(
-                folder / "vae", torch_dtype=self.dtype, use_safetensors=True)).to(self.device)
-            self.vae.requires_grad_(False).eval()
+            self.vae = self._load_module(folder, "vae", AutoencoderKL)
 
         for suffix in ("", "_2"):
             if not (folder / f"text_encoder{suffix}" / "config.json").is_file():
                 raise ModelFolderError(f"model folder `{folder}` has no text_encoder{suffix}/: an SD3 pipeline needs "
                                        "both CLIP encoders (text_encoder/, text_encoder_2/ with their tokenizers)")
-        clip = [load_part(folder, f"text_encoder{suffix}/", lambda s=suffix: CLIPTextModelWithProjection.from_pretrained(
-                folder / f"text_encoder{s}", torch_dtype=self.dtype, use_safetensors=True)).to(self.device).requires_grad_(False).eval()
-                for suffix in ("", "_2")]
+        clip = [self._load_module(folder, f"text_encoder{suffix}", CLIPTextModelWithProjection) for suffix in ("", "_2")]
         clip_tok = [load_part(folder, f"tokenizer{suffix}/", lambda s=suffix: CLIPTokenizer.from_pretrained(
                     folder / f"tokenizer{s}")) for suffix in ("", "_2")]
         # T5 only when its tokens are used (max_sequence_length 0 = zero T5 tokens, no T5 forward)
@@ -89,11 +70,8 @@ class SD3Model(DiffusionModel):
         if (folder / "text_encoder_3" / "config.json").is_file() and self.max_sequence_length > 0:
             from transformers import AutoTokenizer, T5EncoderModel
 
-            t5 = load_part(folder, "text_encoder_3/", lambda: T5EncoderModel.from_pretrained(
-                folder / "text_encoder_3", torch_dtype=self.dtype, use_safetensors=True))
-            t5 = t5.to(self.device).requires_grad_(False).eval()
+            t5 = self._load_module(folder, "text_encoder_3", T5EncoderModel)
             t5_tok = load_part(folder, "tokenizer_3/", lambda: AutoTokenizer.from_pretrained(folder / "tokenizer_3"))
-        self.transformer.requires_grad_(False)
         # The diffusers pipeline over the same modules: its encode_prompt is the prompt encoding.
         self.pipeline = StableDiffusion3Pipeline(
             transformer=self.transformer, scheduler=self.scheduler, vae=self.vae,
