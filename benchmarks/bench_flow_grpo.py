@@ -1,4 +1,4 @@
-"""Flow-GRPO throughput on a tiny model (SD3 by default, FLUX or Qwen-Image), one process (no Ray).
+"""Flow-GRPO throughput on a tiny model (SD3 by default, FLUX, Qwen-Image or Wan), one process (no Ray).
 
 Prints, per configuration: images/s for rollout and for a full iteration, seconds per phase,
 denoiser forwards (with and without grad) per iteration, and peak RSS. Each configuration runs
@@ -37,6 +37,7 @@ def run_one(args) -> dict:
     from pixelrl.models import build_tiny_sd3
     from pixelrl.models.flux import build_tiny_flux
     from pixelrl.models.qwen_image import build_tiny_qwen_image
+    from pixelrl.models.wan import build_tiny_wan
     from pixelrl.rewards import RewardSpec, WeightedReward
     from pixelrl.engine import PolicyEngine
     from pixelrl.trainers.step import policy_gradient_step
@@ -50,6 +51,9 @@ def run_one(args) -> dict:
         elif args.family == "qwen_image":
             path = build_tiny_qwen_image(os.path.join(tmp, "tiny"), resolution=args.resolution)
             cfg.model.type, cfg.model.max_sequence_length = "qwen_image", 64
+        elif args.family == "wan":  # 5-frame videos at the resolution (3 latent frames)
+            path = build_tiny_wan(os.path.join(tmp, "tiny"))
+            cfg.model.type, cfg.model.max_sequence_length, cfg.model.num_frames = "wan", 16, 5
         else:
             path = build_tiny_sd3(os.path.join(tmp, "tiny"), resolution=args.resolution, with_vae=not args.no_vae,
                                   with_t5=False)
@@ -107,7 +111,7 @@ def main() -> None:
     parser.add_argument("--resolution", type=int, default=32)
     parser.add_argument("--no-vae", action="store_true")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--family", choices=["sd3", "flux", "qwen_image"], default="sd3", help="the tiny model's family")
+    parser.add_argument("--family", choices=["sd3", "flux", "qwen_image", "wan"], default="sd3", help="the tiny model's family")
     parser.add_argument("--per-family", action="store_true", help="one row per family at 4 prompts x 4, 10 steps")
     parser.add_argument("--json", action="store_true", help="print one JSON line (used by the sweep)")
     args = parser.parse_args()
@@ -146,10 +150,10 @@ def main() -> None:
 def per_family(common: list[str]) -> None:
     """One row per model family: the same RL step on each family's tiny model."""
     print("# 4 prompts x 4 images, 10 steps, full window; " + " ".join(common))
-    header = "| family | rollout img/s | iteration img/s | s/iter | gen s | update s | GFLOP/iter | MFU | peak RSS MB |"
+    header = "| family | rollout samples/s | iteration samples/s | s/iter | gen s | update s | GFLOP/iter | MFU | peak RSS MB |"
     print(header)
     print("|---" * (header.count("|") - 1) + "|")
-    for family in ("sd3", "flux", "qwen_image"):
+    for family in ("sd3", "flux", "qwen_image", "wan"):
         cmd = [sys.executable, __file__, "--json", "--prompts", "4", "--n", "4", "--steps", "10", "--family", family,
                *common]
         r = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])

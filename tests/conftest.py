@@ -43,6 +43,14 @@ def tiny_qwen_image_path(tmp_path_factory):
     return build_tiny_qwen_image(tmp_path_factory.mktemp("tiny_qwen_image") / "pipe", resolution=32)
 
 
+@pytest.fixture(scope="session")
+def tiny_wan_path(tmp_path_factory):
+    """A tiny random Wan 2.1 text-to-video pipeline (5-frame videos, 3 latent frames)."""
+    from pixelrl.models.wan import build_tiny_wan
+
+    return build_tiny_wan(tmp_path_factory.mktemp("tiny_wan") / "pipe")
+
+
 def paper_config(name, *overrides):
     """A bundled config for a real checkpoint, validated with an empty folder standing in for the
     model folder this machine does not have (validation checks only that it exists)."""

@@ -27,7 +27,8 @@ PAPER_SCHEDULES = {
     "awm_sd35": 1,             # AWM: one step per rollout batch (its ratio is always 1)
     "flow_grpo_flux": 2,       # the reference's FLUX recipe: accumulation = num_batches_per_epoch // 2
     "dance_grpo_flux": 2,
-    "flow_grpo_qwen_image": 2,  # the reference's Qwen-Image recipe: accumulation = num_batches_per_epoch // 2
+    "flow_grpo_qwen_image": 2,
+    "dance_grpo_wan": 2,  # the reference's Qwen-Image recipe: accumulation = num_batches_per_epoch // 2
 }
 
 

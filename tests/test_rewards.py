@@ -118,3 +118,28 @@ def test_delayed_reward_options_are_checked_with_the_config(tiny_pixel_path, opt
     with pytest.raises(ConfigError) as error:
         load_config("flow_grpo_tiny", [f"model.path={tiny_pixel_path}", f"reward.functions=[{spec}]"])
     assert f"reward.functions[0].{field}" in str(error.value)
+
+
+def test_image_rewards_score_videos_per_frame_and_average_and_video_rewards_see_whole_videos():
+    @register_reward("test_frame_brightness")
+    def frame_brightness():
+        def score(images, prompts, metadata):
+            assert images.ndim == 4 and len(prompts) == len(images) == len(metadata)
+            return {"test_frame_brightness": images.float().mean(dim=(1, 2, 3))}
+        return score
+
+    @register_reward("test_video_length")
+    def video_length():
+        def score(videos, prompts, metadata):
+            return {"test_video_length": torch.full((len(videos),), float(videos.shape[1]))}
+        score.scores_videos = True
+        return score
+
+    videos = torch.zeros(2, 3, 4, 4, 3, dtype=torch.uint8)
+    videos[0, 0], videos[0, 1], videos[0, 2] = 30, 60, 120  # frames of video 0: mean (30 + 60 + 120) / 3 = 70
+    videos[1] = 9
+    reward = WeightedReward([RewardSpec("test_frame_brightness", 1.0), RewardSpec("test_video_length", 0.5)])
+    out = reward(videos, ["a", "b"], [{}, {}])
+    assert out["test_frame_brightness"].tolist() == [70.0, 9.0]
+    assert out["test_video_length"].tolist() == [3.0, 3.0]
+    assert out["overall"].tolist() == [71.5, 10.5]

@@ -118,11 +118,12 @@ def test_direct_preference_resume_is_exact_with_two_workers(ray_cluster, tmp_pat
     ("flux", ["FluxTransformer2DModel", "FluxTransformerBlock", "FluxSingleTransformerBlock",
               "FluxSingleTransformerBlock"]),
     ("qwen_image", ["QwenImageTransformer2DModel", "QwenImageTransformerBlock", "QwenImageTransformerBlock"]),
+    ("wan", ["WanTransformer3DModel", "WanTransformerBlock", "WanTransformerBlock"]),
 ])
 def test_fsdp2_on_two_ray_workers_shards_each_familys_blocks_and_ranks_agree(ray_cluster, request, family, units):
     """A family's FSDP units are its own (`_no_split_modules`): FLUX's double- and single-stream
-    blocks, Qwen-Image's blocks are all-gather units on both ranks, and after an update the ranks
-    hold the same weights."""
+    blocks, Qwen-Image's and Wan's blocks are all-gather units on both ranks, and after an update
+    the ranks hold the same weights."""
     import numpy as np
 
     from pixelrl.core.config_loading import load_config, to_yaml

@@ -8,7 +8,7 @@
     pixelrl make-preferences OUT [--prompts FILE]       offline DPO pairs from a model's scored samples
     pixelrl demo [key=value ...]                        Flow-GRPO on the shipped shapes model, before/after
     pixelrl demo-jpeg                                   15-second Flow-GRPO run on a tiny random model
-    pixelrl build-tiny PATH [--family F]                write a tiny random SD3 / FLUX / Qwen-Image pipeline
+    pixelrl build-tiny PATH [--family F]                a tiny random SD3 / FLUX / Qwen-Image / Wan pipeline
     pixelrl pretrain-vlm OUT [--steps N]                pretrain the shapes-QA vision-language model
     pixelrl demo-vlm [key=value ...]                    GRPO on the shipped shapes-QA VLM, accuracy before/after
     pixelrl plot RUN [--keys PATTERN ...]               a run's metrics as a PNG, one panel per key
@@ -337,6 +337,10 @@ def cmd_build_tiny(args) -> int:
         from pixelrl.models.flux import build_tiny_flux
 
         path = build_tiny_flux(args.path, resolution=args.resolution, seed=args.seed)
+    elif args.family == "wan":
+        from pixelrl.models.wan import build_tiny_wan
+
+        path = build_tiny_wan(args.path, seed=args.seed)
     elif args.family == "qwen_image":
         from pixelrl.models.qwen_image import build_tiny_qwen_image
 
@@ -441,9 +445,9 @@ def main(argv: list[str] | None = None) -> int:
     demo_vlm = sub.add_parser("demo-vlm", help="GRPO on the shipped shapes-QA VLM with accuracy before/after")
     demo_vlm.add_argument("overrides", nargs="*", help="key=value overrides of configs/vlm_grpo_shapes_qa.yaml")
     demo_vlm.set_defaults(func=cmd_demo_vlm)
-    tiny = sub.add_parser("build-tiny", help="write a tiny random pipeline folder (SD3, FLUX or Qwen-Image)")
+    tiny = sub.add_parser("build-tiny", help="write a tiny random pipeline folder (SD3, FLUX, Qwen-Image or Wan)")
     tiny.add_argument("path")
-    tiny.add_argument("--family", choices=["sd3", "flux", "qwen_image"], default="sd3", help="the model family (model.type)")
+    tiny.add_argument("--family", choices=["sd3", "flux", "qwen_image", "wan"], default="sd3", help="the model family (model.type)")
     tiny.add_argument("--resolution", type=positive_int, default=32)
     tiny.add_argument("--no-vae", action="store_true", help="pixel space (diffusers then needs vae=None)")
     tiny.add_argument("--no-t5", action="store_true", help="CLIP only (diffusers then needs text_encoder_3=None)")

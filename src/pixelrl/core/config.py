@@ -16,6 +16,7 @@ class ModelConfig:
     device: str = "cpu"
     dtype: str = "float32"  # denoiser compute dtype; scheduler / log-prob math is always float32
     max_sequence_length: int = 256  # T5 tokens (or zero tokens when the folder has no T5)
+    num_frames: int = 1  # frames per sample: 1 for image families; video families (wan) 4k + 1, e.g. 33 or 81
     lora_rank: int = 32  # 0 = full fine-tuning of the denoiser
     lora_alpha: float = 64.0
     lora_target_modules: list[str] | None = None  # None = the adapter's defaults

@@ -133,6 +133,7 @@ def validate(cfg: PixelRLConfig) -> None:
     from pixelrl.algos.kl import KL_TYPES
     from pixelrl.algos.losses import LOSSES
     from pixelrl.models.base import DTYPES
+    from pixelrl.core.assets import resolve
     from pixelrl.models.loader import MODEL_TYPES, check_model_type, latent_unit, model_family
     from pixelrl.models.lora import LORA_INITS
     from pixelrl.sampling.multistep import SOLVERS
@@ -261,7 +262,8 @@ def validate(cfg: PixelRLConfig) -> None:
                           f"mini-batch ({mini // t.n_workers}) a multiple of the micro-batch")
     if not cfg.model.path:
         raise ConfigError("model.path", cfg.model.path, "set it to a local diffusers pipeline folder")
-    model_family(m.type).check_options(m.max_sequence_length)
+    folder = Path(resolve(str(m.path)))
+    model_family(m.type).check_options(m.max_sequence_length, m.num_frames, folder if folder.is_dir() else None)
     unit = latent_unit(m.type, m.path)
     if unit and r.resolution % unit:
         raise ConfigError("rollout.resolution", r.resolution,
@@ -271,8 +273,6 @@ def validate(cfg: PixelRLConfig) -> None:
     _check_rewards_and_loggers(cfg)
     _check_output_locations(cfg)
     # last: a config copied from another machine reports its field errors before its model path
-    from pixelrl.core.assets import resolve
-
     if not Path(resolve(str(m.path))).is_dir():
         raise ConfigError("model.path", m.path, "the folder does not exist: set model.path to a local diffusers "
                           "pipeline folder (or builtin:shapes; `pixelrl build-tiny DIR` makes a tiny random one)")

@@ -115,8 +115,7 @@ def load_for_eval(model_path: str | None = None, checkpoint: str | None = None, 
     (its base model with the trained weights of `global_step_N/actor` applied)."""
     from pathlib import Path
 
-    from pixelrl.models import load_model
-    from pixelrl.models.loader import load_folder_model
+    from pixelrl.models.loader import load_configured_model, load_folder_model
 
     if checkpoint is None:
         return load_folder_model(model_path or "builtin:shapes", max_sequence_length=max_sequence_length)
@@ -126,7 +125,7 @@ def load_for_eval(model_path: str | None = None, checkpoint: str | None = None, 
 
     folder = Path(checkpoint)
     cfg = from_yaml_text((folder / "config.yaml").read_text())
-    model = load_model(cfg.model.type, model_path or cfg.model.path, max_sequence_length=cfg.model.max_sequence_length)
+    model = load_configured_model(cfg.model, model_path)
     engine = PolicyEngine(model, cfg)
     load_engine(engine, folder / "actor")
     return engine.model

@@ -85,11 +85,9 @@ class PolicyEngine:
     def from_config(cls, cfg: PixelRLConfig, trains: bool = True, parallelize=None) -> "PolicyEngine":
         """Load `cfg.model` and build the engine around it (one process, no Ray); `parallelize(model)`
         shards or replicates it across a process group once its adapters exist."""
-        from pixelrl.models import load_model
+        from pixelrl.models.loader import load_configured_model
 
-        m = cfg.model
-        return cls(load_model(m.type, m.path, device=m.device, dtype=m.dtype,
-                              max_sequence_length=m.max_sequence_length), cfg, trains, parallelize)
+        return cls(load_configured_model(cfg.model), cfg, trains, parallelize)
 
     def schedule(self, num_steps: int) -> torch.Tensor:
         """The N + 1 sigmas of `rollout.sigma_schedule` at the rollout resolution."""

@@ -87,10 +87,11 @@ class DiffusionModel(ABC):
         self._prompt_cache_size = prompt_cache_size
 
     # --- loading (used by each family's __init__) --------------------------------------------
-    def _open(self, path, required: tuple[str, ...], device, dtype, max_sequence_length: int) -> Path:
+    def _open(self, path, required: tuple[str, ...], device, dtype, max_sequence_length: int,
+              num_frames: int = 1) -> Path:
         """Check the folder and the options; set path, device, dtype and max_sequence_length."""
         folder = check_pipeline_folder(path, required, pipeline=self.pipeline_class_name)
-        self.check_options(max_sequence_length)
+        self.check_options(max_sequence_length, num_frames, folder)
         self.path, self.device, self.dtype = folder, torch.device(device), resolve_dtype(dtype)
         self.max_sequence_length = int(max_sequence_length)
         return folder
@@ -131,8 +132,14 @@ class DiffusionModel(ABC):
                                                transformer_lora_adapter_metadata=config)
 
     @classmethod
-    def check_options(cls, max_sequence_length: int) -> None:
-        """Refuse `model.*` options this family cannot use (config validation calls it)."""
+    def check_options(cls, max_sequence_length: int, num_frames: int = 1, folder: Path | None = None) -> None:
+        """Refuse `model.*` options this family cannot use (config validation calls it, with the
+        folder when it exists). Image families sample one frame."""
+        if num_frames != 1:
+            from pixelrl.core.errors import ConfigError
+
+            raise ConfigError("model.num_frames", num_frames, f"{cls.pipeline_class_name} makes images: use 1 "
+                              "(only video families such as model.type=wan take more frames)")
 
     @classmethod
     def latent_unit(cls, folder: Path) -> int | None:

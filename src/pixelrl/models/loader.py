@@ -36,6 +36,13 @@ def _qwen_image() -> type[DiffusionModel]:
     return QwenImageModel
 
 
+@MODEL_TYPES.register("wan")
+def _wan() -> type[DiffusionModel]:
+    from pixelrl.models.wan import WanModel
+
+    return WanModel
+
+
 def model_family(model_type: str) -> type[DiffusionModel]:
     """The adapter class of `model.type` (a ConfigError naming the field for an unknown name)."""
     return MODEL_TYPES.get(model_type)()
@@ -48,6 +55,12 @@ def load_model(model_type: str, path, **kwargs) -> DiffusionModel:
     if not path:
         raise ConfigError("model.path", path, "set it to a local diffusers pipeline folder")
     return model_family(model_type)(resolve(str(path)), **kwargs)
+
+
+def load_configured_model(mcfg, path=None) -> DiffusionModel:
+    """The model a run's `model.*` section describes (`path` overrides model.path)."""
+    return load_model(mcfg.type, path or mcfg.path, device=mcfg.device, dtype=mcfg.dtype,
+                      max_sequence_length=mcfg.max_sequence_length, num_frames=mcfg.num_frames)
 
 
 def latent_unit(model_type: str, path) -> int | None:

@@ -36,11 +36,14 @@ class WeightedReward:
         return cls([RewardSpec(f["name"], float(f.get("weight", 1.0)), dict(f.get("options", {}))) for f in functions])
 
     def __call__(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> dict[str, torch.Tensor]:
-        batch = len(images)  # images [B, H, W, 3], or B response strings for a VLM
+        batch = len(images)  # images [B, H, W, 3], videos [B, T, H, W, 3], or B response strings for a VLM
         scores: dict[str, torch.Tensor] = {}
         overall = torch.zeros(batch)
         for spec, fn in zip(self.specs, self.functions):
-            out = check_reward_output(spec.name, _call(spec.name, fn, images, prompts, metadata), batch)
+            if getattr(images, "ndim", 0) == 5 and not getattr(fn, "scores_videos", False):
+                out = _per_frame(spec.name, fn, images, prompts, metadata)
+            else:
+                out = check_reward_output(spec.name, _call(spec.name, fn, images, prompts, metadata), batch)
             main_key = spec.name if spec.name in out else (next(iter(out)) if len(out) == 1 else None)
             if main_key is None:
                 raise ConfigError(
@@ -63,6 +66,16 @@ class WeightedReward:
     @property
     def weights(self) -> list[float]:
         return [s.weight for s in self.specs]
+
+
+def _per_frame(name: str, fn: RewardFn, videos, prompts, metadata) -> dict[str, torch.Tensor]:
+    """An image reward on videos: every frame scored with its video's prompt and metadata, the
+    scores averaged per video. A reward that scores whole videos sets `fn.scores_videos = True`."""
+    batch, frames = videos.shape[:2]
+    out = check_reward_output(name, _call(name, fn, videos.reshape(batch * frames, *videos.shape[2:]),
+                                          [p for p in prompts for _ in range(frames)],
+                                          [m for m in metadata for _ in range(frames)]), batch * frames)
+    return {key: value.reshape(batch, frames).mean(dim=1) for key, value in out.items()}
 
 
 def _call(name: str, fn: RewardFn, images, prompts, metadata):

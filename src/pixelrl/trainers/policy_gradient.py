@@ -283,7 +283,7 @@ class PolicyGradientTrainer:
 
     # ------------------------------------------------------------------ outputs
     def _dump(self, folder: Path, batch, *, images=None, prompts=None, scores=None, seeds=None) -> None:
-        """JSONL of prompts, seeds and scores plus one PNG per image."""
+        """JSONL of prompts, seeds and scores plus one PNG per image (an animated GIF per video)."""
         folder.mkdir(parents=True, exist_ok=True)
         if batch is not None:
             images, prompts, seeds = batch["images"], batch["prompts"], batch["seeds"]
@@ -295,7 +295,13 @@ class PolicyGradientTrainer:
                 record = {"index": i, "prompt": prompt, "seed": int(seeds[i]),
                           **{k: float(v[i]) for k, v in scores.items()}}
                 handle.write(json.dumps(record) + "\n")
-                Image.fromarray(images[i].numpy()).save(folder / f"{i:05d}.png")
+                sample = images[i].numpy()
+                if sample.ndim == 4:  # a video: its frames as an animated GIF
+                    frames = [Image.fromarray(frame) for frame in sample]
+                    frames[0].save(folder / f"{i:05d}.gif", save_all=True, append_images=frames[1:], duration=125,
+                                   loop=0)
+                else:
+                    Image.fromarray(sample).save(folder / f"{i:05d}.png")
 
     def _grid(self, tracker, tag, batch, step, *, images=None, captions=None) -> None:
         if batch is not None:

@@ -19,7 +19,10 @@ CONSOLE_KEYS = ("critic/rewards/mean", "reward/overall", "actor/pg_loss", "actor
 
 
 def image_grid(images: np.ndarray, captions: list[str] | None = None, ncols: int = 8, scale: int = 2) -> np.ndarray:
-    """Tile uint8 images [B, H, W, 3] into one image, each with an optional caption beneath."""
+    """Tile uint8 images [B, H, W, 3] into one image, each with an optional caption beneath; videos
+    [B, T, H, W, 3] are shown by their middle frame."""
+    if images.ndim == 5:
+        images = images[:, images.shape[1] // 2]
     count, h, w, _ = images.shape
     ncols = min(ncols, count)
     nrows = math.ceil(count / ncols)

@@ -33,7 +33,8 @@ class FluxModel(DiffusionModel):
     uses_negative_prompt = False  # guidance is an input of the denoiser, not a second branch
 
     @classmethod
-    def check_options(cls, max_sequence_length: int) -> None:
+    def check_options(cls, max_sequence_length: int, num_frames: int = 1, folder: Path | None = None) -> None:
+        super().check_options(max_sequence_length, num_frames, folder)
         if max_sequence_length <= 0:
             raise ConfigError("model.max_sequence_length", max_sequence_length, "FLUX's text conditioning is the T5 "
                               "token states: use 512 (FLUX.1-dev) or 256 (schnell); tiny models fewer")
@@ -45,13 +46,13 @@ class FluxModel(DiffusionModel):
         return 2 * vae_scale_factor(folder)  # a VAE cell, then 2 x 2 cells per token
 
     def __init__(self, path: str | Path, *, device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32",
-                 max_sequence_length: int = 512, prompt_cache_size: int = 4096):
+                 max_sequence_length: int = 512, num_frames: int = 1, prompt_cache_size: int = 4096):
         super().__init__(prompt_cache_size)
         from diffusers import AutoencoderKL, FluxPipeline, FluxTransformer2DModel
         from transformers import AutoTokenizer, CLIPTextModel, CLIPTokenizer, T5EncoderModel
 
         folder = self._open(path, ("transformer", "scheduler", "vae", "text_encoder", "text_encoder_2"), device, dtype,
-                            max_sequence_length)
+                            max_sequence_length, num_frames)
         self.transformer = self._load_module(folder, "transformer", FluxTransformer2DModel, frozen=False)
         self.scheduler = self._load_scheduler(folder)
         self.vae = self._load_module(folder, "vae", AutoencoderKL)

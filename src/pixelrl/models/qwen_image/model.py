@@ -33,13 +33,13 @@ class QwenImageModel(DiffusionModel):
         return 2 * 2 ** len(vae.get("temperal_downsample", [False, True, True]))
 
     def __init__(self, path: str | Path, *, device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32",
-                 max_sequence_length: int = 512, prompt_cache_size: int = 4096):
+                 max_sequence_length: int = 512, num_frames: int = 1, prompt_cache_size: int = 4096):
         super().__init__(prompt_cache_size)
         from diffusers import AutoencoderKLQwenImage, QwenImagePipeline, QwenImageTransformer2DModel
         from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
         folder = self._open(path, ("transformer", "scheduler", "vae", "text_encoder"), device, dtype,
-                            max_sequence_length)
+                            max_sequence_length, num_frames)
         self.transformer = self._load_module(folder, "transformer", QwenImageTransformer2DModel, frozen=False)
         self.scheduler = self._load_scheduler(folder)
         self.vae = self._load_module(folder, "vae", AutoencoderKLQwenImage)
@@ -55,7 +55,8 @@ class QwenImageModel(DiffusionModel):
         self.latents_std = torch.tensor(self.vae.config.latents_std).view(1, z_dim, 1, 1).to(self.device)
 
     @classmethod
-    def check_options(cls, max_sequence_length: int) -> None:
+    def check_options(cls, max_sequence_length: int, num_frames: int = 1, folder: Path | None = None) -> None:
+        super().check_options(max_sequence_length, num_frames, folder)
         if max_sequence_length <= 0:
             raise ConfigError("model.max_sequence_length", max_sequence_length, "Qwen-Image is conditioned on the "
                               "text encoder's token states: use at most 1024 (the pipeline's limit), e.g. 512")

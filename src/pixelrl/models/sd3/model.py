@@ -45,13 +45,14 @@ class SD3Model(DiffusionModel):
         device: str | torch.device = "cpu",
         dtype: str | torch.dtype = "float32",
         max_sequence_length: int = 256,
+        num_frames: int = 1,
         prompt_cache_size: int = 4096,
     ):
         super().__init__(prompt_cache_size)
         from diffusers import AutoencoderKL, SD3Transformer2DModel, StableDiffusion3Pipeline
         from transformers import CLIPTextModelWithProjection, CLIPTokenizer
 
-        folder = self._open(path, ("transformer", "scheduler"), device, dtype, max_sequence_length)
+        folder = self._open(path, ("transformer", "scheduler"), device, dtype, max_sequence_length, num_frames)
         self.transformer = self._load_module(folder, "transformer", SD3Transformer2DModel, frozen=False)
         self.scheduler = self._load_scheduler(folder)
         self.vae = None

@@ -1,0 +1,142 @@
+"""Wan 2.1 text-to-video family adapter (`WanPipeline`) over diffusers components.
+
+Video through the same RL code as images: a sample's latent is 5-D `[C, T', h, w]` (the SDE
+step, log-probs and losses are elementwise or mean over all latent dimensions, so nothing else
+changes), `decode` returns uint8 frames `[B, T, H, W, 3]`, and rewards receive those videos
+(image rewards are scored per frame and averaged, see `pixelrl.rewards.multi`).
+
+- Prompts: UMT5 token states through the pipeline's own `encode_prompt`, zero past each
+  prompt's length and padded to `model.max_sequence_length` (no mask, as Wan's transformer takes
+  them); CFG as a doubled batch, v = v_u + s (v_c - v_u).
+- Timesteps go to the transformer as `sigma x 1000`; the sigma grid is the scheduler's own
+  (static shift). A folder shipping Wan's UniPC scheduler is sampled with the flow-matching
+  Euler/SDE steps at its `flow_shift`, as the RL references sample Wan.
+- `model.num_frames` frames per video, 4k + 1 for Wan's VAE (1 frame + 4 per latent frame).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from pixelrl.core.errors import ConfigError
+from pixelrl.models.base import DiffusionModel, PromptEmbeds, from_uint8_images, load_part, read_component_config, \
+    to_uint8_images
+
+# Flow-GRPO's Wan targets: the attention projections of self- and cross-attention (suffixes, so
+# attn1 and attn2 both match; the add_* projections exist in image-to-video models only).
+WAN_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
+
+
+def _vae_scales(folder: Path) -> tuple[int, int] | None:
+    vae = read_component_config(folder, "vae")
+    if vae is None:
+        return None
+    return int(vae.get("scale_factor_temporal") or 4), int(vae.get("scale_factor_spatial") or 8)
+
+
+class WanModel(DiffusionModel):
+    default_lora_targets = WAN_LORA_TARGETS
+    pipeline_class_name = "WanPipeline"
+
+    @classmethod
+    def check_options(cls, max_sequence_length: int, num_frames: int = 1, folder: Path | None = None) -> None:
+        if max_sequence_length <= 0:
+            raise ConfigError("model.max_sequence_length", max_sequence_length, "Wan is conditioned on UMT5 token "
+                              "states: use 512 (Wan 2.1's length) or fewer")
+        temporal = (_vae_scales(folder) or (4, 8))[0] if folder is not None else 4
+        if num_frames < 1 or (num_frames - 1) % temporal:
+            raise ConfigError("model.num_frames", num_frames, f"this VAE packs {temporal} frames per latent frame after "
+                              f"the first: use {temporal}k + 1 frames, e.g. {((max(num_frames, 1) - 1) // temporal) * temporal + 1}")
+
+    @classmethod
+    def latent_unit(cls, folder: Path) -> int | None:
+        scales, transformer = _vae_scales(folder), read_component_config(folder, "transformer")
+        if scales is None or transformer is None:
+            return None
+        return scales[1] * int(transformer.get("patch_size", [1, 2, 2])[-1])
+
+    @staticmethod
+    def _load_scheduler(folder: Path):
+        """A flow-matching Euler scheduler; Wan 2.1 folders ship UniPC, whose `flow_shift` is the shift."""
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        config = json.loads((folder / "scheduler" / "scheduler_config.json").read_text())
+        if config.get("_class_name") == "FlowMatchEulerDiscreteScheduler":
+            return DiffusionModel._load_scheduler(folder)
+        return FlowMatchEulerDiscreteScheduler(num_train_timesteps=config.get("num_train_timesteps", 1000),
+                                               shift=float(config.get("flow_shift") or 1.0))
+
+    def __init__(self, path: str | Path, *, device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32",
+                 max_sequence_length: int = 512, num_frames: int = 33, prompt_cache_size: int = 4096):
+        super().__init__(prompt_cache_size)
+        from diffusers import AutoencoderKLWan, WanPipeline, WanTransformer3DModel
+        from transformers import AutoTokenizer, UMT5EncoderModel
+
+        folder = self._open(path, ("transformer", "scheduler", "vae", "text_encoder"), device, dtype,
+                            max_sequence_length, num_frames)
+        self.num_frames = int(num_frames)
+        self.transformer = self._load_module(folder, "transformer", WanTransformer3DModel, frozen=False)
+        self.scheduler = self._load_scheduler(folder)
+        self.vae = self._load_module(folder, "vae", AutoencoderKLWan)
+        encoder = self._load_module(folder, "text_encoder", UMT5EncoderModel)
+        tokenizer = load_part(folder, "tokenizer/", lambda: AutoTokenizer.from_pretrained(folder / "tokenizer"))
+        # The diffusers pipeline over the same modules: its encode_prompt is the prompt encoding.
+        self.pipeline = WanPipeline(tokenizer=tokenizer, text_encoder=encoder, vae=self.vae, scheduler=self.scheduler,
+                                    transformer=self.transformer)
+        self.temporal_scale = self.pipeline.vae_scale_factor_temporal
+        self.spatial_scale = self.pipeline.vae_scale_factor_spatial
+        self.patch = tuple(self.transformer.config.patch_size)
+        z_dim = self.vae.config.z_dim
+        self.latents_mean = torch.tensor(self.vae.config.latents_mean).view(1, z_dim, 1, 1, 1).to(self.device)
+        self.latents_std = torch.tensor(self.vae.config.latents_std).view(1, z_dim, 1, 1, 1).to(self.device)
+
+    # --- text -----------------------------------------------------------------------------
+    def _encode_uncached(self, prompts: list[str]) -> PromptEmbeds:
+        embeds, _ = self.pipeline.encode_prompt(prompts, do_classifier_free_guidance=False, device=self.device,
+                                                max_sequence_length=self.max_sequence_length)
+        return PromptEmbeds(embeds.to(self.dtype))
+
+    # --- denoiser -------------------------------------------------------------------------
+    def image_seq_len(self, height: int, width: int) -> int:
+        _, frames, h, w = self.latent_shape(height, width)
+        return frames // self.patch[0] * (h // self.patch[1]) * (w // self.patch[2])
+
+    def _forward(self, latents, sigmas, text: PromptEmbeds):
+        return self.transformer(
+            hidden_states=latents,
+            timestep=sigmas.float() * 1000,  # Wan's transformer takes the 0..1000 timestep
+            encoder_hidden_states=text.embeds.to(self.device, self.dtype),
+            return_dict=False,
+        )[0]
+
+    # --- videos ---------------------------------------------------------------------------
+    def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
+        unit = self.spatial_scale * self.patch[-1]
+        if height % unit or width % unit:
+            raise ConfigError("rollout.resolution", (height, width), f"height and width must be multiples of {unit}")
+        frames = (self.num_frames - 1) // self.temporal_scale + 1
+        return (self.vae.config.z_dim, frames, height // self.spatial_scale, width // self.spatial_scale)
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Latents -> uint8 videos [B, T, H, W, 3]."""
+        z = latents.to(self.device) * self.latents_std + self.latents_mean
+        video = self.vae.decode(z.to(self.dtype), return_dict=False)[0]  # [B, 3, T, H, W] in [-1, 1]
+        batch, _, frames, height, width = video.shape
+        frames_first = video.permute(0, 2, 1, 3, 4).reshape(batch * frames, 3, height, width)
+        return to_uint8_images(frames_first).reshape(batch, frames, height, width, 3)
+
+    @torch.no_grad()
+    def encode(self, videos: torch.Tensor) -> torch.Tensor:
+        """uint8 videos [B, T, H, W, 3] -> normalised latents (the VAE posterior mean)."""
+        batch, frames, height, width, _ = videos.shape
+        if frames != self.num_frames:
+            raise ConfigError("model.num_frames", self.num_frames, f"the videos to encode have {frames} frames")
+        self.latent_shape(height, width)
+        pixels = from_uint8_images(videos.reshape(batch * frames, height, width, 3))
+        pixels = pixels.reshape(batch, frames, 3, height, width).permute(0, 2, 1, 3, 4).to(self.device, self.dtype)
+        z = self.vae.encode(pixels).latent_dist.mode().float()
+        return (z - self.latents_mean) / self.latents_std
