@@ -16,6 +16,8 @@ BUILTIN = {
     "shapes/test": ASSETS / "shapes_prompts" / "test.jsonl",
     "shapes_qa_vlm": ASSETS / "shapes_qa_vlm",  # the project-trained shapes-QA Qwen2-VL (model folder)
 }
+# how a shipped model folder is loaded when no training config says it (eval / generate)
+BUILTIN_MODEL_OPTIONS = {"shapes": {"max_sequence_length": 0}}  # CLIP only: zero T5 tokens
 PREFIX = "builtin:"
 
 
