@@ -130,6 +130,12 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("reward server with a zero size limit", ["serve-reward", "--reward", "ocr", "--max-request-mb", "0"],
      "--max-request-mb"),
     ("unknown built-in model", [*SHAPES, "model.path=builtin:nope"], "builtin:shapes"),
+    ("the shapes model (an SD3 folder) as FLUX", [*SHAPES, "model.type=flux", "model.max_sequence_length=16"],
+     "model.type"),
+    ("an unknown model family", [*SHAPES, "model.type=sdxl"], "model.type"),
+    ("video frames for an image model", [*SHAPES, "model.num_frames=5"], "model.num_frames"),
+    ("FLUX without T5 tokens", [*SHAPES, "model.type=flux", "model.max_sequence_length=0"],
+     "model.max_sequence_length"),
     ("unknown gold reward", [*SHAPES, "val_kwargs.rewards=[{name: nope}]"], "val_kwargs.rewards[0].name"),
     ("gold reward that is not a mapping", [*SHAPES, "val_kwargs.rewards=[3]"], "val_kwargs.rewards[0]"),
     # the vision-language trainer

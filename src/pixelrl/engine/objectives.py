@@ -145,7 +145,7 @@ class FlowMatchingObjective:
         times, cond = t.repeat(len(clean)), PromptEmbeds.cat([text] * len(clean))
 
         def velocity():
-            # the conditional velocity; a family whose guidance is a denoiser input (FLUX) gets the
+            # the conditional velocity; a guidance-distilled family (guidance is a denoiser input) gets the
             # sampling scale, as the rollouts had it (a CFG family's scale needs a negative branch)
             return e.model.predict_velocity(x_t, times, cond, guidance_scale=e.cfg.rollout.guidance_scale)
 
