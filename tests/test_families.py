@@ -159,7 +159,9 @@ def test_flux_refuses_zero_t5_tokens_and_an_image_size_its_packing_cannot_take(t
         load_config("flow_grpo_tiny", base)
 
 
-@pytest.mark.parametrize("family", ["flux", "qwen_image", "wan"])  # SD3: tests/test_learning.py
+# SD3: tests/test_learning.py; ~20 s each, so Qwen-Image and Wan run with `pytest -m slow`
+@pytest.mark.parametrize("family", ["flux", pytest.param("qwen_image", marks=pytest.mark.slow),
+                                    pytest.param("wan", marks=pytest.mark.slow)])
 def test_flow_grpo_moves_the_reward_and_exports_a_pipeline_diffusers_loads(request, tmp_path, family):
     """The whole trainer (one process) on the family's tiny model: the JPEG-compressibility reward
     of the policy rises on unseen seeds, and `pixelrl export` writes a folder the family's pipeline
