@@ -153,3 +153,14 @@ def test_fsdp_units_are_the_blocks_the_family_declares_unsplittable(tiny_pixel_p
     assert units == list(model.transformer.transformer_blocks)
     with pytest.raises(ValueError, match="declares no `_no_split_modules`"):
         no_split_units(torch.nn.Linear(2, 2))
+
+
+def test_a_folder_named_like_a_builtin_loads_with_its_familys_defaults(tmp_path, monkeypatch, tiny_pixel_path):
+    """Only `builtin:shapes` takes the shipped model's declared options (zero T5 tokens); a user's
+    folder that happens to be called `shapes` loads with the family's defaults."""
+    from pixelrl.engine.evaluate import load_for_eval
+
+    (tmp_path / "shapes").symlink_to(tiny_pixel_path, target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    assert load_for_eval("shapes").max_sequence_length == 256
+    assert load_for_eval("builtin:shapes").max_sequence_length == 0

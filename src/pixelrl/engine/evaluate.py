@@ -120,8 +120,9 @@ def load_for_eval(model_path: str | None = None, checkpoint: str | None = None):
     from pixelrl.models.loader import load_configured_model, load_folder_model
 
     if checkpoint is None:
-        path = model_path or "builtin:shapes"
-        return load_folder_model(path, **BUILTIN_MODEL_OPTIONS.get(str(path).removeprefix(PREFIX), {}))
+        path = str(model_path or "builtin:shapes")
+        shipped = path[len(PREFIX):] if path.startswith(PREFIX) else None
+        return load_folder_model(path, **BUILTIN_MODEL_OPTIONS.get(shipped, {}))
     from pixelrl.core.config_loading import from_yaml_text
     from pixelrl.engine.checkpoint import load_engine
     from pixelrl.engine.policy_engine import PolicyEngine
