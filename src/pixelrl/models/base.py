@@ -81,6 +81,9 @@ class DiffusionModel(ABC):
     # classifier-free guidance as a second (negative-prompt) branch; False for guidance-distilled
     # families, whose denoiser takes the guidance scale as an input
     uses_negative_prompt: bool = True
+    # families conditioned on text-encoder token states refuse model.max_sequence_length <= 0 with
+    # this fix; None where zero tokens is meaningful (SD3 without T5)
+    text_tokens_hint: str | None = None
 
     def __init__(self, prompt_cache_size: int = 4096):
         self._prompt_cache: OrderedDict[str, PromptEmbeds] = OrderedDict()
@@ -135,11 +138,19 @@ class DiffusionModel(ABC):
     def check_options(cls, max_sequence_length: int, num_frames: int = 1, folder: Path | None = None) -> None:
         """Refuse `model.*` options this family cannot use (config validation calls it, with the
         folder when it exists). Image families sample one frame."""
-        if num_frames != 1:
-            from pixelrl.core.errors import ConfigError
+        from pixelrl.core.errors import ConfigError
 
+        cls.check_text_tokens(max_sequence_length)
+        if num_frames != 1:
             raise ConfigError("model.num_frames", num_frames, f"{cls.pipeline_class_name} makes images: use 1 "
                               "(only video families such as model.type=wan take more frames)")
+
+    @classmethod
+    def check_text_tokens(cls, max_sequence_length: int) -> None:
+        if cls.text_tokens_hint is not None and max_sequence_length <= 0:
+            from pixelrl.core.errors import ConfigError
+
+            raise ConfigError("model.max_sequence_length", max_sequence_length, cls.text_tokens_hint)
 
     @classmethod
     def latent_unit(cls, folder: Path) -> int | None:
@@ -247,6 +258,14 @@ def to_uint8_images(pixels: torch.Tensor) -> torch.Tensor:
     """[-1, 1] channel-first float images -> uint8 [B, H, W, 3] (rounded, clamped)."""
     x = ((pixels.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
     return x.permute(0, 2, 3, 1).contiguous().cpu()
+
+
+def check_resolution(height: int, width: int, unit: int) -> None:
+    """A ConfigError naming rollout.resolution unless both sides are multiples of `unit`."""
+    if height % unit or width % unit:
+        from pixelrl.core.errors import ConfigError
+
+        raise ConfigError("rollout.resolution", (height, width), f"height and width must be multiples of {unit}")
 
 
 def sigmas_from_scheduler(scheduler, num_steps: int, image_seq_len: int | None = None,

@@ -5,6 +5,7 @@ A family is one folder under `models/` and one line here; each entry imports its
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
@@ -15,32 +16,18 @@ from pixelrl.models.base import DiffusionModel
 MODEL_TYPES: Registry = Registry("model type", "model.type")
 
 
-@MODEL_TYPES.register("sd3")
-def _sd3() -> type[DiffusionModel]:
-    from pixelrl.models.sd3 import SD3Model
+def _family(module: str, class_name: str):
+    """A registry entry that imports `pixelrl.models.<module>` only when the family is used."""
+    def load() -> type[DiffusionModel]:
+        return getattr(importlib.import_module(f"pixelrl.models.{module}"), class_name)
 
-    return SD3Model
-
-
-@MODEL_TYPES.register("flux")
-def _flux() -> type[DiffusionModel]:
-    from pixelrl.models.flux import FluxModel
-
-    return FluxModel
+    return load
 
 
-@MODEL_TYPES.register("qwen_image")
-def _qwen_image() -> type[DiffusionModel]:
-    from pixelrl.models.qwen_image import QwenImageModel
-
-    return QwenImageModel
-
-
-@MODEL_TYPES.register("wan")
-def _wan() -> type[DiffusionModel]:
-    from pixelrl.models.wan import WanModel
-
-    return WanModel
+MODEL_TYPES.register("sd3")(_family("sd3", "SD3Model"))
+MODEL_TYPES.register("flux")(_family("flux", "FluxModel"))
+MODEL_TYPES.register("qwen_image")(_family("qwen_image", "QwenImageModel"))
+MODEL_TYPES.register("wan")(_family("wan", "WanModel"))
 
 
 def model_family(model_type: str) -> type[DiffusionModel]:

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from pixelrl.core.errors import ConfigError
-from pixelrl.models.base import (JOINT_ATTENTION_LORA_TARGETS, DiffusionModel, PromptEmbeds, load_part,
-                                 sigmas_from_scheduler, vae_decode, vae_encode, vae_scale_factor)
+from pixelrl.models.base import (JOINT_ATTENTION_LORA_TARGETS, PromptEmbeds, load_part, vae_decode, vae_encode,
+                                 vae_scale_factor)
+from pixelrl.models.packed import PackedLatentsModel
 
 # Flow-GRPO's FLUX targets: the attention projections (double-stream blocks, image and text; the
 # single-stream blocks' to_q/k/v match too) and both feed-forwards of the double-stream blocks.
@@ -27,17 +27,13 @@ FLUX_LORA_TARGETS = (*JOINT_ATTENTION_LORA_TARGETS, "ff.net.0.proj", "ff.net.2",
                      "ff_context.net.2")
 
 
-class FluxModel(DiffusionModel):
+class FluxModel(PackedLatentsModel):
     default_lora_targets = FLUX_LORA_TARGETS
     pipeline_class_name = "FluxPipeline"
     uses_negative_prompt = False  # guidance is an input of the denoiser, not a second branch
 
-    @classmethod
-    def check_options(cls, max_sequence_length: int, num_frames: int = 1, folder: Path | None = None) -> None:
-        super().check_options(max_sequence_length, num_frames, folder)
-        if max_sequence_length <= 0:
-            raise ConfigError("model.max_sequence_length", max_sequence_length, "FLUX's text conditioning is the T5 "
-                              "token states: use 512 (FLUX.1-dev) or 256 (schnell); tiny models fewer")
+    text_tokens_hint = ("FLUX's text conditioning is the T5 token states: use 512 (FLUX.1-dev) or 256 (schnell); "
+                        "tiny models fewer")
 
     @classmethod
     def latent_unit(cls, folder: Path) -> int | None:
@@ -74,16 +70,6 @@ class FluxModel(DiffusionModel):
                                                         max_sequence_length=self.max_sequence_length)
         return PromptEmbeds(embeds.to(self.dtype), pooled.to(self.dtype))
 
-    # --- schedule -------------------------------------------------------------------------
-    def image_seq_len(self, height: int, width: int) -> int:
-        _, h, w = self.latent_shape(height, width)
-        return (h // 2) * (w // 2)
-
-    def sigmas(self, num_steps: int, height: int, width: int) -> torch.Tensor:
-        grid = None if self.scheduler.config.get("use_flow_sigmas") else \
-            torch.linspace(1.0, 1.0 / num_steps, num_steps, dtype=torch.float64).tolist()
-        return sigmas_from_scheduler(self.scheduler, num_steps, self.image_seq_len(height, width), grid=grid)
-
     # --- denoiser -------------------------------------------------------------------------
     def predict_velocity(self, latents, sigmas, text: PromptEmbeds, *, guidance_scale: float = 1.0,
                          negative: PromptEmbeds | None = None) -> torch.Tensor:
@@ -110,12 +96,6 @@ class FluxModel(DiffusionModel):
         return self.pipeline._unpack_latents(out, h * self.vae_scale, w * self.vae_scale, self.vae_scale)
 
     # --- images ---------------------------------------------------------------------------
-    def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
-        unit = self.vae_scale * 2
-        if height % unit or width % unit:
-            raise ConfigError("rollout.resolution", (height, width), f"height and width must be multiples of {unit}")
-        return (self.latent_channels, height // self.vae_scale, width // self.vae_scale)
-
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         return vae_decode(self.vae, latents, self.dtype)
 

@@ -17,13 +17,15 @@ from pathlib import Path
 
 import torch
 
-from pixelrl.core.errors import ConfigError
-from pixelrl.models.base import (JOINT_ATTENTION_LORA_TARGETS, DiffusionModel, PromptEmbeds, from_uint8_images,
-                                 load_part, read_component_config, sigmas_from_scheduler, to_uint8_images)
+from pixelrl.models.base import (JOINT_ATTENTION_LORA_TARGETS, PromptEmbeds, from_uint8_images, load_part,
+                                 read_component_config, to_uint8_images)
+from pixelrl.models.packed import PackedLatentsModel
 
-class QwenImageModel(DiffusionModel):
+class QwenImageModel(PackedLatentsModel):
     default_lora_targets = JOINT_ATTENTION_LORA_TARGETS
     pipeline_class_name = "QwenImagePipeline"
+    text_tokens_hint = ("Qwen-Image is conditioned on the text encoder's token states: use at most 1024 (the "
+                        "pipeline's limit), e.g. 512")
 
     @classmethod
     def latent_unit(cls, folder: Path) -> int | None:
@@ -54,13 +56,6 @@ class QwenImageModel(DiffusionModel):
         self.latents_mean = torch.tensor(self.vae.config.latents_mean).view(1, z_dim, 1, 1).to(self.device)
         self.latents_std = torch.tensor(self.vae.config.latents_std).view(1, z_dim, 1, 1).to(self.device)
 
-    @classmethod
-    def check_options(cls, max_sequence_length: int, num_frames: int = 1, folder: Path | None = None) -> None:
-        super().check_options(max_sequence_length, num_frames, folder)
-        if max_sequence_length <= 0:
-            raise ConfigError("model.max_sequence_length", max_sequence_length, "Qwen-Image is conditioned on the "
-                              "text encoder's token states: use at most 1024 (the pipeline's limit), e.g. 512")
-
     # --- text -----------------------------------------------------------------------------
     def _encode_uncached(self, prompts: list[str]) -> PromptEmbeds:
         """diffusers' `encode_prompt`: token states after the template, and their mask."""
@@ -69,15 +64,6 @@ class QwenImageModel(DiffusionModel):
         if mask is None:
             mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
         return PromptEmbeds(embeds.to(self.dtype), mask=mask)
-
-    # --- schedule -------------------------------------------------------------------------
-    def image_seq_len(self, height: int, width: int) -> int:
-        _, h, w = self.latent_shape(height, width)
-        return (h // 2) * (w // 2)
-
-    def sigmas(self, num_steps: int, height: int, width: int) -> torch.Tensor:
-        grid = torch.linspace(1.0, 1.0 / num_steps, num_steps, dtype=torch.float64).tolist()
-        return sigmas_from_scheduler(self.scheduler, num_steps, self.image_seq_len(height, width), grid=grid)
 
     # --- denoiser -------------------------------------------------------------------------
     def predict_velocity(self, latents, sigmas, text: PromptEmbeds, *, guidance_scale: float = 1.0,
@@ -115,12 +101,6 @@ class QwenImageModel(DiffusionModel):
                                              self.vae_scale).squeeze(2)
 
     # --- images ---------------------------------------------------------------------------
-    def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
-        unit = self.vae_scale * 2
-        if height % unit or width % unit:
-            raise ConfigError("rollout.resolution", (height, width), f"height and width must be multiples of {unit}")
-        return (self.latent_channels, height // self.vae_scale, width // self.vae_scale)
-
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         z = latents.to(self.device) * self.latents_std + self.latents_mean

@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 
 from pixelrl.core.errors import ModelFolderError
-from pixelrl.models.base import (JOINT_ATTENTION_LORA_TARGETS, DiffusionModel, PromptEmbeds, from_uint8_images,
-                                 load_part, read_component_config, to_uint8_images, vae_decode, vae_encode,
-                                 vae_scale_factor)
+from pixelrl.models.base import (JOINT_ATTENTION_LORA_TARGETS, DiffusionModel, PromptEmbeds, check_resolution,
+                                 from_uint8_images, load_part, read_component_config, to_uint8_images, vae_decode,
+                                 vae_encode, vae_scale_factor)
 
 class SD3Model(DiffusionModel):
     default_lora_targets = JOINT_ATTENTION_LORA_TARGETS
@@ -119,11 +119,7 @@ class SD3Model(DiffusionModel):
 
     # --- images ---------------------------------------------------------------------------
     def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
-        unit = self.vae_scale * self.patch_size
-        if height % unit or width % unit:
-            from pixelrl.core.errors import ConfigError
-
-            raise ConfigError("rollout.resolution", (height, width), f"height and width must be multiples of {unit}")
+        check_resolution(height, width, self.vae_scale * self.patch_size)
         return (self.in_channels, height // self.vae_scale, width // self.vae_scale)
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:

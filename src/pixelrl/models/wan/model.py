@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from pixelrl.core.errors import ConfigError
-from pixelrl.models.base import DiffusionModel, PromptEmbeds, from_uint8_images, load_part, read_component_config, \
-    to_uint8_images
+from pixelrl.models.base import (DiffusionModel, PromptEmbeds, check_resolution, from_uint8_images, load_part,
+                                 read_component_config, to_uint8_images)
 
 # Flow-GRPO's Wan targets: the attention projections of self- and cross-attention (suffixes, so
 # attn1 and attn2 both match; the add_* projections exist in image-to-video models only).
@@ -40,12 +40,11 @@ def _vae_scales(folder: Path) -> tuple[int, int] | None:
 class WanModel(DiffusionModel):
     default_lora_targets = WAN_LORA_TARGETS
     pipeline_class_name = "WanPipeline"
+    text_tokens_hint = "Wan is conditioned on UMT5 token states: use 512 (Wan 2.1's length) or fewer"
 
     @classmethod
     def check_options(cls, max_sequence_length: int, num_frames: int = 1, folder: Path | None = None) -> None:
-        if max_sequence_length <= 0:
-            raise ConfigError("model.max_sequence_length", max_sequence_length, "Wan is conditioned on UMT5 token "
-                              "states: use 512 (Wan 2.1's length) or fewer")
+        cls.check_text_tokens(max_sequence_length)  # frames: a video family's own rule, not the image one
         temporal = (_vae_scales(folder) or (4, 8))[0] if folder is not None else 4
         if num_frames < 1 or (num_frames - 1) % temporal:
             raise ConfigError("model.num_frames", num_frames, f"this VAE packs {temporal} frames per latent frame after "
@@ -114,9 +113,7 @@ class WanModel(DiffusionModel):
 
     # --- videos ---------------------------------------------------------------------------
     def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
-        unit = self.spatial_scale * self.patch[-1]
-        if height % unit or width % unit:
-            raise ConfigError("rollout.resolution", (height, width), f"height and width must be multiples of {unit}")
+        check_resolution(height, width, self.spatial_scale * self.patch[-1])
         frames = (self.num_frames - 1) // self.temporal_scale + 1
         return (self.vae.config.z_dim, frames, height // self.spatial_scale, width // self.spatial_scale)
 
