@@ -138,6 +138,14 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
      "model.max_sequence_length"),
     ("unknown gold reward", [*SHAPES, "val_kwargs.rewards=[{name: nope}]"], "val_kwargs.rewards[0].name"),
     ("gold reward that is not a mapping", [*SHAPES, "val_kwargs.rewards=[3]"], "val_kwargs.rewards[0]"),
+    # plugins (the user's own rewards and losses)
+    ("plugin file that does not exist", [*SHAPES, "plugins=[{tmp}/my_rewards.py]"], "plugins[0]"),
+    ("plugin module that is not installed", [*SHAPES, "plugins=[my_project_rewards]"], "no module named"),
+    ("plugin that raises while importing", [*SHAPES, "plugins=[{broken_plugin}]"], "broken_plugin.py:2"),
+    ("plugin entry that is neither", [*SHAPES, "plugins=['my rewards']"], "plugins[0]"),
+    ("reward of a plugin that is not listed", [*SHAPES, "reward.functions=[{name: my_reward}]"], "plugins:"),
+    ("reward server with a plugin that does not exist",
+     ["serve-reward", "--reward", "ocr", "--plugin", "{tmp}/mine.py"], "--plugin"),
     # the vision-language trainer
     ("VLM: unknown estimator", [*VLM, "vlm.estimator=ppo"], "vlm.estimator"),
     ("VLM: dual clip below 1", [*VLM, "vlm.dual_clip=0.5"], "vlm.dual_clip"),
@@ -170,6 +178,7 @@ def _make_places(root: Path) -> None:
     """Things a bad input points at: a file, a run folder (metrics and a checkpoints/ folder) and
     checkpoints with and without actor/ (their config names a relative model path)."""
     (root / "a_file").write_text("not a folder")
+    (root / "broken_plugin.py").write_text("import math\nraise RuntimeError('the plugin fails at import')\n")
     run = root / "run"
     (run / "checkpoints" / "global_step_3").mkdir(parents=True)
     (run / "metrics.jsonl").write_text('{"step": 1, "reward/overall": 0.5}\n')
@@ -187,7 +196,8 @@ def replay(argv: list[str], root: Path, workdir: Path) -> tuple[int, str]:
     from pixelrl.cli import main
 
     places = {"{tmp}": str(workdir), "{file}": str(root / "a_file"), "{run}": str(root / "run"),
-              "{ckpt_no_actor}": str(root / "ckpt_no_actor"), "{ckpt}": str(root / "ckpt")}
+              "{ckpt_no_actor}": str(root / "ckpt_no_actor"), "{ckpt}": str(root / "ckpt"),
+              "{broken_plugin}": str(root / "broken_plugin.py")}
     filled = []
     for arg in argv:
         for mark, path in places.items():

@@ -290,10 +290,12 @@ def _reward_options(args) -> dict:
     from pixelrl.core.errors import ConfigError
     from pixelrl.rewards.registry import check_reward_options
 
+    from pixelrl.core.plugins import import_plugins
     from pixelrl.rewards import REWARDS
 
+    import_plugins(args.plugin or [], field="--plugin")
     if args.reward not in REWARDS:
-        raise ConfigError("--reward", args.reward, f"not a registered reward; known: {REWARDS.names()}")
+        REWARDS.get(args.reward, field="--reward")
     try:
         options = json.loads(args.reward_options)
     except json.JSONDecodeError as err:
@@ -410,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     prefs.add_argument("--resolution", type=positive_int, default=32)
     prefs.add_argument("--seed", type=non_negative_int, default=0)
     prefs.add_argument("--reward", default="shapes_geneval")
+    prefs.add_argument("--plugin", action="append", help="a module or .py file registering your reward (repeatable)")
     prefs.add_argument("--reward-options", default="{}", help="the reward's options as JSON")
     prefs.add_argument("--score", default="shapes_strict", help="the reward output that ranks images")
     prefs.add_argument("--margin", type=non_negative_float, default=1.0, help="least score difference of a pair")
@@ -418,6 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve-reward", help="serve a registered reward over HTTP (JSON + PNG, never pickle)")
     serve.add_argument("--reward", required=True, help="a registered reward name, e.g. ocr or shapes_geneval")
     serve.add_argument("--reward-options", default="{}", help="the reward's options as JSON")
+    serve.add_argument("--plugin", action="append", help="a module or .py file registering your reward (repeatable)")
     serve.add_argument("--host", default="127.0.0.1", help="listen address (a non-loopback one needs a token)")
     serve.add_argument("--port", type=non_negative_int, default=8765)
     serve.add_argument("--token-env", default="PIXELRL_REWARD_TOKEN",

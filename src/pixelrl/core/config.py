@@ -244,6 +244,9 @@ class PixelRLConfig(EngineConfig):
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
     vlm: VLMConfig = field(default_factory=VLMConfig)
+    # Modules or .py files imported in every process before anything is built: your own
+    # rewards, losses, advantage estimators (README "Extending")
+    plugins: list = field(default_factory=list)
 
 
 def images_per_step(cfg: "PixelRLConfig") -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pixelrl.core.config import PixelRLConfig
 from pixelrl.core.errors import ConfigError
+from pixelrl.core.plugins import import_plugins, resolve_plugins
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
@@ -80,6 +81,9 @@ def load_config(config_name: str | None = None, overrides: list[str] | tuple = (
             known = sorted(node.keys()) if hasattr(node, "keys") else []
             raise ConfigError(field, None, f"unknown key; known keys here: {known}") from None
         raise ConfigError(field, getattr(err, "value", None), first_line) from None
+    # plugins register names (rewards, losses) that validation checks against
+    cfg.plugins = resolve_plugins(cfg.plugins)
+    import_plugins(cfg.plugins)
     validate(cfg)
     return cfg
 
@@ -305,7 +309,8 @@ def _check_rewards_and_loggers(cfg: PixelRLConfig) -> None:
             unknown = set(spec) - {"name", "weight", "options"}
             if unknown:
                 raise ConfigError(f"{field_name}[{i}]", dict(spec), f"unknown keys {sorted(unknown)}; use name, weight, options")
-            _choice(f"{field_name}[{i}].name", spec["name"], REWARDS.names())
+            if spec["name"] not in REWARDS:
+                REWARDS.get(spec["name"], field=f"{field_name}[{i}].name")  # the registry's error, with the plugins hint
             weight = spec.get("weight", 1.0)
             if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) \
                     or abs(weight) > 1e6:

@@ -26,13 +26,14 @@ class Registry(Generic[T]):
 
         return decorator
 
-    def get(self, name: str) -> T:
+    def get(self, name: str, field: str | None = None) -> T:
         try:
             return self._entries[name]
         except KeyError:
             raise ConfigError(
-                self.config_field, name, f"unknown {self.kind}; choose one of {sorted(self._entries)}"
-            ) from None
+                field or self.config_field, name,
+                f"unknown {self.kind}; choose one of {sorted(self._entries)}, or register your own in a module "
+                "or .py file listed under `plugins:` (imported in every worker)") from None
 
     def names(self) -> list[str]:
         return sorted(self._entries)

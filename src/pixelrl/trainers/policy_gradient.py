@@ -102,7 +102,8 @@ class PolicyGradientTrainer:
             if ro.n_workers:
                 self.pool = LocalWorkerGroup(self.cfg_yaml, role="rollout", size=ro.n_workers)
         self.rewards = RewardGroup([dict(f) for f in r.functions], backend=t.backend, placement=r.placement,
-                                   num_workers=r.num_workers, num_cpus=r.num_cpus, num_gpus=r.num_gpus)
+                                   num_workers=r.num_workers, num_cpus=r.num_cpus, num_gpus=r.num_gpus,
+                                   plugins=self.cfg.plugins)
 
     def shutdown(self) -> None:
         for group in (self.actor, self.pool, self.rewards):

@@ -38,6 +38,7 @@ class RankProcess:
         import torch
 
         from pixelrl.core.config_loading import from_yaml_text
+        from pixelrl.core.plugins import import_plugins
         from pixelrl.core.quiet import quiet_libraries
         from pixelrl.engine.distributed import init_process_group
 
@@ -45,6 +46,7 @@ class RankProcess:
         if self.num_threads:
             torch.set_num_threads(self.num_threads)
         cfg = from_yaml_text(self.cfg_yaml)
+        import_plugins(cfg.plugins)  # the driver's list, from the config it validated
         if self.world_size > 1:
             init_process_group(self.rank, self.world_size, master[0], master[1], cfg.model.device)
         return cfg

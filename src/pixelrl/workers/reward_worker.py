@@ -6,19 +6,22 @@ import numpy as np
 
 
 class RewardWorker:
-    def __init__(self, functions: list[dict], num_threads: int | None = None):
+    def __init__(self, functions: list[dict], num_threads: int | None = None, plugins: tuple = ()):
         self.functions = functions
         self.num_threads = num_threads
+        self.plugins = list(plugins)
         self.reward = None
 
     def setup(self) -> list[str]:
         import torch
 
         import pixelrl.rewards  # noqa: F401
+        from pixelrl.core.plugins import import_plugins
         from pixelrl.core.quiet import quiet_libraries
         from pixelrl.rewards import WeightedReward
 
         quiet_libraries()
+        import_plugins(self.plugins)  # a reward of the user's own registers here
         if self.num_threads:
             torch.set_num_threads(self.num_threads)
         self.reward = WeightedReward.from_functions(self.functions)
