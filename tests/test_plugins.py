@@ -34,6 +34,13 @@ PLUGIN = textwrap.dedent('''
                 log.write(json.dumps({"pid": os.getpid(), "scores": values.tolist()}) + "\\n")
             return {"mean_red": values}
         return score
+
+
+    @register_reward("keyed")
+    def keyed(api_key: str = ""):
+        def score(images, prompts, metadata):  # 1 when the worker was handed the real key
+            return {"keyed": torch.full((len(prompts),), float(api_key == "s3cr3t-token-0123456789"))}
+        return score
 ''')
 
 
@@ -100,3 +107,30 @@ def test_a_relative_plugin_path_is_made_absolute_and_imported_once(tmp_path, plu
     import_plugins(["my_rewards.py"])
     import_plugins([str(plugin_file)])  # the same file again: no second registration error
     assert "mean_red" in REWARDS and len(_importers(plugin_file.parent)) == 1
+
+
+def test_a_secret_from_the_environment_reaches_the_reward_but_no_file_of_the_run(tmp_path, tiny_pixel_path,
+                                                                                 plugin_file, monkeypatch, capsys):
+    secret = "s3cr3t-token-0123456789"
+    monkeypatch.setenv("PIXELRL_TEST_API_KEY", secret)
+    overrides = (f"plugins=[{plugin_file}]", "trainer.backend=local", "trainer.save_freq=1",
+                 "trainer.logger=[console,jsonl,tensorboard]",
+                 "reward.functions=[{name: keyed, options: {api_key: '${oc.env:PIXELRL_TEST_API_KEY}'}}]")
+    code, run = train_cli(tmp_path / "runs", tiny_pixel_path, *overrides, "trainer.total_training_steps=1")
+    assert code == 0
+    assert read_metrics(run)[0]["critic/rewards/mean"] == 1.0  # the worker saw the value
+    # a resume compares the saved config with this run's: the interpolation text on both sides
+    code, _ = train_cli(tmp_path / "runs", tiny_pixel_path, *overrides, "trainer.total_training_steps=2")
+    assert code == 0 and [m["critic/rewards/mean"] for m in read_metrics(run)] == [1.0, 1.0]
+    files = [p for p in (tmp_path / "runs").rglob("*") if p.is_file()]
+    assert any(p.name == "config.yaml" for p in files) and any("tfevents" in p.name for p in files)
+    assert not [p for p in files if secret.encode() in p.read_bytes()]
+    assert secret not in capsys.readouterr().out
+    saved = (run / "checkpoints" / "global_step_2" / "config.yaml").read_text()
+    assert "${oc.env:PIXELRL_TEST_API_KEY}" in saved
+    # reading the checkpoint's config back takes the text literally, never the reader's environment
+    from pixelrl.core.config_loading import from_yaml_text
+
+    monkeypatch.delenv("PIXELRL_TEST_API_KEY")
+    options = from_yaml_text(saved).reward.functions[0]["options"]
+    assert options["api_key"] == "${oc.env:PIXELRL_TEST_API_KEY}"

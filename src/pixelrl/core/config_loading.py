@@ -71,6 +71,7 @@ def load_config(config_name: str | None = None, overrides: list[str] | tuple = (
     layers.append(OmegaConf.from_dotlist(list(overrides)))
     try:
         merged = OmegaConf.merge(*layers)
+        from_environment = list(_environment_values(OmegaConf.to_container(merged, resolve=False)))
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
         field = getattr(err, "full_key", None) or "?"
@@ -81,6 +82,8 @@ def load_config(config_name: str | None = None, overrides: list[str] | tuple = (
             known = sorted(node.keys()) if hasattr(node, "keys") else []
             raise ConfigError(field, None, f"unknown key; known keys here: {known}") from None
         raise ConfigError(field, getattr(err, "value", None), first_line) from None
+    # the run's workers get these values; files and trackers get the interpolation text (saved_yaml)
+    cfg._from_environment = from_environment
     # plugins register names (rewards, losses) that validation checks against
     cfg.plugins = resolve_plugins(cfg.plugins)
     import_plugins(cfg.plugins)
@@ -92,6 +95,37 @@ def to_yaml(cfg: PixelRLConfig) -> str:
     from omegaconf import OmegaConf
 
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def _environment_values(node, path: tuple = ()):
+    """(path, raw text) of every value interpolated from the environment (`${oc.env:NAME}`)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _environment_values(value, path + (key,))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _environment_values(value, path + (i,))
+    elif isinstance(node, str) and "oc.env:" in node:
+        yield path, node
+
+
+def saved_yaml(cfg: PixelRLConfig) -> str:
+    """The config as written into the run folder, its checkpoints and trackers: a value taken
+    from the environment (a token, a password in a URL) is written as its `${oc.env:...}` text,
+    escaped so reading the file back never looks the variable up. Workers get `to_yaml(cfg)`."""
+    from omegaconf import OmegaConf
+
+    text = to_yaml(cfg)
+    from_environment = getattr(cfg, "_from_environment", None)
+    if not from_environment:
+        return text
+    data = OmegaConf.to_container(OmegaConf.create(text))
+    for path, raw in from_environment:
+        node = data
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = raw.replace("${", "\\${")
+    return OmegaConf.to_yaml(OmegaConf.create(data))
 
 
 def from_yaml_text(text: str) -> PixelRLConfig:

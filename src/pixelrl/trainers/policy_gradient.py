@@ -20,7 +20,7 @@ import torch
 from PIL import Image
 
 from pixelrl.core.config import PixelRLConfig
-from pixelrl.core.config_loading import to_yaml
+from pixelrl.core.config_loading import saved_yaml, to_yaml
 from pixelrl.data.preferences import PreferenceDataset, collate_preferences
 from pixelrl.data.prompts import PromptDataset, collate_rows, make_loader
 from pixelrl.engine.evaluate import diversity
@@ -70,7 +70,8 @@ class PolicyGradientTrainer:
         self.console = console
         self.run_dir = run_dir_of(cfg)
         self.ckpt_root = self.run_dir / "checkpoints"
-        self.cfg_yaml = to_yaml(cfg)
+        self.cfg_yaml = to_yaml(cfg)  # for the workers
+        self.saved_yaml = saved_yaml(cfg)  # for files and trackers: no value taken from the environment
         self.actor = self.rewards = self.pool = None
         self._ray_started = False
         self._gold = WeightedReward.from_functions([dict(f) for f in cfg.val_kwargs.rewards]) \
@@ -125,9 +126,9 @@ class PolicyGradientTrainer:
         # before anything is written or started: a checkpoint made for another model or batch stops here
         resume = find_resume_folder(self.ckpt_root, t.resume_mode)
         if resume is not None:
-            check_resume_config(resume, self.cfg_yaml)
+            check_resume_config(resume, self.saved_yaml)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(self.cfg_yaml)
+        (self.run_dir / "config.yaml").write_text(self.saved_yaml)
         train_set, val_set = self._datasets()
         offline = cfg.algorithm.sample_source == "offline"
         loader = make_loader(train_set, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed,
@@ -146,7 +147,7 @@ class PolicyGradientTrainer:
             from omegaconf import OmegaConf
 
             tracker = Tracker(t.logger, self.run_dir, t.project_name, t.experiment_name,
-                              OmegaConf.to_container(OmegaConf.create(self.cfg_yaml)), console=self.console,
+                              OmegaConf.to_container(OmegaConf.create(self.saved_yaml)), console=self.console,
                               resumed_step=start_step if resume is not None else None)
             history, val_history = [], []
             try:
@@ -219,7 +220,7 @@ class PolicyGradientTrainer:
             tracker.log(metrics, step)
             history.append(metrics)
             if _every(t.save_freq, step, last):
-                save_checkpoint(self.ckpt_root, step, self.actor.save, loader.state_dict(), self.cfg_yaml,
+                save_checkpoint(self.ckpt_root, step, self.actor.save, loader.state_dict(), self.saved_yaml,
                                 t.max_ckpt_to_keep, queued=ahead.queued() if ahead is not None else None)
             progress.update(1)
             if "critic/rewards/mean" in metrics:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from pixelrl.core.config import PixelRLConfig
-from pixelrl.core.config_loading import to_yaml
+from pixelrl.core.config_loading import saved_yaml, to_yaml
 from pixelrl.data import shapes_qa
 from pixelrl.engine.pretrain_vlm import summarise_correctness
 from pixelrl.trainers.checkpointing import check_resume_config, find_resume_folder, load_trainer_state, save_checkpoint
@@ -36,6 +36,7 @@ def task_items(cfg: PixelRLConfig, split: str, start: int, count: int) -> list[d
 class VLMPPOTrainer:
     def __init__(self, cfg: PixelRLConfig, console=print):
         self.cfg, self.cfg_yaml, self.console = cfg, to_yaml(cfg), console
+        self.saved_yaml = saved_yaml(cfg)  # for files: no value taken from the environment
         self.run_dir = run_dir_of(cfg)
         self.ckpt_root = self.run_dir / "checkpoints"
         self.actor = None
@@ -75,9 +76,9 @@ class VLMPPOTrainer:
         cfg, t = self.cfg, self.cfg.trainer
         resume = find_resume_folder(self.ckpt_root, t.resume_mode)  # checked before anything starts
         if resume is not None:
-            check_resume_config(resume, self.cfg_yaml)
+            check_resume_config(resume, self.saved_yaml)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(self.cfg_yaml)
+        (self.run_dir / "config.yaml").write_text(self.saved_yaml)
         total = t.total_training_steps
         try:
             self.init_workers()
@@ -120,7 +121,7 @@ class VLMPPOTrainer:
                 tracker.log(metrics, step)  # the row goes before its checkpoint
                 if _every(t.save_freq, step, last):
                     save_checkpoint(self.ckpt_root, step, lambda folder: self.actor.save(str(folder)),
-                                    {"step": step}, self.cfg_yaml, t.max_ckpt_to_keep)
+                                    {"step": step}, self.saved_yaml, t.max_ckpt_to_keep)
                 if last:
                     break
         finally:
