@@ -56,6 +56,10 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("plot to an unknown image type", ["plot", "{run}", "--out", "{tmp}/c.bad"], "unknown file type"),
     ("export a run folder", ["export", "{run}", "{tmp}/out"], "is a run folder"),
     ("export a checkpoint without actor/", ["export", "{ckpt_no_actor}", "{tmp}/out"], "actor/"),
+    ("export a checkpoint linking a file outside it", ["export", "{ckpt_link_file}", "{tmp}/out", "--adapter-only"],
+     "outside the checkpoint"),
+    ("export a checkpoint whose adapter folder is a link out", ["export", "{ckpt_link_dir}", "{tmp}/out"],
+     "outside the checkpoint"),
     ("export onto an existing file", ["export", "{ckpt}", "{file}"], "exists and is a file"),
     ("export into a non-empty folder", ["export", "{ckpt}", "{run}"], "not empty"),
     ("export with a relative model path from elsewhere", ["export", "{ckpt}", "{tmp}/out"], "--base-model"),
@@ -185,6 +189,13 @@ def _make_places(root: Path) -> None:
     for name, with_actor in (("ckpt", True), ("ckpt_no_actor", False)):
         (root / name / ("actor" if with_actor else "")).mkdir(parents=True, exist_ok=True)
         (root / name / "config.yaml").write_text("model:\n  path: runs/tiny_sd3\n")
+    # crafted checkpoints: a weights file, or the whole adapter folder, linked to outside the checkpoint
+    for name in ("ckpt_link_file", "ckpt_link_dir"):
+        (root / name / "actor").mkdir(parents=True)
+        (root / name / "config.yaml").write_text("model:\n  path: runs/tiny_sd3\n")
+    (root / "ckpt_link_file" / "actor" / "adapter").mkdir()
+    (root / "ckpt_link_file" / "actor" / "adapter" / "pytorch_lora_weights.safetensors").symlink_to(root / "a_file")
+    (root / "ckpt_link_dir" / "actor" / "adapter").symlink_to(root / "run")
 
 
 def _tree(folder: Path) -> dict[str, float]:
@@ -197,6 +208,7 @@ def replay(argv: list[str], root: Path, workdir: Path) -> tuple[int, str]:
 
     places = {"{tmp}": str(workdir), "{file}": str(root / "a_file"), "{run}": str(root / "run"),
               "{ckpt_no_actor}": str(root / "ckpt_no_actor"), "{ckpt}": str(root / "ckpt"),
+              "{ckpt_link_file}": str(root / "ckpt_link_file"), "{ckpt_link_dir}": str(root / "ckpt_link_dir"),
               "{broken_plugin}": str(root / "broken_plugin.py")}
     filled = []
     for arg in argv:

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from pixelrl.core.paths import check_output_dir, check_output_file, image_suffixes
+from pixelrl.core.paths import check_no_links_out, check_output_dir, check_output_file, image_suffixes
 from pixelrl.core.quiet import quiet_libraries
 
 
@@ -136,6 +136,7 @@ def cmd_export(args) -> int:
     if not (ckpt / "config.yaml").is_file() or not (ckpt / "actor").is_dir():
         raise ConfigError("<checkpoint>", str(ckpt), "give a complete global_step_N checkpoint folder (it holds "
                           "config.yaml and actor/)")
+    check_no_links_out(ckpt, "<checkpoint>")
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError("<out>", str(out), "exists and is " + ("a file" if not out.is_dir() else "not empty")

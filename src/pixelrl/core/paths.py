@@ -55,3 +55,18 @@ def image_suffixes() -> tuple[str, ...]:
     saveable = {ext for ext, fmt in Image.registered_extensions().items() if fmt in Image.SAVE}
     common = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tiff")
     return (*common, *sorted(saveable - set(common)))
+
+
+def check_no_links_out(folder: str | Path, field: str) -> None:
+    """No symbolic link inside `folder` points outside it: a crafted checkpoint could otherwise
+    make `export` copy any file this user can read (a key, a token) into what gets published."""
+    root = Path(folder).resolve()
+    for current, dirs, files in os.walk(root):  # os.walk does not descend into linked folders
+        for name in dirs + files:
+            entry = Path(current) / name
+            if entry.is_symlink():
+                target = entry.resolve()
+                if target != root and root not in target.parents:
+                    raise ConfigError(field, str(folder), f"`{entry.relative_to(root)}` is a link to `{target}`, "
+                                                          "outside the checkpoint: refusing to follow it; copy the "
+                                                          "real files into the checkpoint if it is yours")
