@@ -135,10 +135,11 @@ def main() -> None:
     import ray
 
     from pixelrl.core.quiet import quiet_libraries
+    from pixelrl.workers.local_ray import start_local_ray
     from pixelrl.models import build_tiny_sd3
 
     quiet_libraries()
-    ray.init(include_dashboard=False, log_to_driver=False, num_cpus=2)
+    start_local_ray(2)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             model = build_tiny_sd3(Path(tmp) / "tiny", resolution=args.resolution, with_vae=False, with_t5=False)

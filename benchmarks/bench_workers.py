@@ -10,6 +10,7 @@ reads the per-step metrics the trainer logs; the first step (warm-up) is exclude
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -40,10 +41,11 @@ def main() -> None:
     import ray
 
     from pixelrl.core.quiet import quiet_libraries
+    from pixelrl.workers.local_ray import start_local_ray
     from pixelrl.models import build_tiny_sd3
 
     quiet_libraries()
-    ray.init(include_dashboard=False, log_to_driver=False)
+    start_local_ray(os.cpu_count() or 1)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             model = build_tiny_sd3(Path(tmp) / "tiny", resolution=32, with_vae=False, with_t5=False)

@@ -105,8 +105,9 @@ def ray_cluster():
     """One local Ray cluster for the tests that need it (started lazily, stopped at the end)."""
     import ray
 
-    ray.init(num_cpus=max(2, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False,
-             ignore_reinit_error=True)
+    from pixelrl.workers.local_ray import start_local_ray
+
+    start_local_ray(max(2, os.cpu_count() or 1))  # as `pixelrl train` starts one: loopback only
     yield
     ray.shutdown()
 

@@ -148,3 +148,29 @@ def test_fsdp2_on_two_ray_workers_shards_each_familys_blocks_and_ranks_agree(ray
         group.shutdown()
     assert all(np.array_equal(rank0[k], rank1[k]) for k in rank0)
     assert any(not np.array_equal(rank0[k], start[k]) for k in rank0)  # the update moved the adapter
+
+
+def test_the_ray_cluster_pixelrl_starts_listens_on_loopback_only(ray_cluster):
+    """The fixture starts Ray as `pixelrl train` does (start_local_ray): every Ray server of this
+    machine's cluster (GCS, raylet, object manager, workers, agents) accepts loopback only."""
+    import os
+
+    import psutil
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Probe:
+        def pid(self):
+            return os.getpid()
+
+    probe = Probe.remote()
+    worker_pid = ray.get(probe.pid.remote())
+    processes = [psutil.Process(), *psutil.Process().children(recursive=True)]
+    assert worker_pid in {p.pid for p in processes}
+    listening = [(p.name(), c.laddr.ip) for p in processes if p.is_running()
+                 for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    names = {name for name, _ in listening}
+    assert "gcs_server" in names and "raylet" in names, listening
+    assert all(ip in ("127.0.0.1", "::ffff:127.0.0.1", "::1") for _, ip in listening), listening
+    assert ray.util.get_node_ip_address() == "127.0.0.1"
+    ray.kill(probe)

@@ -11,6 +11,7 @@ import torch
 
 from pixelrl.core.batch import Batch
 from pixelrl.core.errors import PixelRLError
+from pixelrl.workers.local_ray import start_local_ray
 from pixelrl.workers.policy_worker import PolicyWorker
 from pixelrl.workers.reward_worker import RewardWorker
 
@@ -125,9 +126,10 @@ def ensure_ray(trainer_cfg, extra_cpus: int = 0) -> bool:
     if ray.is_initialized():
         return False
     address = trainer_cfg.ray_address or os.environ.get("RAY_ADDRESS") or None
-    kwargs = {} if address else {"num_cpus": max(os.cpu_count() or 1, trainer_cfg.n_workers
-                                                 * trainer_cfg.num_cpus_per_worker + extra_cpus)}
-    ray.init(address=address, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False, **kwargs)
+    if address:  # the user's cluster, as it is configured (docs/runtime.md: its exposure is theirs to choose)
+        ray.init(address=address, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
+    else:
+        start_local_ray(max(os.cpu_count() or 1, trainer_cfg.n_workers * trainer_cfg.num_cpus_per_worker + extra_cpus))
     return True
 
 
