@@ -142,6 +142,9 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
      "model.max_sequence_length"),
     ("unknown gold reward", [*SHAPES, "val_kwargs.rewards=[{name: nope}]"], "val_kwargs.rewards[0].name"),
     ("gold reward that is not a mapping", [*SHAPES, "val_kwargs.rewards=[3]"], "val_kwargs.rewards[0]"),
+    ("unknown reward error policy", [*SHAPES, "reward.on_error=ignore"], "reward.on_error"),
+    ("zero reward failures allowed in a row", [*SHAPES, "reward.on_error=skip", "reward.max_consecutive_errors=0"],
+     "reward.max_consecutive_errors"),
     # plugins (the user's own rewards and losses)
     ("plugin file that does not exist", [*SHAPES, "plugins=[{tmp}/my_rewards.py]"], "plugins[0]"),
     ("plugin module that is not installed", [*SHAPES, "plugins=[my_project_rewards]"], "no module named"),
@@ -165,6 +168,7 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("VLM: questions not splitting over workers", [*VLM, "trainer.backend=ray", "trainer.n_workers=3"],
      "data.train_batch_size"),
     ("VLM: asynchronous mode", [*VLM, "trainer.mode=one_step_off"], "trainer.mode"),
+    ("VLM: skipping steps whose reward fails", [*VLM, "reward.on_error=skip"], "reward.on_error"),
     ("VLM: rewards in their own pool", [*VLM, "reward.placement=pool"], "reward.placement"),
     ("VLM: gold image rewards", [*VLM, "val_kwargs.rewards=[{name: answer_match}]"], "val_kwargs.rewards"),
     ("VLM: model folder without a processor", [*VLM, "model.path={tmp}"], "model.path"),

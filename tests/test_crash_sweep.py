@@ -71,23 +71,29 @@ class _Descendants:
 
 
 def run_and_kill(root: Path, model: Path, extra: tuple, after_s: float | None, sig=signal.SIGKILL,
-                 wait_for: str | None = None) -> tuple[bool, int, list[str], str]:
+                 wait_for: str | None = None) -> tuple[bool, int, list[str], str, float | None]:
     """Start a run; `after_s` seconds after it started (or after a process named `wait_for`
-    appeared), send `sig`. Returns (killed, exit code, processes that survived, stderr)."""
+    appeared), send `sig`. Returns (killed, exit code, processes that survived, stderr, seconds
+    until the run wrote its first metrics row, if it did)."""
+    metrics = root / "pixelrl" / "flow_grpo_tiny" / "metrics.jsonl"
+    rows_before = len(metrics.read_text().splitlines()) if metrics.is_file() else 0
     proc = _launch(root, model, extra)
     tree = _Descendants(proc.pid)
-    start = time.time()
+    start = launched = time.time()
     if wait_for is not None:
         while proc.poll() is None and not any(wait_for in name for name in tree.names()):
             time.sleep(0.2)
         start = time.time()
-    while after_s is not None and proc.poll() is None and time.time() - start < after_s:
+    first_row = None
+    while proc.poll() is None and (after_s is None or time.time() - start < after_s):
+        if first_row is None and metrics.is_file() and len(metrics.read_text().splitlines()) > rows_before:
+            first_row = time.time() - launched
         time.sleep(0.05)
     killed = after_s is not None and proc.poll() is None
     if killed:
         proc.send_signal(sig)
     _, err = proc.communicate()
-    return killed, proc.returncode, tree.survivors(), err
+    return killed, proc.returncode, tree.survivors(), err, first_row
 
 
 def check_checkpoints(run: Path) -> int:
@@ -120,9 +126,12 @@ def sweep(tmp_path: Path, model: Path, extra: tuple, kills: int, seed: int) -> d
     """SIGKILL at random moments until `kills` kills landed; each run is resumed until it
     completes and compared with the uninterrupted run."""
     started = time.time()
-    killed, code, survivors, err = run_and_kill(tmp_path / "straight", model, extra, None)
+    killed, code, survivors, err, first_row = run_and_kill(tmp_path / "straight", model, extra, None)
     duration = time.time() - started
-    assert code == 0 and not survivors, err
+    assert code == 0 and not survivors and first_row, err
+    # kills land from shortly before the first step ends to the end of a whole run (start-up,
+    # mostly imports and Ray, would otherwise take most of them)
+    earliest = 0.8 * first_row
     straight = tmp_path / "straight" / "pixelrl" / "flow_grpo_tiny"
     rng, landed, exact, episode = random.Random(seed), 0, 0, 0
     while landed < kills:
@@ -130,8 +139,8 @@ def sweep(tmp_path: Path, model: Path, extra: tuple, kills: int, seed: int) -> d
         root = tmp_path / f"episode_{episode}"
         run = root / "pixelrl" / "flow_grpo_tiny"
         while True:
-            after = rng.uniform(0.15, 1.0) * duration if landed < kills else None
-            killed, code, survivors, err = run_and_kill(root, model, extra, after)
+            after = rng.uniform(earliest, duration) if landed < kills else None
+            killed, code, survivors, err, _ = run_and_kill(root, model, extra, after)
             assert not survivors, f"kill {landed + 1}: survivors {survivors}"
             if killed:
                 landed += 1
@@ -143,16 +152,17 @@ def sweep(tmp_path: Path, model: Path, extra: tuple, kills: int, seed: int) -> d
                 assert _same_run(run, straight), f"episode {episode} differs from the uninterrupted run"
                 exact += 1
                 break
-    return {"kills": landed, "runs_resumed_to_the_end": episode, "exact": exact, "straight_s": round(duration, 1)}
+    return {"kills": landed, "runs_resumed_to_the_end": episode, "exact": exact, "straight_s": round(duration, 1),
+            "first_step_s": round(first_row, 1)}
 
 
 def test_a_killed_or_interrupted_ray_run_leaves_no_process_behind(tmp_path, tiny_pixel_path):
     """SIGKILL of the driver while two Ray workers train (Ray's agents used to outlive it), then
     Ctrl-C of the resumed run: nothing of either run survives, and the checkpoint stays loadable."""
-    killed, code, survivors, err = run_and_kill(tmp_path, tiny_pixel_path, RAY_DDP, 3.0, wait_for="PolicyWorker")
+    killed, code, survivors, err, _ = run_and_kill(tmp_path, tiny_pixel_path, RAY_DDP, 3.0, wait_for="PolicyWorker")
     assert killed and code == -signal.SIGKILL, err
     assert not survivors, survivors
-    killed, code, survivors, err = run_and_kill(tmp_path, tiny_pixel_path, RAY_DDP, 3.0, sig=signal.SIGINT,
+    killed, code, survivors, err, _ = run_and_kill(tmp_path, tiny_pixel_path, RAY_DDP, 3.0, sig=signal.SIGINT,
                                                 wait_for="PolicyWorker")
     assert killed and code == 130 and "Traceback" not in err, err
     assert not survivors, survivors

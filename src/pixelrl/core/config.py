@@ -143,6 +143,10 @@ class RewardConfig:
     num_workers: int = 1
     num_cpus: float = 1.0  # per reward worker when placement = pool
     num_gpus: float = 0.0  # per reward worker when placement = pool: a reward model's own GPU (Ray clusters)
+    # A scorer that fails (raises, times out, returns non-finite scores): `stop` the run, or
+    # `skip` the step (no update, `reward/error` = 1 in its row) until max_consecutive_errors in a row
+    on_error: str = "stop"
+    max_consecutive_errors: int = 3
 
 
 @dataclass

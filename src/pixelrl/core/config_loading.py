@@ -254,6 +254,8 @@ def validate(cfg: PixelRLConfig) -> None:
     _choice("trainer.strategy", t.strategy, ("ddp", "fsdp2"))
     _choice("trainer.backend", t.backend, ("ray", "local"))
     _choice("reward.placement", cfg.reward.placement, ("colocated", "pool"))
+    _choice("reward.on_error", cfg.reward.on_error, ("stop", "skip"))
+    _positive("reward.max_consecutive_errors", cfg.reward.max_consecutive_errors)
     _check_reward_gpus(cfg)
     _check_rollout_pool(cfg)
     for field, value in (("rollout.n", r.n), ("rollout.num_steps", r.num_steps), ("rollout.resolution", r.resolution),

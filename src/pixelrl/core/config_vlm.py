@@ -38,6 +38,9 @@ def validate_vlm(cfg: PixelRLConfig) -> None:
         raise ConfigError(field, cfg.reward.placement if field == "reward.placement" else cfg.reward.num_gpus,
                           "the vision-language trainer scores answers on its actor workers (string rewards are "
                           "cheap): leave reward.placement=colocated and reward.num_gpus=0")
+    if cfg.reward.on_error != "stop":
+        raise ConfigError("reward.on_error", cfg.reward.on_error, "the vision-language trainer's rewards are string "
+                          "checks on its actors, which stop the run when they fail: leave reward.on_error=stop")
     if t.mode != "sync" or r.n_workers:
         raise ConfigError("trainer.mode" if t.mode != "sync" else "rollout.n_workers",
                           t.mode if t.mode != "sync" else r.n_workers,

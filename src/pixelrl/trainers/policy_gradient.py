@@ -27,7 +27,7 @@ from pixelrl.engine.evaluate import diversity
 from pixelrl.rewards.multi import WeightedReward
 from pixelrl.sampling.rollout import SamplingSettings
 from pixelrl.sampling.windows import Window, full_window
-from pixelrl.core.errors import ConfigError
+from pixelrl.core.errors import ConfigError, RewardError
 from pixelrl.trainers.ahead import AheadProducer
 from pixelrl.trainers.checkpointing import (check_resume_config, find_resume_folder, load_rollouts, load_trainer_state,
                                            save_checkpoint)
@@ -63,6 +63,43 @@ def timeline_metrics(info: dict, train_start: float, train_end: float) -> dict[s
             out[f"timeline/{key}"] = float(info[key])
     return out
 
+
+
+class RewardErrorPolicy:
+    """What a failing scorer does to the run (`reward.on_error`): `stop` raises at once, naming the
+    option; `skip` drops that step's update (or that validation's scores) and goes on, until
+    `limit` training steps in a row have failed."""
+
+    def __init__(self, mode: str, limit: int, console):
+        self.mode, self.limit, self.console = mode, limit, console
+        self.in_a_row, self.last_error = 0, None
+
+    def failed(self, step: int, err: RewardError) -> None:
+        if self.mode != "skip":
+            raise RewardError(f"step {step}: {err}. To skip the steps whose reward fails instead of stopping, "
+                              "set reward.on_error=skip") from None
+        self.in_a_row += 1
+        self.last_error = err
+        self.console(f"step {step}: reward failed ({err}); step skipped, no update ({self.in_a_row} in a row)")
+        return None
+
+    def succeeded(self) -> None:
+        self.in_a_row = 0
+
+    def stop_if_too_many(self) -> None:
+        if self.in_a_row >= self.limit:
+            raise RewardError(f"the reward failed {self.in_a_row} steps in a row (last: {self.last_error}); "
+                              f"stopping at reward.max_consecutive_errors={self.limit}: fix the scorer and resume")
+
+    def guard(self, step: int, validate) -> dict:
+        """Validation scores, or none (with a console line) when its reward fails under `skip`."""
+        try:
+            return validate()
+        except RewardError as err:
+            if self.mode != "skip":
+                raise
+            self.console(f"step {step}: reward failed during validation ({err}); validation skipped")
+            return {}
 
 class PolicyGradientTrainer:
     def __init__(self, cfg: PixelRLConfig, console=print):
@@ -152,9 +189,11 @@ class PolicyGradientTrainer:
             history, val_history = [], []
             try:
                 if t.val_before_train and val_set is not None and start_step == 0:
-                    val_metrics = self.validate(val_set, 0, tracker)
-                    tracker.log(val_metrics, 0)
-                    val_history.append(val_metrics)
+                    val_metrics = RewardErrorPolicy(self.cfg.reward.on_error, 1, self.console).guard(
+                        0, lambda: self.validate(val_set, 0, tracker))
+                    if val_metrics:
+                        tracker.log(val_metrics, 0)
+                        val_history.append(val_metrics)
                 history, val_history = self._loop(loader, start_step, total, val_set, tracker, history, val_history,
                                                   queued)
             finally:
@@ -188,20 +227,30 @@ class PolicyGradientTrainer:
         train_seconds = 0.0  # summed step time of this process, for trainer.time_budget_s
         progress = tqdm(total=total, initial=start_step, desc="training", unit="step", dynamic_ncols=True,
                         disable=not os.isatty(2))
+        reward_errors = RewardErrorPolicy(cfg.reward.on_error, cfg.reward.max_consecutive_errors, self.console)
         for step in range(start_step + 1, total + 1):
+            step_start = time.time()
             if cfg.algorithm.sample_source == "offline":
                 batch, metrics = None, offline_preference_step(self.actor, next_rows(), cfg)
             else:
-                if ahead is not None:
-                    rollout = ahead.rollout_for(step, total)
+                try:
+                    if ahead is not None:
+                        rollout = ahead.rollout_for(step, total)
+                    else:
+                        rows = next_rows()
+                        rollout = make_rollout(self.actor, self.rewards, rows["prompts"], rows["metadata"], step, cfg)
+                except RewardError as err:
+                    rollout = reward_errors.failed(step, err)  # raises unless the step is to be skipped
+                if rollout is None:  # skipped: no update; the row says so and nothing else
+                    batch, metrics = None, {"reward/error": 1.0, "timing_s/step": time.time() - step_start}
                 else:
-                    rows = next_rows()
-                    rollout = make_rollout(self.actor, self.rewards, rows["prompts"], rows["metadata"], step, cfg)
-                train_start = time.time()
-                batch, metrics = rollout.batch, consume(self.actor, rollout, cfg, num_workers=self.actor.size,
-                                                        actor_version=self.actor_version)
-                self.actor_version = int(metrics["actor/policy_version"])
-                metrics.update(timeline_metrics(batch.info, train_start, time.time()))
+                    reward_errors.succeeded()
+                    train_start = time.time()
+                    batch, metrics = rollout.batch, consume(self.actor, rollout, cfg, num_workers=self.actor.size,
+                                                            actor_version=self.actor_version)
+                    self.actor_version = int(metrics["actor/policy_version"])
+                    metrics.update(timeline_metrics(batch.info, train_start, time.time()))
+                    metrics["reward/error"] = 0.0
             metrics["training/global_step"] = step
             metrics["training/epoch"] = loader.sampler.epoch
             train_seconds += metrics["timing_s/step"]
@@ -212,13 +261,15 @@ class PolicyGradientTrainer:
             if t.log_image_grid_every and step % t.log_image_grid_every == 0 and batch is not None:
                 self._grid(tracker, "train/samples", batch, step)
             if val_set is not None and _every(t.test_freq, step, last):
-                val_metrics = self.validate(val_set, step, tracker)
+                val_metrics = reward_errors.guard(step, lambda: self.validate(val_set, step, tracker))
                 metrics.update(val_metrics)
-                val_history.append(val_metrics)
+                if val_metrics:
+                    val_history.append(val_metrics)
             # the row first: a kill between the two re-runs the step and replaces the row on resume;
             # the other order would lose it for good
             tracker.log(metrics, step)
             history.append(metrics)
+            reward_errors.stop_if_too_many()  # after the row (it shows the failure), before the checkpoint
             if _every(t.save_freq, step, last):
                 save_checkpoint(self.ckpt_root, step, self.actor.save, loader.state_dict(), self.saved_yaml,
                                 t.max_ckpt_to_keep, queued=ahead.queued() if ahead is not None else None)

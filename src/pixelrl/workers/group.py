@@ -258,12 +258,10 @@ class RewardGroup:
         if self.local is not None:
             parts = [self.local.score(array, prompts, metadata)]
         else:
-            import ray
-
             chunks = np.array_split(np.arange(len(prompts)), 1 if self.whole_batches else len(self.workers))
             refs = [w.score.remote(array[c], [prompts[i] for i in c], [metadata[i] for i in c])
                     for w, c in zip(self.workers, chunks) if len(c)]
-            parts = ray.get(refs)
+            parts = _scores(refs)
         return {k: torch.from_numpy(np.concatenate([p[k] for p in parts])) for k in parts[0]}
 
     def submit(self, rollout: Pending, metadata: list[dict]) -> list:
@@ -281,12 +279,7 @@ class RewardGroup:
 
     def collect(self, handles: list) -> tuple[dict[str, torch.Tensor], float, float]:
         """The scores of `submit`, and when scoring started and ended (wall clock)."""
-        if self.local is not None:
-            parts = handles
-        else:
-            import ray
-
-            parts = ray.get(handles)
+        parts = handles if self.local is not None else _scores(handles)
         scores = {k: torch.from_numpy(np.concatenate([p["scores"][k] for p in parts])) for k in parts[0]["scores"]}
         return scores, min(p["start"] for p in parts), max(p["end"] for p in parts)
 
@@ -296,3 +289,18 @@ class RewardGroup:
 
             for w in self.workers:
                 ray.kill(w)
+
+
+def _scores(refs: list) -> list:
+    """ray.get of reward workers' answers; a reward's own error (RewardError: raised, timed out,
+    non-finite) arrives as itself, so the trainer's reward.on_error sees it and its message."""
+    import ray
+    from ray.exceptions import RayTaskError
+
+    try:
+        return ray.get(refs)
+    except RayTaskError as err:
+        cause = getattr(err, "cause", None)
+        if isinstance(cause, PixelRLError):
+            raise cause from None
+        raise
