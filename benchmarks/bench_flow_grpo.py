@@ -7,6 +7,7 @@ in its own subprocess so that peak RSS belongs to it alone.
     python benchmarks/bench_flow_grpo.py                 # the default sweep
     python benchmarks/bench_flow_grpo.py --prompts 4 --n 4 --steps 10 --iters 3   # one config
     python benchmarks/bench_flow_grpo.py --per-family    # one row per model family (4 x 4, 10 steps)
+    python benchmarks/bench_flow_grpo.py --steps-per-forward-ab --pairs 4   # 1 vs all window steps per forward
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ def run_one(args) -> dict:
         cfg.rollout.sde_window_size = args.window
         cfg.rollout.micro_batch_size = args.prompts * args.n
         cfg.actor.ppo_micro_batch_size = args.micro
+        cfg.actor.window_steps_per_forward = args.steps_per_forward
+        cfg.diffusion_loss.kl_coef = args.kl
         engine = PolicyEngine.from_config(cfg)
         reward = WeightedReward([RewardSpec("jpeg_compressibility")])
         prompts = [f"a red circle number {i}" for i in range(args.prompts)]
@@ -113,18 +116,24 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--family", choices=["sd3", "flux", "qwen_image", "wan"], default="sd3", help="the tiny model's family")
     parser.add_argument("--per-family", action="store_true", help="one row per family at 4 prompts x 4, 10 steps")
+    parser.add_argument("--steps-per-forward", type=int, default=1, help="actor.window_steps_per_forward (0 = all)")
+    parser.add_argument("--kl", type=float, default=0.0, help="diffusion_loss.kl_coef (> 0 scores the reference)")
+    parser.add_argument("--steps-per-forward-ab", action="store_true",
+                        help="alternate 1 and 0 (all) window steps per forward on one config; medians of --pairs")
+    parser.add_argument("--pairs", type=int, default=4)
     parser.add_argument("--json", action="store_true", help="print one JSON line (used by the sweep)")
     args = parser.parse_args()
     from pixelrl.core.quiet import quiet_libraries
 
     quiet_libraries()
+    common = ["--iters", str(args.iters), "--micro", str(args.micro), "--cfg", str(args.cfg),
+              "--resolution", str(args.resolution), "--threads", str(args.threads)] + (["--no-vae"] if args.no_vae else [])
+    if args.steps_per_forward_ab:
+        return steps_per_forward_ab(args, common)
     if args.prompts is not None:
         result = run_one(args)
         print(json.dumps(result) if args.json else json.dumps(result, indent=2))
         return
-
-    common = ["--iters", str(args.iters), "--micro", str(args.micro), "--cfg", str(args.cfg),
-              "--resolution", str(args.resolution), "--threads", str(args.threads)] + (["--no-vae"] if args.no_vae else [])
     if args.per_family:
         return per_family(common)
     print(f"# tiny SD3 ({'pixel space' if args.no_vae else 'VAE'}), {args.resolution}px, LoRA r8, CFG {args.cfg}, "
@@ -145,6 +154,36 @@ def main() -> None:
               f"| {r['s_per_iter']:.2f} | {p['gen']:.2f} | {p['reward']:.3f} | {p['update_actor']:.2f} "
               f"| {r['fwd_nograd_per_iter']:.0f} | {r['fwd_grad_per_iter']:.0f} | {r['gflop_per_iter']:.2f} "
               f"| {r['achieved_gflop_s']:.1f} | {r['mfu']:.1%} | {r['peak_rss_mb']:.0f} |", flush=True)
+
+
+def steps_per_forward_ab(args, common: list[str]) -> None:
+    """The same configuration with one forward per trained window step and with all of a
+    micro-batch's steps in one forward, alternating (A B A B ...), medians over the pairs."""
+    import statistics
+
+    prompts = args.prompts or 2
+    base = [sys.executable, __file__, "--json", "--prompts", str(prompts), "--n", str(args.n), "--steps", str(args.steps),
+            "--window", str(args.window), "--kl", str(args.kl), *common]
+    print(f"# {prompts} prompts x {args.n}, {args.steps} steps, window {args.window or args.steps - 1}, KL {args.kl}, "
+          + " ".join(common) + f"; {args.pairs} alternating pairs, medians")
+    rows = {1: [], 0: []}
+    for _ in range(args.pairs):
+        for per_forward in (1, 0):
+            out = subprocess.run(base + ["--steps-per-forward", str(per_forward)], capture_output=True, text=True,
+                                 check=True).stdout.strip().splitlines()[-1]
+            rows[per_forward].append(json.loads(out))
+    header = ("| window steps per forward | iteration img/s | s/iter | update s | reference s | fwd+bwd calls/iter "
+              "| GFLOP/s | MFU | peak RSS MB |")
+    print(header)
+    print("|---" * (header.count("|") - 1) + "|")
+    for per_forward, runs in rows.items():
+        med = lambda f: statistics.median(f(r) for r in runs)  # noqa: E731
+        print(f"| {per_forward or 'all'} | {med(lambda r: r['iter_img_s']):.2f} | {med(lambda r: r['s_per_iter']):.2f} "
+              f"| {med(lambda r: r['phases_s']['update_actor']):.2f} | {med(lambda r: r['phases_s'].get('ref', 0.0)):.2f} "
+              f"| {med(lambda r: r['fwd_grad_per_iter']):.0f} | {med(lambda r: r['achieved_gflop_s']):.1f} "
+              f"| {med(lambda r: r['mfu']):.1%} | {med(lambda r: r['peak_rss_mb']):.0f} |", flush=True)
+    speedup = statistics.median(b["iter_img_s"] / a["iter_img_s"] for a, b in zip(rows[1], rows[0]))
+    print(f"median speed-up of all-steps-per-forward: {speedup:.2f}x")
 
 
 def per_family(common: list[str]) -> None:

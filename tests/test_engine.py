@@ -128,3 +128,48 @@ def test_weights_that_turn_non_finite_stop_the_run_at_that_step():
     healthy = Learner(lambda: [other], lr=0.1)
     other.sum().backward()
     assert healthy.step(1.0)["stepped"] == 1.0 and torch.isfinite(other).all()
+
+
+@pytest.mark.parametrize("loss", ["flow_grpo", "flow_dppo"])
+def test_window_steps_in_one_forward_give_the_same_update(make_engine, tiny_sd3_path, loss):
+    """actor.window_steps_per_forward = 0 (all steps of a micro-batch side by side) against 1 (a
+    forward per step): same reference scores, same metrics, same weights after two epochs of two
+    mini-batches (off-policy ratios, KL, CFG), up to float reordering; far fewer forwards."""
+    runs = []
+    start = None
+    for per_forward in (1, 0):
+        engine, cfg = make_engine(tiny_sd3_path, actor__ppo_mini_batch_size=8, actor__ppo_micro_batch_size=4,
+                                  actor__ppo_epochs=2, actor__window_steps_per_forward=per_forward,
+                                  diffusion_loss__name=loss, diffusion_loss__kl_coef=0.04,
+                                  rollout__guidance_scale=3.0)
+        start = start or {n: p.detach().clone() for n, p in engine.model.transformer.named_parameters()
+                          if p.requires_grad}
+        batch = _batch(engine, cfg)
+        reference = engine.score(batch, "reference")
+        batch.update(reference)
+        metrics = engine.update(batch)
+        weights = {n: p.detach().clone() for n, p in engine.model.transformer.named_parameters() if p.requires_grad}
+        runs.append((reference, metrics, weights))
+    (ref_a, m_a, w_a), (ref_b, m_b, w_b) = runs
+    assert ("dppo_masked_frac" in m_b) == (loss == "flow_dppo")
+    torch.testing.assert_close(ref_b["ref_log_probs"], ref_a["ref_log_probs"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ref_b["ref_means"], ref_a["ref_means"], rtol=1e-5, atol=1e-6)
+    for key in ("pg_loss", "approx_kl", "clipfrac", "kl", "grad_norm", "rollout_logp_abs_diff", "dppo_masked_frac"):
+        if key in m_a:
+            assert m_b[key] == pytest.approx(m_a[key], rel=1e-4, abs=1e-7), key
+    assert {"pg_loss", "kl", "grad_norm", "approx_kl"} <= m_a.keys()
+    # Adam turns float-reordering noise in tiny gradient components into a visible share of a step
+    update = max((w_a[n] - start[n]).abs().max().item() for n in w_a)
+    apart = max((w_a[n] - p).abs().max().item() for n, p in w_b.items())
+    print(f"largest weight change {update:.3g}, largest difference between the paths {apart:.3g}")
+    assert update > 1e-3 and apart < 1e-3 * update
+    steps = batch["sigmas"].shape[1]
+    assert m_a["perf/denoiser_backwards"] == steps * m_b["perf/denoiser_backwards"]
+
+
+def test_losses_with_batch_statistics_refuse_shared_forwards():
+    from pixelrl.core.config_loading import load_config
+    from pixelrl.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="actor.window_steps_per_forward"):
+        load_config("grpo_guard_tiny", ["actor.window_steps_per_forward=0", "model.path=builtin:shapes"])

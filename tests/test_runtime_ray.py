@@ -9,7 +9,8 @@ from safetensors.torch import load_file
 from conftest import read_metrics, train_cli
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+# FSDP2 resume is also covered by the VLM trainer's and the crash sweep's FSDP2 runs
+@pytest.mark.parametrize("strategy", ["ddp", pytest.param("fsdp2", marks=pytest.mark.slow)])
 def test_two_worker_run_writes_metrics_and_a_checkpoint_that_reloads(ray_cluster, tmp_path, tiny_pixel_path, strategy):
     code, run = train_cli(tmp_path, tiny_pixel_path, "trainer.n_workers=2", f"trainer.strategy={strategy}",
                           "trainer.total_training_steps=2", "trainer.save_freq=1", "trainer.logger=[jsonl]")
@@ -93,6 +94,7 @@ def test_a_failing_worker_is_reported_by_rank_and_releases_its_resources(ray_clu
     assert ray.available_resources().get("CPU", 0) >= 2  # the placement group was released
 
 
+@pytest.mark.slow  # one-process direct-preference resume stays in the default run (test_direct_preference.py)
 def test_direct_preference_resume_is_exact_with_two_workers(ray_cluster, tmp_path, tiny_pixel_path):
     """DiffusionNFT on 2 DDP workers: 4 steps == 2 + 2 bitwise, the old adapter included."""
     common = ("trainer.n_workers=2", "trainer.logger=[jsonl]", "trainer.experiment_name=flow_grpo_tiny",

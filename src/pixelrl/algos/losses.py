@@ -37,6 +37,10 @@ class LossSpec:
     step_keys: tuple[str, ...]
     objective: str = "transition"
     params: type | None = None  # the loss's own options (a dataclass), or None
+    # The loss and its metrics are means of per-sample-step terms (no statistic across the
+    # batch), so several window steps of a micro-batch may share one forward
+    # (actor.window_steps_per_forward) with the same gradient up to float reordering.
+    steps_batchable: bool = False
 
     def __call__(self, step: dict, cfg) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         require_keys(f"loss `{self.name}`", self.step_keys, step.keys())
@@ -69,12 +73,12 @@ def require_keys(consumer: str, needed: Iterable[str], available: Iterable[str])
 
 
 def register_loss(name: str, *, batch_keys: Iterable[str], step_keys: Iterable[str], aliases: Iterable[str] = (),
-                  objective: str = "transition", params: type | None = None):
+                  objective: str = "transition", params: type | None = None, steps_batchable: bool = False):
     if objective not in OBJECTIVES:
         raise ValueError(f"loss `{name}`: objective must be one of {OBJECTIVES}")
 
     def decorator(fn: Callable) -> LossSpec:
-        spec = LossSpec(name, fn, tuple(batch_keys), tuple(step_keys), objective, params)
+        spec = LossSpec(name, fn, tuple(batch_keys), tuple(step_keys), objective, params, steps_batchable)
         LOSSES.register(name, *aliases)(spec)
         return spec
 
@@ -127,6 +131,7 @@ def ratio_metrics(log_ratio: torch.Tensor, ratio: torch.Tensor, clip_ratio: floa
     batch_keys=("latents", "log_probs", "sigmas", "sigmas_next", "advantages"),
     step_keys=("log_prob", "old_log_prob", "advantages"),
     aliases=("dance_grpo",),
+    steps_batchable=True,
 )
 def flow_grpo_loss(step: dict, cfg) -> tuple[torch.Tensor, dict]:
     """Flow-GRPO: clipped surrogate on per-step Gaussian log-prob ratios (eps = clip_ratio)."""
@@ -178,6 +183,7 @@ class FlowDPPOParams:
     batch_keys=("latents", "log_probs", "sigmas", "sigmas_next", "advantages", "old_means"),
     step_keys=("log_prob", "old_log_prob", "advantages", "mean", "old_mean", "noise_std"),
     params=FlowDPPOParams,
+    steps_batchable=True,
 )
 def flow_dppo_loss(step: dict, cfg) -> tuple[torch.Tensor, dict]:
     """Flow-DPPO: no ratio clipping and no advantage clamp; instead drop a sample-step whose

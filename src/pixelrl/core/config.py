@@ -71,6 +71,10 @@ class ActorConfig:
     # Flow-GRPO's paper setting takes two steps per rollout batch, MixGRPO four.
     ppo_mini_batch_size: int = 0
     ppo_micro_batch_size: int = 4  # samples per forward/backward
+    # Trained window steps of a micro-batch in one forward/backward (and in one no-grad forward
+    # when scoring the reference or old policy); 0 = all. The same update up to float reordering,
+    # fewer and larger calls, activation memory x this. Losses with batch statistics need 1.
+    window_steps_per_forward: int = 1
     shuffle: bool = True
     # In order: train the first int(num_steps * fraction) window steps (Flow-GRPO). Permuted
     # (DanceGRPO): a random int(W * fraction) of the W window steps per sample.

@@ -223,6 +223,12 @@ def validate(cfg: PixelRLConfig) -> None:
     if not 0 <= cfg.algorithm.old_policy_decay < 1:
         raise ConfigError("algorithm.old_policy_decay", cfg.algorithm.old_policy_decay, "must be in [0, 1)")
     objective = LOSSES.get(cfg.diffusion_loss.name).objective
+    _positive("actor.window_steps_per_forward", cfg.actor.window_steps_per_forward, allow_zero=True)
+    if cfg.actor.window_steps_per_forward != 1 and not LOSSES.get(cfg.diffusion_loss.name).steps_batchable:
+        batchable = [n for n in LOSSES.names() if LOSSES.get(n).steps_batchable]
+        raise ConfigError("actor.window_steps_per_forward", cfg.actor.window_steps_per_forward,
+                          f"loss `{cfg.diffusion_loss.name}` takes statistics across the batch of one window step "
+                          f"(or draws its own timesteps), so steps cannot share a forward: use 1 (batchable: {batchable})")
     wanted = {"policy_gradient": "transition", "direct_preference": "flow_matching"}[cfg.algorithm.trainer_type]
     if objective != wanted:
         fitting = [n for n in LOSSES.names() if LOSSES.get(n).objective == wanted]

@@ -1,7 +1,10 @@
 """Objectives: how a micro-batch becomes the inputs of a loss.
 
 The engine's update loop is the same for every loss: mini-batches, micro-batches, one backward
-per (micro-batch, sub-step), one optimizer step per mini-batch. What a sub-step is, and which
+per (micro-batch, group of sub-steps), one optimizer step per mini-batch. A group is one
+sub-step unless the loss is a mean of per-sample-step terms (`steps_batchable`) and
+`actor.window_steps_per_forward` asks for more: then the group's sample-steps sit side by side
+in one forward. What a sub-step is, and which
 forwards feed the loss, is the objective's business:
 
 - `transition`: a sub-step is one trained window step of the stored SDE trajectory; the step
@@ -65,11 +68,16 @@ class TransitionObjective:
     def num_substeps(self, batch: Batch) -> int:
         return self.trained_steps(batch).shape[1]
 
-    def substep_loss(self, micro: Batch, k: int, ctx: UpdateContext):
+    def substeps_loss(self, micro: Batch, ks: list[int], ctx: UpdateContext):
+        """The loss of sub-steps `ks` of every sample in one forward: with several, the
+        micro-batch is repeated once per sub-step (rows k-major), each row at its own step."""
         e = self.engine
         device = e.model.device
+        trained = self.trained_steps(micro)
+        step = torch.cat([trained[:, k] for k in ks])
+        if len(ks) > 1:
+            micro = micro.select(torch.arange(len(micro)).repeat(len(ks)))
         rows = torch.arange(len(micro))
-        step = self.trained_steps(micro)[:, k]
         out = e.step_outputs(micro, step, ctx.settings)
         rollout_lp = micro["log_probs"][rows, step].to(device)
         inputs = {
@@ -132,7 +140,8 @@ class FlowMatchingObjective:
     def num_substeps(self, batch: Batch) -> int:
         return batch["fm_t"].shape[1]
 
-    def substep_loss(self, micro: Batch, k: int, ctx: UpdateContext):
+    def substeps_loss(self, micro: Batch, ks: list[int], ctx: UpdateContext):
+        (k,) = ks  # config validation keeps forward-process losses at one sub-step per forward
         e = self.engine
         device = e.model.device
         needs = set(e.loss.step_keys)

@@ -29,6 +29,12 @@ from pixelrl.sampling.windows import Window, full_window
 POLICIES = ("current", "old", "reference")
 
 
+
+def step_groups(num_steps: int, per_forward: int) -> list[list[int]]:
+    """Steps 0..num_steps-1 in consecutive groups of `per_forward` (0 = one group of all)."""
+    size = per_forward or num_steps
+    return [list(range(start, min(num_steps, start + size))) for start in range(0, num_steps, max(1, size))]
+
 class PolicyEngine:
     """`trains=False` builds a rollout-only engine (a separate rollout pool's worker): the same
     model and adapters, no optimizer; it receives weights with `load_weights`."""
@@ -206,10 +212,11 @@ class PolicyEngine:
         with self.policy(policy):
             for micro in batch.split(max(1, self.cfg.actor.ppo_micro_batch_size)):
                 lp, mu = [], []
-                for step in range(micro["sigmas"].shape[1]):
-                    out = self.step_outputs(micro, torch.full((len(micro),), step), settings)
-                    lp.append(out.log_prob.cpu())
-                    mu.append(out.mean.cpu())
+                for steps in step_groups(micro["sigmas"].shape[1], self.cfg.actor.window_steps_per_forward):
+                    wide = micro.select(torch.arange(len(micro)).repeat(len(steps))) if len(steps) > 1 else micro
+                    out = self.step_outputs(wide, torch.tensor(steps).repeat_interleave(len(micro)), settings)
+                    lp.extend(out.log_prob.cpu().split(len(micro)))  # back to one chunk per step
+                    mu.extend(out.mean.cpu().split(len(micro)))
                 log_probs.append(torch.stack(lp, 1))
                 means.append(torch.stack(mu, 1))
         prefix = "ref" if policy == "reference" else "old"
@@ -284,6 +291,7 @@ class PolicyEngine:
         mini_size = num_samples // num_mini
         micro_size = max(1, acfg.ppo_micro_batch_size)
         num_substeps = objective.num_substeps(batch)
+        groups = step_groups(num_substeps, acfg.window_steps_per_forward)
         gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self.update_calls)
         self.update_calls += 1
         sums: dict[str, float] = defaultdict(float)
@@ -302,13 +310,13 @@ class PolicyEngine:
                 self.learner.zero_grad()
                 loss_total = 0.0
                 for micro in mini.split(micro_size):
-                    weight = len(micro) / len(mini) / num_substeps
-                    for k in range(num_substeps):
-                        loss, metrics = objective.substep_loss(micro, k, ctx)
+                    for ks in groups:  # a group's loss is the mean over its sample-steps
+                        weight = len(micro) * len(ks) / len(mini) / num_substeps
+                        loss, metrics = objective.substeps_loss(micro, ks, ctx)
                         (loss * weight).backward()
                         loss_total += float(loss.detach()) * weight
                         for name, value in metrics.items():
-                            log(name, value, len(micro))
+                            log(name, value, len(micro) * len(ks))
                 step_metrics = self.learner.step(loss_total)
                 if step_metrics.pop("stepped"):
                     self.policy_version += 1
