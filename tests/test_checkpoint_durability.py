@@ -242,3 +242,48 @@ def test_kills_at_and_after_an_epoch_boundary_resume_to_the_same_weights(tmp_pat
     assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
     assert [m["critic/rewards/mean"] for m in read_metrics(run)] == \
         [m["critic/rewards/mean"] for m in read_metrics(straight)]
+
+
+def test_a_disk_that_fills_during_a_save_stops_the_run_naming_it_and_keeps_the_last_checkpoint(
+        tmp_path, tiny_pixel_path, monkeypatch, capsys):
+    """The device fills while step 2's checkpoint is written (torch's zip writer reports it
+    without an errno): one message, the partial folder removed, step 1 stays the latest and the
+    run resumes from it once there is space."""
+    import errno
+
+    args = ("trainer.backend=local", "trainer.logger=[jsonl]", "data.train_batch_size=2",
+            "actor.ppo_mini_batch_size=4", "trainer.save_freq=1", "trainer.total_training_steps=3")
+    real_save = torch.save
+
+    def full_disk(obj, path, *a, **k):
+        if "global_step_2.tmp" in str(path) and str(path).endswith("data.pt"):
+            raise RuntimeError("[enforce fail at inline_container.cc:664] . PytorchStreamWriter failed writing "
+                               "file data/0: file write failed")
+        return real_save(obj, path, *a, **k)
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    code, run = train_cli(tmp_path, tiny_pixel_path, *args)
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "no space left on the device" in err and "step-1 checkpoint is intact" in err, err
+    ckpts = run / "checkpoints"
+    assert (ckpts / POINTER).read_text() == "1" and sorted(p.name for p in ckpts.iterdir()) == [
+        "global_step_1", POINTER]
+    monkeypatch.setattr(torch, "save", real_save)
+    code, _ = train_cli(tmp_path, tiny_pixel_path, *args)
+    assert code == 0 and list_checkpoints(ckpts) == [1, 2, 3]
+
+
+def test_too_little_space_for_the_next_checkpoint_is_named_before_writing(tmp_path, monkeypatch):
+    _save(tmp_path, 1)
+    size = sum(p.stat().st_size for p in (tmp_path / "global_step_1").rglob("*") if p.is_file())
+    import shutil
+
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=size))  # < 1.1 x the last one
+    with pytest.raises(checkpointing.CheckpointError, match="step-1 checkpoint is intact and stays the latest"):
+        _save(tmp_path, 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_1", POINTER]
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=2 * size))
+    _save(tmp_path, 2)
+    assert list_checkpoints(tmp_path) == [1, 2]

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from pixelrl.core.errors import ConfigError
+from pixelrl.engine.checkpoint import CheckpointError
 
 POINTER = "latest_checkpointed_iteration.txt"
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
@@ -46,15 +47,25 @@ def save_checkpoint(root: Path, step: int, save_actor, loader_state: dict, confi
         shutil.rmtree(leftover, ignore_errors=True)  # an interrupted save or deletion
     final = root / f"global_step_{step}"
     tmp = root / f"global_step_{step}.tmp"
+    _check_space(root, step)
     tmp.mkdir()
-    save_actor(str(tmp / "actor"))
-    torch.save(loader_state, tmp / "data.pt")
-    (tmp / "config.yaml").write_text(config_yaml)
-    if queued:
-        save_rollouts(tmp / "rollout_queue", queued)
-    (tmp / "trainer_state.json").write_text(json.dumps({"global_step": step}))  # last: marks it complete
-    _before_commit(tmp)
-    sync_tree(tmp)
+    try:
+        save_actor(str(tmp / "actor"))
+        torch.save(loader_state, tmp / "data.pt")
+        (tmp / "config.yaml").write_text(config_yaml)
+        if queued:
+            save_rollouts(tmp / "rollout_queue", queued)
+        (tmp / "trainer_state.json").write_text(json.dumps({"global_step": step}))  # last: marks it complete
+        _before_commit(tmp)
+        sync_tree(tmp)
+    except Exception as err:  # (a kill is not an Exception: its .tmp stays for the next save to clear)
+        shutil.rmtree(tmp, ignore_errors=True)  # give back what the partial write took
+        if _out_of_space(err, root):
+            raise CheckpointError(f"no space left on the device of {root} while writing the step-{step} checkpoint "
+                                  f"({_free_mb(root):.0f} MB free now){_keeps(root)}: free space, lower "
+                                  "trainer.max_ckpt_to_keep or point trainer.default_local_dir elsewhere, then "
+                                  "resume") from None
+        raise
     if final.exists():  # re-saving a step: the old folder goes only now that the new one is complete
         _delete(final)
     os.replace(tmp, final)
@@ -69,6 +80,47 @@ def save_checkpoint(root: Path, step: int, save_actor, loader_state: dict, confi
         for old in older[:max(0, len(older) - (max_keep - 1))]:
             _delete(root / f"global_step_{old}")
     return final
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def _free_mb(root: Path) -> float:
+    return shutil.disk_usage(root).free / 2**20
+
+
+def _keeps(root: Path) -> str:
+    steps = list_checkpoints(root)
+    return f"; the step-{steps[-1]} checkpoint is intact and stays the latest" if steps else ""
+
+
+def _check_space(root: Path, step: int) -> None:
+    """Before writing: a checkpoint as large as the last one (+10%) must fit, so a full disk is
+    named before the write instead of failing in the middle of it."""
+    steps = [s for s in list_checkpoints(root) if s != step]
+    if not steps:
+        return  # nothing to size it by: the write itself is guarded
+    need = _folder_bytes(root / f"global_step_{steps[-1]}") * 1.1 / 2**20
+    free = _free_mb(root)
+    if free < need:
+        raise CheckpointError(f"{root} has {free:.0f} MB free but a checkpoint takes about {need:.0f} MB (the step-"
+                              f"{steps[-1]} one){_keeps(root)}: free space, lower trainer.max_ckpt_to_keep or point "
+                              "trainer.default_local_dir elsewhere, then resume")
+
+
+def _out_of_space(err: BaseException, root: Path) -> bool:
+    """The failed write ran out of space: ENOSPC in the chain, torch's zip writer's message (it
+    hides the errno), or a worker's report of either."""
+    import errno
+
+    seen = err
+    while seen is not None:
+        if getattr(seen, "errno", None) == errno.ENOSPC:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    text = str(err)
+    return "No space left on device" in text or "file write failed" in text or _free_mb(root) < 1
 
 
 def _sync(path: Path) -> None:
