@@ -52,3 +52,58 @@ def test_judge_options_are_checked(tmp_path, tiny_vlm_path):
         get_reward("vlm_judge", path=str(tiny_vlm_path), template="no placeholder")
     with pytest.raises(ModelFolderError, match="'absolutely' is not in the judge's vocabulary"):
         get_reward("vlm_judge", path=str(tiny_vlm_path), yes="absolutely")(images(1), ["x"], [{}])
+
+
+QUESTIONS = ["what colour is the shape?", "how many shapes are there?", "where is the circle?"]
+ANSWER_TEMPLATE = "{question} the answer is {answer} . correct ?"
+
+
+def test_answer_judge_is_the_judges_yes_probability_for_question_and_answer(tiny_vlm_path):
+    """A reward model for the VLM trainer: the image comes from the item, the question and the
+    policy's answer fill the template in one pass (an answer holding `{question}` stays literal)."""
+    batch = list(images(seed=2).numpy())
+    answers = ["red", "two", "{question}"]
+    judge = get_reward("answer_judge", path=str(tiny_vlm_path), template=ANSWER_TEMPLATE)
+    scores = judge(answers, QUESTIONS, [{"image": im} for im in batch])["answer_judge"]
+
+    model = QwenVLModel(tiny_vlm_path)
+    asked = [f"{q} the answer is {a} . correct ?" for q, a in zip(QUESTIONS, answers)]
+    prompts = model.prompts(batch, asked)
+    with torch.no_grad():
+        p_yes = model.token_logprobs(model.with_responses(prompts, ["yes"] * 3))[:, 0].exp()
+        p_no = model.token_logprobs(model.with_responses(prompts, ["no"] * 3))[:, 0].exp()
+    torch.testing.assert_close(scores, p_yes / (p_yes + p_no), rtol=1e-4, atol=1e-6)
+    other = judge(["blue", "five", "left"], QUESTIONS, [{"image": im} for im in batch])["answer_judge"]
+    assert not torch.allclose(other, scores)  # the answer is read
+    with pytest.raises(Exception, match="no `image`"):
+        judge(answers, QUESTIONS, [{}] * 3)
+    with pytest.raises(ConfigError, match="options.template"):
+        get_reward("answer_judge", path=str(tiny_vlm_path), template="is {question} right?")
+
+
+def test_the_vlm_trainer_trains_on_the_answer_judge(tiny_vlm_path, tmp_path):
+    """The judge (here the tiny VLM itself) scores the sampled answers inside the trainer: the
+    logged reward is the judge's score of exactly those answers."""
+    from conftest import vlm_config
+    from pixelrl.engine.vlm_engine import VLMEngine
+    from pixelrl.trainers.vlm_ppo import task_items
+
+    cfg = vlm_config(tiny_vlm_path, tmp_path, f"reward.functions=[{{name: answer_judge, options: {{path: "
+                                              f"'{tiny_vlm_path}', template: '{ANSWER_TEMPLATE}'}}}}]")
+    engine = VLMEngine(cfg)
+    items = task_items(cfg, "train", 0, 4)
+    judge = get_reward("answer_judge", path=str(tiny_vlm_path), template=ANSWER_TEMPLATE)
+    captured = {}
+    inner = engine.reward
+
+    def spy(texts, questions, meta):
+        captured.update(texts=texts, questions=questions, meta=meta)
+        return inner(texts, questions, meta)
+
+    engine.reward = spy
+    exp, metrics = engine.make_experience(items, 1)
+    expected = judge(captured["texts"], captured["questions"], captured["meta"])["answer_judge"]
+    assert metrics["reward/answer_judge"] == pytest.approx(float(expected.mean()), rel=1e-5)
+    assert 0 < metrics["reward/answer_judge"] < 1
+    train_metrics = engine.train_on(exp, 1)
+    assert train_metrics  # an update on the judge's rewards

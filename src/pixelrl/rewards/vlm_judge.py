@@ -7,28 +7,51 @@
 This is the generative-reward-model recipe (UnifiedReward, GenRM): no value head, the judge's own
 next-token distribution is the score, so any instruction-tuned VLM can be a reward. The model is
 the VLM trainer's family (Qwen2-VL layout), loaded from a local folder, frozen, under no_grad.
+
+`answer_judge` is the same judge as a reward model for the vision-language trainer: shown the
+question's image, asked whether the policy's answer is correct (template with {question} and
+{answer}), its P(yes) is the answer's reward.
 """
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import torch
 
-from pixelrl.core.errors import ConfigError, ModelFolderError
+from pixelrl.core.errors import ConfigError, ModelFolderError, RewardError
 from pixelrl.rewards.registry import check_model_folder_option, register_reward, scoring_device
 
 DEFAULT_TEMPLATE = 'Does this image show "{prompt}"? Answer yes or no.'
+# answer_judge: a reward model for the vision-language trainer's answers
+DEFAULT_ANSWER_TEMPLATE = "Question: {question}\nAnswer: {answer}\nIs the answer correct? Answer yes or no."
+_PLACEHOLDER = re.compile(r"\{(prompt|question|answer)\}")
 
 
-def check_judge_options(options: dict, field: str) -> None:
+def fill(template: str, values: dict[str, str]) -> str:
+    """One pass over the template's placeholders: text put in (a prompt, a model's answer) is never
+    read again for placeholders, and never reaches Python's format mini-language."""
+    return _PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)), template)
+
+
+def _check_options(options: dict, field: str, default: str, required: str) -> None:
     # the judge is a Qwen2-VL folder: its config and its image processor's
     check_model_folder_option(options, field, needs=("config.json", "preprocessor_config.json"))
-    template = options.get("template", DEFAULT_TEMPLATE)
-    if not isinstance(template, str) or "{prompt}" not in template:
-        raise ConfigError(f"{field}.template", template, "a question containing {prompt}, e.g. " + DEFAULT_TEMPLATE)
+    template = options.get("template", default)
+    if not isinstance(template, str) or "{" + required + "}" not in template:
+        raise ConfigError(f"{field}.template", template, "a question containing {" + required + "}, e.g. " + default)
     for key in ("yes", "no"):
         if not isinstance(options.get(key, key), str) or not options.get(key, key).strip():
             raise ConfigError(f"{field}.{key}", options.get(key), "the answer word, e.g. " + key)
+
+
+def check_judge_options(options: dict, field: str) -> None:
+    _check_options(options, field, DEFAULT_TEMPLATE, "prompt")
+
+
+def check_answer_judge_options(options: dict, field: str) -> None:
+    _check_options(options, field, DEFAULT_ANSWER_TEMPLATE, "answer")
 
 
 def _single_token(judge, word: str, path: str) -> int:
@@ -42,40 +65,70 @@ def _single_token(judge, word: str, path: str) -> int:
     return ids[0]
 
 
+class _Judge:
+    """A frozen local VLM's P(yes) for (image, question) pairs; loaded on first use, where it
+    scores (a reward worker or the VLM trainer's actor), once."""
+
+    def __init__(self, path: str, yes: str, no: str, two_way: bool, batch_size: int):
+        self.path, self.words, self.two_way, self.batch_size = path, (yes, no), two_way, batch_size
+        self.model = self.ids = None
+
+    @torch.no_grad()
+    def p_yes(self, images: list[np.ndarray], questions: list[str]) -> torch.Tensor:
+        if self.model is None:
+            from pixelrl.models.qwen_vl.model import QwenVLModel
+
+            self.model = QwenVLModel(self.path, device=scoring_device())
+            self.model.model.requires_grad_(False)
+            self.ids = [_single_token(self.model, word, self.path) for word in self.words]
+        yes_id, no_id = self.ids
+        scores = []
+        for start in range(0, len(images), self.batch_size):
+            batch = self.model.prompts(images[start:start + self.batch_size], questions[start:start + self.batch_size])
+            logp = self.model.next_token_logprobs(batch)
+            if self.two_way:
+                scores.append(torch.softmax(logp[:, [yes_id, no_id]], -1)[:, 0])
+            else:
+                scores.append(logp[:, yes_id].exp())
+        return torch.cat(scores).cpu()
+
+
 @register_reward("vlm_judge")
 def vlm_judge(path: str = "", template: str = DEFAULT_TEMPLATE, yes: str = "yes", no: str = "no",
               two_way: bool = True, batch_size: int = 16):
     """P(yes) of a local VLM asked `template` about each image."""
     check_judge_options({"path": path, "template": template, "yes": yes, "no": no, "batch_size": batch_size},
                         "reward.functions[].options")
-    state: dict = {}
+    judge = _Judge(path, yes, no, two_way, batch_size)
 
-    def load():
-        from pixelrl.models.qwen_vl.model import QwenVLModel
-
-        judge = QwenVLModel(path, device=scoring_device())
-        judge.model.requires_grad_(False)
-        state.update(judge=judge, ids=[_single_token(judge, yes, path), _single_token(judge, no, path)])
-
-    @torch.no_grad()
     def reward(images, prompts, metadata):
-        if not state:
-            load()  # where it scores (a reward worker), once
-        judge, (yes_id, no_id) = state["judge"], state["ids"]
         arrays = list(np.asarray(images.detach().cpu().numpy(), dtype=np.uint8))
-        # str.replace, not str.format: a prompt or template never reaches Python's format mini-language
-        questions = [template.replace("{prompt}", p) for p in prompts]
-        scores = []
-        for start in range(0, len(arrays), batch_size):
-            batch = judge.prompts(arrays[start:start + batch_size], questions[start:start + batch_size])
-            logp = judge.next_token_logprobs(batch)
-            if two_way:
-                scores.append(torch.softmax(logp[:, [yes_id, no_id]], -1)[:, 0])
-            else:
-                scores.append(logp[:, yes_id].exp())
-        return {"vlm_judge": torch.cat(scores).cpu()}
+        return {"vlm_judge": judge.p_yes(arrays, [fill(template, {"prompt": p}) for p in prompts])}
 
     return reward
 
 
 vlm_judge.check_options = check_judge_options
+
+
+@register_reward("answer_judge")
+def answer_judge(path: str = "", template: str = DEFAULT_ANSWER_TEMPLATE, yes: str = "yes", no: str = "no",
+                 two_way: bool = True, batch_size: int = 16, image_key: str = "image"):
+    """(vision-language trainer) A reward model for answers: P(yes) of a local VLM shown the
+    question's image and asked whether the policy's answer to the question is correct."""
+    check_answer_judge_options({"path": path, "template": template, "yes": yes, "no": no,
+                                "batch_size": batch_size}, "reward.functions[].options")
+    judge = _Judge(path, yes, no, two_way, batch_size)
+
+    def reward(responses, questions, metadata):
+        if any(image_key not in m for m in metadata):
+            raise RewardError(f"answer_judge: an item has no `{image_key}` (option image_key); it judges answers of "
+                              "the vision-language trainer, whose items carry their image")
+        images = [np.asarray(m[image_key], dtype=np.uint8) for m in metadata]
+        asked = [fill(template, {"question": q, "answer": r.strip()}) for q, r in zip(questions, responses)]
+        return {"answer_judge": judge.p_yes(images, asked)}
+
+    return reward
+
+
+answer_judge.check_options = check_answer_judge_options
