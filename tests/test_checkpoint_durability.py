@@ -211,6 +211,25 @@ def test_resuming_with_another_model_or_batch_stops_before_anything_starts(two_s
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # the run folder untouched
 
 
+def test_resuming_with_another_reward_is_announced_and_goes_on(two_saved_steps, tmp_path, tiny_pixel_path, capsys):
+    """A reward may change on resume (a curriculum), never silently: the console names it."""
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(two_saved_steps, out)
+    code, run = train_cli(out, tiny_pixel_path, "trainer.backend=local", "trainer.logger=[jsonl]",
+                          "data.train_batch_size=2", "actor.ppo_mini_batch_size=4", "trainer.total_training_steps=3",
+                          "reward.functions=[{name: jpeg_incompressibility}]")
+    printed = capsys.readouterr().out
+    assert code == 0 and [m["step"] for m in read_metrics(run)] == [1, 2, 3]
+    assert "warning: resuming global_step_2 with `reward.functions`" in printed, printed
+    assert "jpeg_incompressibility" in printed and "jpeg_compressibility" in printed
+    code, _ = train_cli(out, tiny_pixel_path, "trainer.backend=local", "trainer.logger=[jsonl]",
+                        "data.train_batch_size=2", "actor.ppo_mini_batch_size=4", "trainer.total_training_steps=4",
+                        "reward.functions=[{name: jpeg_incompressibility}]")
+    assert code == 0 and "warning" not in capsys.readouterr().out  # same reward as the checkpoint: no word
+
+
 def test_kills_at_and_after_an_epoch_boundary_resume_to_the_same_weights(tmp_path, tiny_pixel_path, monkeypatch):
     """3 epochs of 2 steps (4 prompts, 2 a step, shuffled per epoch). Killed while saving step 3
     (so it resumes from step 2, the last of epoch 1), step 4 (resumes mid-epoch from 3) and step 6

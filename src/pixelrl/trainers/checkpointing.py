@@ -231,17 +231,27 @@ def load_rollouts(folder: Path) -> list:
 # value would load them into a different model or a different data order without a word.
 RESUME_FIXED = ("algorithm.trainer_type", "model.type", "model.path", "model.lora_rank", "model.lora_alpha",
                 "model.lora_target_modules", "data.train_batch_size", "data.seed", "data.shuffle", "rollout.n")
+# May change on resume on purpose (a reward curriculum), but never unannounced: a warning names it.
+RESUME_ANNOUNCED = ("reward.functions",)
 
 
-def check_resume_config(folder: Path, config_yaml: str) -> None:
+def check_resume_config(folder: Path, config_yaml: str) -> list[str]:
     """Stop before any worker starts when the run's config differs from the checkpoint's on a
-    field in RESUME_FIXED. Anything else (learning rate, steps, logging) may change on resume."""
+    field in RESUME_FIXED; return a warning for each field of RESUME_ANNOUNCED that differs.
+    Anything else (learning rate, steps, logging) may change on resume."""
     from omegaconf import OmegaConf
 
     saved_file = folder / "config.yaml"
     if not saved_file.is_file():
-        return  # older checkpoints carry no config; their files are checked as they load
+        return []  # older checkpoints carry no config; their files are checked as they load
     saved, current = OmegaConf.create(saved_file.read_text()), OmegaConf.create(config_yaml)
+    warnings = []
+    for field in RESUME_ANNOUNCED:
+        before, now = (OmegaConf.select(c, field) for c in (saved, current))
+        before, now = (OmegaConf.to_container(v) if OmegaConf.is_config(v) else v for v in (before, now))
+        if before != now:
+            warnings.append(f"warning: resuming {folder.name} with `{field}` = {now!r}; it was trained with "
+                            f"{before!r} (the rewards logged from here on are not comparable with the earlier ones)")
     for field in RESUME_FIXED:
         before, now = OmegaConf.select(saved, field), OmegaConf.select(current, field)
         if field == "model.path":
@@ -256,3 +266,4 @@ def check_resume_config(folder: Path, config_yaml: str) -> None:
             raise ConfigError(field, now, f"the checkpoint {folder.name} was trained with {before!r}: resume with "
                               f"that value{hint}, or start a new run (another trainer.default_local_dir, or "
                               "trainer.resume_mode=disable)")
+    return warnings

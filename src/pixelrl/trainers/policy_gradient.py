@@ -163,7 +163,8 @@ class PolicyGradientTrainer:
         # before anything is written or started: a checkpoint made for another model or batch stops here
         resume = find_resume_folder(self.ckpt_root, t.resume_mode)
         if resume is not None:
-            check_resume_config(resume, self.saved_yaml)
+            for warning in check_resume_config(resume, self.saved_yaml):
+                self.console(warning)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(self.saved_yaml)
         train_set, val_set = self._datasets()

@@ -76,7 +76,8 @@ class VLMPPOTrainer:
         cfg, t = self.cfg, self.cfg.trainer
         resume = find_resume_folder(self.ckpt_root, t.resume_mode)  # checked before anything starts
         if resume is not None:
-            check_resume_config(resume, self.saved_yaml)
+            for warning in check_resume_config(resume, self.saved_yaml):
+                self.console(warning)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(self.saved_yaml)
         total = t.total_training_steps
