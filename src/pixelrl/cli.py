@@ -295,8 +295,7 @@ def _reward_options(args) -> dict:
     from pixelrl.rewards import REWARDS
 
     import_plugins(args.plugin or [], field="--plugin")
-    if args.reward not in REWARDS:
-        REWARDS.get(args.reward, field="--reward")
+    REWARDS.get(args.reward, field="--reward")  # unknown: the registry's error and plugins hint
     try:
         options = json.loads(args.reward_options)
     except json.JSONDecodeError as err:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pixelrl.core.config import PixelRLConfig
 from pixelrl.core.errors import ConfigError
-from pixelrl.core.plugins import import_plugins, resolve_plugins
+from pixelrl.core.plugins import import_plugins
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
@@ -85,8 +85,7 @@ def load_config(config_name: str | None = None, overrides: list[str] | tuple = (
     # the run's workers get these values; files and trackers get the interpolation text (saved_yaml)
     cfg._from_environment = from_environment
     # plugins register names (rewards, losses) that validation checks against
-    cfg.plugins = resolve_plugins(cfg.plugins)
-    import_plugins(cfg.plugins)
+    cfg.plugins = import_plugins(cfg.plugins)
     validate(cfg)
     return cfg
 
@@ -351,8 +350,7 @@ def _check_rewards_and_loggers(cfg: PixelRLConfig) -> None:
             unknown = set(spec) - {"name", "weight", "options"}
             if unknown:
                 raise ConfigError(f"{field_name}[{i}]", dict(spec), f"unknown keys {sorted(unknown)}; use name, weight, options")
-            if spec["name"] not in REWARDS:
-                REWARDS.get(spec["name"], field=f"{field_name}[{i}].name")  # the registry's error, with the plugins hint
+            REWARDS.get(spec["name"], field=f"{field_name}[{i}].name")  # unknown: the registry's error and plugins hint
             weight = spec.get("weight", 1.0)
             if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) \
                     or abs(weight) > 1e6:

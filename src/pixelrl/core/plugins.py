@@ -68,10 +68,12 @@ def _module_file(module: str) -> str:
     return (spec.origin or "") if spec else ""
 
 
-def import_plugins(entries, field: str = "plugins") -> None:
-    """Import every plugin (idempotent). A missing module or a plugin that raises while
-    importing is one ConfigError naming the entry, the cause and where in the plugin it arose."""
-    for i, entry in enumerate(resolve_plugins(entries, field)):
+def import_plugins(entries, field: str = "plugins") -> list[str]:
+    """Import every plugin (idempotent); the entries as resolved (file paths absolute). A missing
+    module or a plugin that raises while importing is one ConfigError naming the entry, the
+    cause and where in the plugin it arose."""
+    resolved = resolve_plugins(entries, field)
+    for i, entry in enumerate(resolved):
         name = f"{field}[{i}]"
         try:
             if entry.endswith(".py"):
@@ -100,3 +102,4 @@ def import_plugins(entries, field: str = "plugins") -> None:
             origin = entry if entry.endswith(".py") else _module_file(entry)
             raise ConfigError(name, entry, f"importing it raised {type(err).__name__}: {err}"
                                            f"{_where(err, origin)}; fix the plugin") from None
+    return resolved

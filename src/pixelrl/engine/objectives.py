@@ -33,6 +33,19 @@ from pixelrl.sampling.sde import mean_over_dims
 from pixelrl.sampling.rollout import SamplingSettings
 
 
+def step_groups(num_steps: int, per_forward: int) -> list[list[int]]:
+    """Steps 0..num_steps-1 in consecutive groups of `per_forward` (0 = one group of all)."""
+    size = per_forward or num_steps
+    return [list(range(start, min(num_steps, start + size))) for start in range(0, num_steps, max(1, size))]
+
+
+def side_by_side(micro: Batch, steps: list[torch.Tensor]) -> tuple[Batch, torch.Tensor]:
+    """The micro-batch repeated once per entry of `steps` (block j holds every sample, each at
+    its step `steps[j][i]`), and the step index of each of its rows: one forward for them all."""
+    wide = micro.select(torch.arange(len(micro)).repeat(len(steps))) if len(steps) > 1 else micro
+    return wide, torch.cat(steps)
+
+
 @dataclass
 class UpdateContext:
     """What every sub-step of one update shares."""
@@ -74,9 +87,7 @@ class TransitionObjective:
         e = self.engine
         device = e.model.device
         trained = self.trained_steps(micro)
-        step = torch.cat([trained[:, k] for k in ks])
-        if len(ks) > 1:
-            micro = micro.select(torch.arange(len(micro)).repeat(len(ks)))
+        micro, step = side_by_side(micro, [trained[:, k] for k in ks])
         rows = torch.arange(len(micro))
         out = e.step_outputs(micro, step, ctx.settings)
         rollout_lp = micro["log_probs"][rows, step].to(device)

@@ -15,7 +15,7 @@ import torch
 from pixelrl.algos.losses import get_loss, require_keys
 from pixelrl.engine.flops import FlopMeter, matmul_peak_flops
 from pixelrl.engine.learner import Learner
-from pixelrl.engine.objectives import OBJECTIVE_CLASSES
+from pixelrl.engine.objectives import OBJECTIVE_CLASSES, side_by_side, step_groups
 from pixelrl.core.batch import Batch
 from pixelrl.core.config import PixelRLConfig
 from pixelrl.core.errors import ConfigError
@@ -28,12 +28,6 @@ from pixelrl.sampling.windows import Window, full_window
 
 POLICIES = ("current", "old", "reference")
 
-
-
-def step_groups(num_steps: int, per_forward: int) -> list[list[int]]:
-    """Steps 0..num_steps-1 in consecutive groups of `per_forward` (0 = one group of all)."""
-    size = per_forward or num_steps
-    return [list(range(start, min(num_steps, start + size))) for start in range(0, num_steps, max(1, size))]
 
 class PolicyEngine:
     """`trains=False` builds a rollout-only engine (a separate rollout pool's worker): the same
@@ -213,8 +207,8 @@ class PolicyEngine:
             for micro in batch.split(max(1, self.cfg.actor.ppo_micro_batch_size)):
                 lp, mu = [], []
                 for steps in step_groups(micro["sigmas"].shape[1], self.cfg.actor.window_steps_per_forward):
-                    wide = micro.select(torch.arange(len(micro)).repeat(len(steps))) if len(steps) > 1 else micro
-                    out = self.step_outputs(wide, torch.tensor(steps).repeat_interleave(len(micro)), settings)
+                    wide, step = side_by_side(micro, [torch.full((len(micro),), s) for s in steps])
+                    out = self.step_outputs(wide, step, settings)
                     lp.extend(out.log_prob.cpu().split(len(micro)))  # back to one chunk per step
                     mu.extend(out.mean.cpu().split(len(micro)))
                 log_probs.append(torch.stack(lp, 1))

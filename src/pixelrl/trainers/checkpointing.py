@@ -246,20 +246,19 @@ def check_resume_config(folder: Path, config_yaml: str) -> list[str]:
         return []  # older checkpoints carry no config; their files are checked as they load
     saved, current = OmegaConf.create(saved_file.read_text()), OmegaConf.create(config_yaml)
     warnings = []
+    def value(config, field):  # plain Python values, so lists and mappings compare by content
+        found = OmegaConf.select(config, field)
+        return OmegaConf.to_container(found) if OmegaConf.is_config(found) else found
+
     for field in RESUME_ANNOUNCED:
-        before, now = (OmegaConf.select(c, field) for c in (saved, current))
-        before, now = (OmegaConf.to_container(v) if OmegaConf.is_config(v) else v for v in (before, now))
+        before, now = value(saved, field), value(current, field)
         if before != now:
             warnings.append(f"warning: resuming {folder.name} with `{field}` = {now!r}; it was trained with "
                             f"{before!r} (the rewards logged from here on are not comparable with the earlier ones)")
     for field in RESUME_FIXED:
-        before, now = OmegaConf.select(saved, field), OmegaConf.select(current, field)
+        before, now = value(saved, field), value(current, field)
         if field == "model.path":
             before, now = (str(Path(v).expanduser().resolve()) if v and ":" not in str(v) else v for v in (before, now))
-        if OmegaConf.is_config(before):
-            before = OmegaConf.to_container(before)
-        if OmegaConf.is_config(now):
-            now = OmegaConf.to_container(now)
         if before != now:
             hint = (f" (if the same model now lives elsewhere, edit model.path in {saved_file})"
                     if field == "model.path" else "")

@@ -64,7 +64,6 @@ def timeline_metrics(info: dict, train_start: float, train_end: float) -> dict[s
     return out
 
 
-
 class RewardErrorPolicy:
     """What a failing scorer does to the run (`reward.on_error`): `stop` raises at once, naming the
     option; `skip` drops that step's update (or that validation's scores) and goes on, until
@@ -75,13 +74,13 @@ class RewardErrorPolicy:
         self.in_a_row, self.last_error = 0, None
 
     def failed(self, step: int, err: RewardError) -> None:
+        """Raise under `stop`; under `skip`, count the failure and say so."""
         if self.mode != "skip":
             raise RewardError(f"step {step}: {err}. To skip the steps whose reward fails instead of stopping, "
                               "set reward.on_error=skip") from None
         self.in_a_row += 1
         self.last_error = err
         self.console(f"step {step}: reward failed ({err}); step skipped, no update ({self.in_a_row} in a row)")
-        return None
 
     def succeeded(self) -> None:
         self.in_a_row = 0
@@ -101,6 +100,7 @@ class RewardErrorPolicy:
             self.console(f"step {step}: reward failed during validation ({err}); validation skipped")
             return {}
 
+
 class PolicyGradientTrainer:
     def __init__(self, cfg: PixelRLConfig, console=print):
         self.cfg = cfg
@@ -111,6 +111,7 @@ class PolicyGradientTrainer:
         self.saved_yaml = saved_yaml(cfg)  # for files and trackers: no value taken from the environment
         self.actor = self.rewards = self.pool = None
         self._ray_started = False
+        self.reward_errors = RewardErrorPolicy(cfg.reward.on_error, cfg.reward.max_consecutive_errors, console)
         self._gold = WeightedReward.from_functions([dict(f) for f in cfg.val_kwargs.rewards]) \
             if cfg.val_kwargs.rewards else None
 
@@ -190,8 +191,7 @@ class PolicyGradientTrainer:
             history, val_history = [], []
             try:
                 if t.val_before_train and val_set is not None and start_step == 0:
-                    val_metrics = RewardErrorPolicy(self.cfg.reward.on_error, 1, self.console).guard(
-                        0, lambda: self.validate(val_set, 0, tracker))
+                    val_metrics = self.reward_errors.guard(0, lambda: self.validate(val_set, 0, tracker))
                     if val_metrics:
                         tracker.log(val_metrics, 0)
                         val_history.append(val_metrics)
@@ -228,7 +228,7 @@ class PolicyGradientTrainer:
         train_seconds = 0.0  # summed step time of this process, for trainer.time_budget_s
         progress = tqdm(total=total, initial=start_step, desc="training", unit="step", dynamic_ncols=True,
                         disable=not os.isatty(2))
-        reward_errors = RewardErrorPolicy(cfg.reward.on_error, cfg.reward.max_consecutive_errors, self.console)
+        reward_errors = self.reward_errors
         for step in range(start_step + 1, total + 1):
             step_start = time.time()
             if cfg.algorithm.sample_source == "offline":
@@ -241,7 +241,8 @@ class PolicyGradientTrainer:
                         rows = next_rows()
                         rollout = make_rollout(self.actor, self.rewards, rows["prompts"], rows["metadata"], step, cfg)
                 except RewardError as err:
-                    rollout = reward_errors.failed(step, err)  # raises unless the step is to be skipped
+                    reward_errors.failed(step, err)  # raises unless the step is to be skipped
+                    rollout = None
                 if rollout is None:  # skipped: no update; the row says so and nothing else
                     batch, metrics = None, {"reward/error": 1.0, "timing_s/step": time.time() - step_start}
                 else:
