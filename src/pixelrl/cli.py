@@ -55,7 +55,7 @@ def cmd_demo(args) -> int:
     from pixelrl.demo import run_demo
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    run_demo(args.overrides, per_category=args.per_category)
+    run_demo(args.overrides, per_category=args.per_category, config_name=args.config_name)
     return 0
 
 
@@ -431,7 +431,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--max-pixels", type=positive_int, default=4096 * 4096, help="pixels per image")
     serve.set_defaults(func=cmd_serve_reward)
     demo = sub.add_parser("demo", help="Flow-GRPO on the shipped shapes model with a before/after evaluation")
-    demo.add_argument("overrides", nargs="*", help="key=value overrides of configs/shapes_flow_grpo.yaml")
+    demo.add_argument("--config-name", default="shapes_flow_grpo",
+                      help="a shapes config (shapes_flow_grpo_long: the 100-minute long run)")
+    demo.add_argument("overrides", nargs="*", help="key=value overrides of the config")
     demo.add_argument("--per-category", type=positive_int, default=64, help="held-out evaluation items per category")
     demo.set_defaults(func=cmd_demo)
     jpeg = sub.add_parser("demo-jpeg", help="short Flow-GRPO run on a tiny random model with the JPEG reward")

@@ -94,7 +94,7 @@ def demo_report(base: dict, trained: dict, div_before: dict, div_after: dict) ->
     return {"lines": lines, "criteria": criteria, "strict_gain_interval": strict_ci, "exact_gain_interval": exact_ci}
 
 
-def run_demo(overrides: list[str], per_category: int = 64) -> dict:
+def run_demo(overrides: list[str], per_category: int = 64, config_name: str = "shapes_flow_grpo") -> dict:
     from pixelrl.core.config_loading import load_config
     from pixelrl.core.errors import ConfigError
     from pixelrl.data.shapes import evaluation_items
@@ -102,7 +102,7 @@ def run_demo(overrides: list[str], per_category: int = 64) -> dict:
     from pixelrl.trainers.checkpointing import find_resume_folder
     from pixelrl.trainers.policy_gradient import PolicyGradientTrainer, run_dir_of
 
-    cfg = load_config("shapes_flow_grpo", overrides)
+    cfg = load_config(config_name, overrides)
     if cfg.trainer.save_freq == -1:
         raise ConfigError("trainer.save_freq", -1, "the demo evaluates the trained model from its final checkpoint: "
                           "use 0 (save only at the last step) or a positive interval")
@@ -140,7 +140,7 @@ def run_demo(overrides: list[str], per_category: int = 64) -> dict:
         "before": {k: base[k] for k in keys}, "after": {k: trained[k] for k in keys},
         "paired_strict_interval": report["strict_gain_interval"], "criteria": report["criteria"],
         "diversity_before": div_before, "diversity_after": div_after,
-        "minutes": (time.time() - started) / 60, "overrides": list(overrides),
+        "minutes": (time.time() - started) / 60, "config_name": config_name, "overrides": list(overrides),
     }
     (run_dir / "demo_summary.json").write_text(json.dumps(summary, indent=1))
     print(f"wrote {run_dir / 'before_after.png'}, {run_dir / 'reward_curve.png'}, {run_dir / 'demo_summary.json'} "
