@@ -54,3 +54,14 @@ def test_the_demo_runs_end_to_end_and_writes_its_summary(tmp_path, capsys):
     written = json.loads((tmp_path / "pixelrl" / "shapes_demo" / "demo_summary.json").read_text())
     assert written["criteria"] == summary["criteria"] and set(written["before"]["strict"]) == set(written["after"]["strict"])
     assert (tmp_path / "pixelrl" / "shapes_demo" / "before_after.png").is_file()
+
+
+def test_curve_axes_sum_step_times_and_images():
+    from pixelrl.trainers.tracking import x_axis
+
+    rows = [{"step": 0, "val-core/a/reward/mean@4": 0.3},  # validation before training: no step time
+            {"step": 1, "timing_s/step": 30.0, "perf/throughput": 2.0},  # 60 images
+            {"step": 2, "timing_s/step": 90.0, "perf/throughput": 4.0}]  # 360 images
+    assert x_axis(rows, "step") == {0: 0, 1: 1, 2: 2}
+    assert x_axis(rows, "minutes") == {0: 0.0, 1: 0.5, 2: 2.0}
+    assert x_axis(rows, "images") == {0: 0, 1: 60, 2: 420}

@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     plot.add_argument("--keys", nargs="+", default=["val-core/*", "val/*", "critic/rewards/mean", "reward/overall"],
                       help="metric names or shell patterns, e.g. 'val-core/*/gold/*'")
     plot.add_argument("--out", default="metrics.png")
-    plot.add_argument("--x", choices=("step", "minutes"), default="step")
+    plot.add_argument("--x", choices=("step", "minutes", "images"), default="step")
     plot.set_defaults(func=cmd_plot)
     export = sub.add_parser("export", help="export a checkpoint for diffusers")
     export.add_argument("checkpoint", help="a <run>/checkpoints/global_step_N folder")

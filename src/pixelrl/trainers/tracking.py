@@ -129,10 +129,24 @@ def _keep_rows_up_to(path: Path, step: int) -> None:
         os.replace(tmp, path)
 
 
+def x_axis(rows: list[dict], x: str) -> dict[int, float]:
+    """Step -> position on the x axis: the step, the minutes of training so far (per-step times
+    summed) or the images generated so far (throughput x step time summed); a row without step
+    times (a validation-only row) adds none."""
+    elapsed, images, axis = 0.0, 0.0, {}
+    for r in rows:
+        step_s = r.get("timing/step_s", r.get("timing_s/step", 0.0))
+        elapsed += step_s
+        images += r.get("perf/throughput", 0.0) * step_s
+        axis[r["step"]] = {"step": r["step"], "minutes": elapsed / 60, "images": round(images)}[x]
+    return axis
+
+
 def plot_metrics(metrics_file: str | Path, patterns: list[str], out: str | Path, *, x: str = "step") -> list[str]:
     """One panel per metric matching any of `patterns` (shell-style: `val-core/*/gold/*`) from a
-    run's metrics.jsonl, against `x` (`step`, or a metric such as `timing/step_s` summed into
-    minutes when `x=minutes`). Returns the plotted keys; writes a PNG."""
+    run's metrics.jsonl, against `x`: `step`, `minutes` (the per-step times summed) or `images`
+    (images generated for training so far: throughput x step time, summed). Returns the plotted
+    keys; writes a PNG."""
     import fnmatch
 
     import matplotlib
@@ -145,17 +159,14 @@ def plot_metrics(metrics_file: str | Path, patterns: list[str], out: str | Path,
     if not keys:
         raise ConfigError("--keys", patterns, f"no metric of {metrics_file} matches; it has e.g. "
                           f"{sorted({k for r in rows for k in r})[:12]}")
-    elapsed, minutes = 0.0, {}
-    for r in rows:  # wall-clock minutes from the per-step times (validation rows add none)
-        elapsed += r.get("timing/step_s", r.get("timing_s/step", 0.0))
-        minutes[r["step"]] = elapsed / 60
+    axis = x_axis(rows, x)
     fig, axes = plt.subplots(len(keys), 1, figsize=(6, 2.2 * len(keys)), sharex=True, squeeze=False)
     for ax, key in zip(axes[:, 0], keys):
-        points = [(minutes[r["step"]] if x == "minutes" else r["step"], r[key]) for r in rows if key in r]
+        points = [(axis[r["step"]], r[key]) for r in rows if key in r]
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o" if len(points) < 40 else None, ms=3)
         ax.set_ylabel(key.replace("/", "/\n", 1), fontsize=7)
         ax.grid(alpha=0.3)
-    axes[-1, 0].set_xlabel("minutes" if x == "minutes" else "step")
+    axes[-1, 0].set_xlabel({"step": "step", "minutes": "minutes of training", "images": "images generated"}[x])
     fig.tight_layout()
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
