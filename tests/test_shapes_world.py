@@ -139,12 +139,31 @@ def test_extra_object_penalty_by_hand():
     assert out["shapes_exact"].tolist() == [1, 0, 0, 0] and out["shapes_strict"].tolist() == [1, 1, 1, 1]
 
 
+def test_exact_weight_pays_full_marks_only_for_a_scene_with_nothing_extra():
+    """"a circle and a square", exact_weight 0.5, penalty 0.1, strict_weight 0: a clean render
+    scores 0.5 * 1 + 0.5 * 1 = 1.0; one unrequested triangle 0.5 * 1 + 0.5 * 0 - 0.1 = 0.4 (the
+    "at least" partial credit is still full); two 0.3; the square missing (partial credit 1/2)
+    0.25. With strict_weight 0.25 as well, the clean render still scores 1.0 and the one-triangle
+    scene 0.25 * 1 + 0.25 * 1 + 0 - 0.1 = 0.4."""
+    spec = {"category": "two_object", "relation": None,
+            "objects": [{"shape": "circle", "colour": None, "count": 1}, {"shape": "square", "colour": None, "count": 1}]}
+    circle_only = {**spec, "objects": spec["objects"][:1]}
+    images = torch.from_numpy(np.stack([render(spec, 5), render(_with_extra(spec, "triangle", "cyan"), 5),
+                                        render(_with_extra(spec, "triangle", "cyan", 2), 5), render(circle_only, 5)]))
+    out = get_reward("shapes_geneval", exact_weight=0.5, extra_object_penalty=0.1)(images, [""] * 4, [spec] * 4)
+    torch.testing.assert_close(out["shapes_geneval"], torch.tensor([1.0, 0.4, 0.3, 0.25]))
+    out = get_reward("shapes_geneval", strict_weight=0.25, exact_weight=0.5, extra_object_penalty=0.1)(
+        images[:2], [""] * 2, [spec] * 2)
+    torch.testing.assert_close(out["shapes_geneval"], torch.tensor([1.0, 0.4]))
+
+
 def test_shapes_reward_options_are_checked_with_the_config():
     from pixelrl.core.config_loading import load_config
     from pixelrl.core.errors import ConfigError
 
     for options, field in (("{extra_object_penalty: -1}", "extra_object_penalty"),
-                           ("{strict_weight: 2}", "strict_weight")):
+                           ("{strict_weight: 2}", "strict_weight"),
+                           ("{strict_weight: 0.6, exact_weight: 0.5}", r"exact_weight.*\[0, 0\.4\]")):
         with pytest.raises(ConfigError, match=field):
             load_config("shapes_flow_grpo", [f"reward.functions=[{{name: shapes_geneval, options: {options}}}]"])
     with pytest.raises(ConfigError, match=r"val_kwargs\.rewards\[0\]\.name"):

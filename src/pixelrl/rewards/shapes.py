@@ -218,11 +218,12 @@ def score_scene(image: np.ndarray, spec: dict) -> dict:
 
 
 @register_reward("shapes_geneval")
-def shapes_geneval(strict_weight: float = 0.0, extra_object_penalty: float = 0.0):
-    """Training reward: (1 - w) * partial credit + w * strict - p * (unrequested objects).
-    Also returns `shapes_strict`, `shapes_exact` (0/1) and `shapes_extra_objects` for logging
-    and evaluation. The penalty p guards against the policy's cheapest hack of GenEval-style
-    checks: drawing more objects than asked."""
+def shapes_geneval(strict_weight: float = 0.0, extra_object_penalty: float = 0.0, exact_weight: float = 0.0):
+    """Training reward: (1 - w - e) * partial credit + w * strict + e * exact - p * (unrequested
+    objects). Also returns `shapes_strict`, `shapes_exact` (0/1) and `shapes_extra_objects` for
+    logging and evaluation. The penalty p and the exact-scene weight e guard against the
+    policy's cheapest hack of GenEval-style checks: drawing more objects than asked (p charges
+    each extra object; e pays the full-marks bonus only for a scene with nothing extra)."""
     def reward(images, prompts, metadata):
         arrays = images.detach().cpu().numpy()
         rows = []
@@ -232,8 +233,10 @@ def shapes_geneval(strict_weight: float = 0.0, extra_object_penalty: float = 0.0
             rows.append(score_scene(array, meta))
         column = lambda key: torch.tensor([float(r[key]) for r in rows])  # noqa: E731
         partial, strict, extra = column("partial"), column("strict"), column("extra_objects")
-        return {"shapes_geneval": (1 - strict_weight) * partial + strict_weight * strict - extra_object_penalty * extra,
-                "shapes_strict": strict, "shapes_exact": column("exact"), "shapes_extra_objects": extra}
+        exact = column("exact")
+        score = ((1 - strict_weight - exact_weight) * partial + strict_weight * strict + exact_weight * exact
+                 - extra_object_penalty * extra)
+        return {"shapes_geneval": score, "shapes_strict": strict, "shapes_exact": exact, "shapes_extra_objects": extra}
 
     return reward
 
@@ -243,6 +246,10 @@ def _check_shapes_geneval(options: dict, field: str) -> None:
                         "a number in [0, 1]: the weight of the strict 0/1 score")
     check_number_option(options, field, "extra_object_penalty", 0.0, lambda v: 0 <= v < float("inf"),
                         "a number >= 0: reward subtracted per unrequested object (0 = off; 0.1-0.3 guards)")
+    strict_weight = options.get("strict_weight", 0.0)
+    check_number_option(options, field, "exact_weight", 0.0, lambda v: 0 <= v <= 1 - strict_weight,
+                        f"a number in [0, 1 - strict_weight] = [0, {1 - strict_weight:g}]: the weight of the "
+                        "exact-scene 0/1 score (the weights of partial credit, strict and exact sum to 1)")
 
 
 shapes_geneval.check_options = _check_shapes_geneval
