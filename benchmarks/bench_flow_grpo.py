@@ -7,7 +7,8 @@ in its own subprocess so that peak RSS belongs to it alone.
     python benchmarks/bench_flow_grpo.py                 # the default sweep
     python benchmarks/bench_flow_grpo.py --prompts 4 --n 4 --steps 10 --iters 3   # one config
     python benchmarks/bench_flow_grpo.py --per-family    # one row per model family (4 x 4, 10 steps)
-    python benchmarks/bench_flow_grpo.py --steps-per-forward-ab --pairs 4   # 1 vs all window steps per forward
+    python benchmarks/bench_flow_grpo.py --ab steps_per_forward --pairs 4   # 1 vs all window steps per forward
+    python benchmarks/bench_flow_grpo.py --ab compile --pairs 4             # eager vs torch.compile'd denoiser
 """
 
 from __future__ import annotations
@@ -67,17 +68,19 @@ def run_one(args) -> dict:
         cfg.rollout.micro_batch_size = args.prompts * args.n
         cfg.actor.ppo_micro_batch_size = args.micro
         cfg.actor.window_steps_per_forward = args.steps_per_forward
+        cfg.model.compile = args.compile
         cfg.diffusion_loss.kl_coef = args.kl
         engine = PolicyEngine.from_config(cfg)
         reward = WeightedReward([RewardSpec("jpeg_compressibility")])
         prompts = [f"a red circle number {i}" for i in range(args.prompts)]
-        policy_gradient_step(engine, reward, prompts, [{}] * args.prompts, 1, cfg)  # warm-up
+        for warm in range(args.warmup):  # warm-up (and compilation with --compile)
+            policy_gradient_step(engine, reward, prompts, [{}] * args.prompts, warm + 1, cfg)
         phases: dict[str, float] = {}
         total_time = 0.0
         counts = {"perf/denoiser_forwards": 0.0, "perf/denoiser_backwards": 0.0, "perf/tflop": 0.0, "perf/mfu": 0.0}
         for it in range(args.iters):
             start = time.perf_counter()
-            _, metrics = policy_gradient_step(engine, reward, prompts, [{}] * args.prompts, it + 2, cfg)
+            _, metrics = policy_gradient_step(engine, reward, prompts, [{}] * args.prompts, args.warmup + it + 1, cfg)
             total_time += time.perf_counter() - start
             for key in counts:  # the engine's FLOP meter: measured forward FLOPs, 3x for graph forwards
                 counts[key] += metrics[key] / args.iters
@@ -118,8 +121,9 @@ def main() -> None:
     parser.add_argument("--per-family", action="store_true", help="one row per family at 4 prompts x 4, 10 steps")
     parser.add_argument("--steps-per-forward", type=int, default=1, help="actor.window_steps_per_forward (0 = all)")
     parser.add_argument("--kl", type=float, default=0.0, help="diffusion_loss.kl_coef (> 0 scores the reference)")
-    parser.add_argument("--steps-per-forward-ab", action="store_true",
-                        help="alternate 1 and 0 (all) window steps per forward on one config; medians of --pairs")
+    parser.add_argument("--compile", action="store_true", help="model.compile: torch.compile the denoiser's forward")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed iterations first")
+    parser.add_argument("--ab", choices=sorted(AB), help="alternate the option off and on for one config; medians of --pairs")
     parser.add_argument("--pairs", type=int, default=4)
     parser.add_argument("--json", action="store_true", help="print one JSON line (used by the sweep)")
     args = parser.parse_args()
@@ -127,9 +131,10 @@ def main() -> None:
 
     quiet_libraries()
     common = ["--iters", str(args.iters), "--micro", str(args.micro), "--cfg", str(args.cfg),
-              "--resolution", str(args.resolution), "--threads", str(args.threads)] + (["--no-vae"] if args.no_vae else [])
-    if args.steps_per_forward_ab:
-        return steps_per_forward_ab(args, common)
+              "--resolution", str(args.resolution), "--threads", str(args.threads), "--warmup", str(args.warmup)]
+    common += ["--no-vae"] if args.no_vae else []
+    if args.ab:
+        return ab_pairs(args, common)
     if args.prompts is not None:
         result = run_one(args)
         print(json.dumps(result) if args.json else json.dumps(result, indent=2))
@@ -156,9 +161,17 @@ def main() -> None:
               f"| {r['achieved_gflop_s']:.1f} | {r['mfu']:.1%} | {r['peak_rss_mb']:.0f} |", flush=True)
 
 
-def steps_per_forward_ab(args, common: list[str]) -> None:
-    """The same configuration with one forward per trained window step and with all of a
-    micro-batch's steps in one forward, alternating (A B A B ...), medians over the pairs."""
+# --ab NAME: (row label, extra arguments) for the option off, then on
+AB = {
+    "steps_per_forward": (("window steps per forward", "1", ["--steps-per-forward", "1"]),
+                          ("window steps per forward", "all", ["--steps-per-forward", "0"])),
+    "compile": (("denoiser", "eager", []), ("denoiser", "torch.compile", ["--compile"])),
+}
+
+
+def ab_pairs(args, common: list[str]) -> None:
+    """The same configuration with an option off and on (`AB`), alternating (A B A B ...),
+    medians over the pairs."""
     import statistics
 
     prompts = args.prompts or 2
@@ -166,24 +179,26 @@ def steps_per_forward_ab(args, common: list[str]) -> None:
             "--window", str(args.window), "--kl", str(args.kl), *common]
     print(f"# {prompts} prompts x {args.n}, {args.steps} steps, window {args.window or args.steps - 1}, KL {args.kl}, "
           + " ".join(common) + f"; {args.pairs} alternating pairs, medians")
-    rows = {1: [], 0: []}
+    (column, off, off_args), (_, on, on_args) = AB[args.ab]
+    if args.ab != "steps_per_forward":
+        base += ["--steps-per-forward", str(args.steps_per_forward)]
+    rows = {off: [], on: []}
     for _ in range(args.pairs):
-        for per_forward in (1, 0):
-            out = subprocess.run(base + ["--steps-per-forward", str(per_forward)], capture_output=True, text=True,
-                                 check=True).stdout.strip().splitlines()[-1]
-            rows[per_forward].append(json.loads(out))
-    header = ("| window steps per forward | iteration img/s | s/iter | update s | reference s | fwd+bwd calls/iter "
+        for label, extra in ((off, off_args), (on, on_args)):
+            out = subprocess.run(base + extra, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+            rows[label].append(json.loads(out))
+    header = (f"| {column} | iteration img/s | s/iter | gen s | update s | reference s | fwd+bwd calls/iter "
               "| GFLOP/s | MFU | peak RSS MB |")
     print(header)
     print("|---" * (header.count("|") - 1) + "|")
-    for per_forward, runs in rows.items():
+    for label, runs in rows.items():
         med = lambda f: statistics.median(f(r) for r in runs)  # noqa: E731
-        print(f"| {per_forward or 'all'} | {med(lambda r: r['iter_img_s']):.2f} | {med(lambda r: r['s_per_iter']):.2f} "
-              f"| {med(lambda r: r['phases_s']['update_actor']):.2f} | {med(lambda r: r['phases_s'].get('ref', 0.0)):.2f} "
+        print(f"| {label} | {med(lambda r: r['iter_img_s']):.2f} | {med(lambda r: r['s_per_iter']):.2f} "
+              f"| {med(lambda r: r['phases_s']['gen']):.2f} | {med(lambda r: r['phases_s']['update_actor']):.2f} | {med(lambda r: r['phases_s'].get('ref', 0.0)):.2f} "
               f"| {med(lambda r: r['fwd_grad_per_iter']):.0f} | {med(lambda r: r['achieved_gflop_s']):.1f} "
               f"| {med(lambda r: r['mfu']):.1%} | {med(lambda r: r['peak_rss_mb']):.0f} |", flush=True)
-    speedup = statistics.median(b["iter_img_s"] / a["iter_img_s"] for a, b in zip(rows[1], rows[0]))
-    print(f"median speed-up of all-steps-per-forward: {speedup:.2f}x")
+    speedup = statistics.median(b["iter_img_s"] / a["iter_img_s"] for a, b in zip(rows[off], rows[on]))
+    print(f"median speed-up of {on} over {off}: {speedup:.2f}x")
 
 
 def per_family(common: list[str]) -> None:

@@ -148,6 +148,11 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("negative window steps per forward", [*SHAPES, "actor.window_steps_per_forward=-2"],
      "actor.window_steps_per_forward"),
     ("unknown reward error policy", [*SHAPES, "reward.on_error=ignore"], "reward.on_error"),
+    ("compiled denoiser with FSDP2", [*SHAPES, "model.compile=true", "trainer.backend=ray", "trainer.n_workers=2",
+                                      "trainer.strategy=fsdp2"], "model.compile"),
+    ("exact-scene weight above what strict leaves",
+     [*SHAPES, "reward.functions=[{name: shapes_geneval, options: {strict_weight: 0.5, exact_weight: 0.8}}]"],
+     "exact_weight"),
     ("zero reward failures allowed in a row", [*SHAPES, "reward.on_error=skip", "reward.max_consecutive_errors=0"],
      "reward.max_consecutive_errors"),
     # plugins (the user's own rewards and losses)
@@ -176,6 +181,7 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("VLM: skipping steps whose reward fails", [*VLM, "reward.on_error=skip"], "reward.on_error"),
     ("VLM: rewards in their own pool", [*VLM, "reward.placement=pool"], "reward.placement"),
     ("VLM: gold image rewards", [*VLM, "val_kwargs.rewards=[{name: answer_match}]"], "val_kwargs.rewards"),
+    ("VLM: a compiled denoiser", [*VLM, "model.compile=true"], "model.compile"),
     ("VLM: model folder without a processor", [*VLM, "model.path={tmp}"], "model.path"),
 ]
 

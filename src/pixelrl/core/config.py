@@ -22,6 +22,9 @@ class ModelConfig:
     lora_target_modules: list[str] | None = None  # None = the adapter's defaults
     lora_init: str = "gaussian"  # gaussian | default (peft's kaiming A, zero B) | pissa | olora | orthogonal
     gradient_checkpointing: bool = False
+    # torch.compile the denoiser's forward (sampling, reference and training): compiled once per
+    # input shape and adapter state on the first steps, then reused
+    compile: bool = False
 
 
 @dataclass

@@ -30,6 +30,9 @@ def validate_vlm(cfg: PixelRLConfig) -> None:
     _choice("trainer.strategy", t.strategy, ("ddp", "fsdp2"))
     _positive("trainer.n_workers", t.n_workers)
     _positive("trainer.num_cpus_per_worker", t.num_cpus_per_worker)
+    if cfg.model.compile:
+        raise ConfigError("model.compile", True, "compiles a diffusion denoiser; the vision-language trainer "
+                          "runs its policy eagerly: remove it")
     if cfg.val_kwargs.rewards:
         raise ConfigError("val_kwargs.rewards", list(cfg.val_kwargs.rewards), "gold rewards judge validation images; "
                           "the vision-language trainer validates by held-out answer accuracy: remove it")

@@ -70,6 +70,11 @@ class PolicyEngine:
             raise ConfigError("model.lora_target_modules", mcfg.lora_target_modules, "no parameter is trainable")
         if parallelize is not None:  # data parallelism (DDP / FSDP2) wraps the model before the optimizer exists
             parallelize(model)
+        if mcfg.compile:
+            # the forward only, not the module call: hooks (the FLOP meter, FSDP2's) stay eager,
+            # and parameter names (checkpoints, LoRA export) stay those of the plain module
+            for denoiser in filter(None, [model.transformer, self._frozen_reference]):
+                denoiser.forward = torch.compile(denoiser.forward)
         # The optimizer side (AdamW, warm-up, clipping, non-finite policy, DDP grad-sync hook).
         self.learner = Learner.from_actor_config(model.trainable_parameters, cfg.actor) if trains else None
         # Counts optimizer steps; a batch remembers the version that sampled it, so the engine
