@@ -356,6 +356,22 @@ def cmd_build_tiny(args) -> int:
     return 0
 
 
+def cmd_convert_imagereward(args) -> int:
+    from pixelrl.core.errors import ConfigError
+    from pixelrl.rewards.image_reward import convert_checkpoint
+
+    if not Path(args.checkpoint).is_file():
+        raise ConfigError("<checkpoint>", args.checkpoint, "the released ImageReward.pt file (a local copy)")
+    if Path(args.out).exists() and (not Path(args.out).is_dir() or any(Path(args.out).iterdir())):
+        raise ConfigError("<out>", args.out, "an empty or new folder (nothing is overwritten)")
+    if not (Path(args.blip) / "config.json").is_file():
+        raise ConfigError("--blip", args.blip, "a local transformers BLIP image-text-matching folder of ViT-L size "
+                          "(config.json, tokenizer and preprocessor files), e.g. a copy of blip-itm-large-coco")
+    out = convert_checkpoint(args.checkpoint, args.blip, args.out)
+    print(f"wrote {out}: use it as reward.functions=[{{name: image_reward, options: {{path: {out}}}}}]")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pixelrl", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -441,6 +457,11 @@ def main(argv: list[str] | None = None) -> int:
     jpeg.add_argument("--seed", type=non_negative_int, default=0)
     jpeg.add_argument("--run-dir", default="runs/demo")
     jpeg.set_defaults(func=cmd_demo_jpeg)
+    convert = sub.add_parser("convert-imagereward", help="ImageReward.pt + a local BLIP folder -> an image_reward folder")
+    convert.add_argument("checkpoint", help="ImageReward.pt (read as tensors only)")
+    convert.add_argument("out")
+    convert.add_argument("--blip", required=True, help="a local BLIP image-text-matching folder (config, tokenizer)")
+    convert.set_defaults(func=cmd_convert_imagereward)
     pre_vlm = sub.add_parser("pretrain-vlm", help="pretrain the shapes-QA vision-language model (supervised)")
     pre_vlm.add_argument("out")
     pre_vlm.add_argument("--steps", type=positive_int, default=125)

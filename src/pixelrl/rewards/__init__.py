@@ -1,6 +1,8 @@
 """Reward functions: `fn(images_uint8 [B,H,W,3], prompts, metadata) -> dict[str, Tensor[B]]`."""
 
-from pixelrl.rewards import answers, clip, delayed, groupwise, jpeg, ocr, remote, shapes, vlm_judge  # noqa: F401  (registers the built-in rewards)
+# importing the modules registers the built-in rewards
+from pixelrl.rewards import (answers, clip, delayed, groupwise, image_reward, jpeg, ocr, remote,  # noqa: F401
+                             shapes, vlm_judge)
 from pixelrl.rewards.multi import RewardSpec, WeightedReward
 from pixelrl.rewards.registry import REWARDS, check_reward_output, get_reward, register_reward
 
