@@ -173,7 +173,7 @@ def test_bad_checkpoints_and_folders_are_named(released, folder, tmp_path):
         convert_checkpoint(pickled, blip, tmp_path / "out1")
     partial = tmp_path / "partial.pt"
     torch.save({k: v for k, v in state.items() if "layer.1.output" not in k}, partial)
-    with pytest.raises(ModelFolderError, match="lacks .* tensors of the BLIP model"):
+    with pytest.raises(ModelFolderError, match="lacks 4 tensors of the model"):
         convert_checkpoint(partial, blip, tmp_path / "out2")
     foreign = tmp_path / "foreign.pt"
     torch.save({**state, "unet.conv_in.weight": torch.zeros(1)}, foreign)
@@ -188,7 +188,7 @@ def test_the_command_line_converts_and_the_folder_trains_as_a_reward(released, t
 
     checkpoint, blip, _ = released
     out = tmp_path / "ir"
-    assert main(["convert-imagereward", str(checkpoint), str(out), "--blip", str(blip)]) == 0
+    assert main(["convert-reward", "image_reward", str(checkpoint), str(out), "--base", str(blip)]) == 0
     cfg = load_config("shapes_flow_grpo", [f"reward.functions=[{{name: image_reward, options: {{path: {out}}}}}]"])
     assert cfg.reward.functions[0]["options"]["path"] == str(out)
-    assert main(["convert-imagereward", str(checkpoint), str(out), "--blip", str(blip)]) == 2  # never overwrites
+    assert main(["convert-reward", "image_reward", str(checkpoint), str(out), "--base", str(blip)]) == 2  # no overwrite

@@ -356,19 +356,31 @@ def cmd_build_tiny(args) -> int:
     return 0
 
 
-def cmd_convert_imagereward(args) -> int:
-    from pixelrl.core.errors import ConfigError
-    from pixelrl.rewards.image_reward import convert_checkpoint
+# convert-reward: the reward, its converter's module, the released file, and the base folder it needs
+CONVERTIBLE_REWARDS = {
+    "image_reward": ("pixelrl.rewards.image_reward", "ImageReward.pt",
+                     "a local transformers BLIP image-text-matching folder of ViT-L size (config.json, tokenizer "
+                     "and preprocessor files), e.g. a copy of blip-itm-large-coco"),
+    "hpsv2": ("pixelrl.rewards.hps", "HPS_v2.1_compressed.pt (or HPS_v2_compressed.pt)",
+              "a local transformers copy of CLIP-ViT-H-14-laion2B-s32B-b79K (config.json, tokenizer and "
+              "preprocessor files)"),
+}
 
+
+def cmd_convert_reward(args) -> int:
+    import importlib
+
+    from pixelrl.core.errors import ConfigError
+
+    module, released, base = CONVERTIBLE_REWARDS[args.reward]
     if not Path(args.checkpoint).is_file():
-        raise ConfigError("<checkpoint>", args.checkpoint, "the released ImageReward.pt file (a local copy)")
+        raise ConfigError("<checkpoint>", args.checkpoint, f"the released {released} file (a local copy)")
     if Path(args.out).exists() and (not Path(args.out).is_dir() or any(Path(args.out).iterdir())):
         raise ConfigError("<out>", args.out, "an empty or new folder (nothing is overwritten)")
-    if not (Path(args.blip) / "config.json").is_file():
-        raise ConfigError("--blip", args.blip, "a local transformers BLIP image-text-matching folder of ViT-L size "
-                          "(config.json, tokenizer and preprocessor files), e.g. a copy of blip-itm-large-coco")
-    out = convert_checkpoint(args.checkpoint, args.blip, args.out)
-    print(f"wrote {out}: use it as reward.functions=[{{name: image_reward, options: {{path: {out}}}}}]")
+    if not (Path(args.base) / "config.json").is_file():
+        raise ConfigError("--base", args.base, base)
+    out = importlib.import_module(module).convert_checkpoint(args.checkpoint, args.base, args.out)
+    print(f"wrote {out}: use it as reward.functions=[{{name: {args.reward}, options: {{path: {out}}}}}]")
     return 0
 
 
@@ -457,11 +469,14 @@ def main(argv: list[str] | None = None) -> int:
     jpeg.add_argument("--seed", type=non_negative_int, default=0)
     jpeg.add_argument("--run-dir", default="runs/demo")
     jpeg.set_defaults(func=cmd_demo_jpeg)
-    convert = sub.add_parser("convert-imagereward", help="ImageReward.pt + a local BLIP folder -> an image_reward folder")
-    convert.add_argument("checkpoint", help="ImageReward.pt (read as tensors only)")
+    convert = sub.add_parser("convert-reward", help="a released reward checkpoint + its local base folder -> a "
+                             "reward folder (image_reward, hpsv2)")
+    convert.add_argument("reward", choices=sorted(CONVERTIBLE_REWARDS))
+    convert.add_argument("checkpoint", help="the released .pt file (read as tensors only)")
     convert.add_argument("out")
-    convert.add_argument("--blip", required=True, help="a local BLIP image-text-matching folder (config, tokenizer)")
-    convert.set_defaults(func=cmd_convert_imagereward)
+    convert.add_argument("--base", required=True, help="the local transformers folder of the base model "
+                         "(config, tokenizer, processor)")
+    convert.set_defaults(func=cmd_convert_reward)
     pre_vlm = sub.add_parser("pretrain-vlm", help="pretrain the shapes-QA vision-language model (supervised)")
     pre_vlm.add_argument("out")
     pre_vlm.add_argument("--steps", type=positive_int, default=125)

@@ -1,8 +1,8 @@
 """Reward functions: `fn(images_uint8 [B,H,W,3], prompts, metadata) -> dict[str, Tensor[B]]`."""
 
 # importing the modules registers the built-in rewards
-from pixelrl.rewards import (answers, clip, delayed, groupwise, image_reward, jpeg, ocr, remote,  # noqa: F401
-                             shapes, vlm_judge)
+from pixelrl.rewards import (answers, clip, delayed, groupwise, hps, image_reward, jpeg, ocr,  # noqa: F401
+                             remote, shapes, vlm_judge)
 from pixelrl.rewards.multi import RewardSpec, WeightedReward
 from pixelrl.rewards.registry import REWARDS, check_reward_output, get_reward, register_reward
 

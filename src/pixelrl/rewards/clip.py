@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from pixelrl.rewards.registry import (check_model_folder_option, check_number_option, register_reward,
-                                      scoring_device)
+from pixelrl.rewards.registry import (check_model_folder_option, check_number_option, loaded_on_first_call,
+                                      register_reward, scoring_device)
 
 AESTHETIC_HIDDEN = (1024, 128, 64, 16)
 
@@ -69,15 +69,8 @@ class ClipBackbone:
 
 
 def _similarity_reward(name: str, path: str, divisor: float, batch_size: int, processor_path: str | None):
-    backbone = None
-
-    def reward(images, prompts, metadata):
-        nonlocal backbone
-        if backbone is None:  # loaded where it scores (a reward worker), once
-            backbone = ClipBackbone(path, batch_size, processor_path)
-        return {name: backbone.similarity(images, prompts) / divisor}
-
-    return reward
+    return loaded_on_first_call(lambda: ClipBackbone(path, batch_size, processor_path),
+                                lambda clip, images, prompts: {name: clip.similarity(images, prompts) / divisor})
 
 
 def _check_similarity_options(options: dict, field: str) -> None:

@@ -8,7 +8,7 @@ feature through a 768-1024-128-64-16-1 MLP (the aesthetic predictor's shape, no 
 the result is standardised with the constants ImageReward ships. Flow-GRPO and DanceGRPO use it
 as a human-preference reward.
 
-The folder (written by `pixelrl convert-imagereward` from the released `ImageReward.pt` and a
+The folder (written by `pixelrl convert-reward image_reward` from the released `ImageReward.pt` and a
 local BLIP image-text-matching folder) holds a transformers `BlipForImageTextRetrieval`
 (config.json + model.safetensors, tokenizer and preprocessor files) and `head.safetensors`.
 """
@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from pixelrl.rewards.clip import aesthetic_head
-from pixelrl.rewards.registry import check_model_folder_option, register_reward, scoring_device
+from pixelrl.rewards.registry import check_model_folder_option, loaded_on_first_call, register_reward, scoring_device
 
 # ImageReward's standardisation of the MLP's output (from its release)
 MEAN, STD = 0.16717362830052426, 1.0333394966054072
@@ -85,15 +85,8 @@ def check_image_reward_options(options: dict, field: str) -> None:
 def image_reward(path: str = "", batch_size: int = 32):
     """ImageReward's standardised human-preference score of each (prompt, image) pair (about -2..2)."""
     check_image_reward_options({"path": path, "batch_size": batch_size}, "reward.functions[].options")
-    model = None
-
-    def reward(images, prompts, metadata):
-        nonlocal model
-        if model is None:  # loaded where it scores (a reward worker), once
-            model = ImageRewardModel(path, batch_size)
-        return {"image_reward": model(images, prompts)}
-
-    return reward
+    return loaded_on_first_call(lambda: ImageRewardModel(path, batch_size),
+                                lambda model, images, prompts: {"image_reward": model(images, prompts)})
 
 
 image_reward.check_options = check_image_reward_options
@@ -144,50 +137,27 @@ def convert_state_dict(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.
 
 def convert_checkpoint(checkpoint: str | Path, blip_folder: str | Path, out: str | Path) -> Path:
     """Write an `image_reward` folder from ImageReward's released `ImageReward.pt` (a state dict,
-    read with `weights_only=True`: no code in it runs) and a local transformers BLIP
-    image-text-matching folder of the same size (ViT-L, e.g. a copy of blip-itm-large-coco) that
-    gives the config, tokenizer and processor; the image size is the checkpoint's own (224)."""
+    read as tensors only) and a local transformers BLIP image-text-matching folder of the same
+    size (ViT-L, e.g. a copy of blip-itm-large-coco) that gives the config, tokenizer and
+    processor; the image size is the checkpoint's own (224)."""
     from safetensors.torch import save_file
     from transformers import BlipConfig, BlipForImageTextRetrieval, BlipProcessor
 
     from pixelrl.core.errors import ModelFolderError
+    from pixelrl.rewards.conversion import load_weights, read_state_dict, rename
 
-    try:
-        state = torch.load(str(checkpoint), map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - pickled objects other than tensors are refused, as is a damaged file
-        raise ModelFolderError(f"checkpoint `{checkpoint}`: not readable as tensors only ({str(exc)[:200]})") from None
-    state = state.get("state_dict", state) if isinstance(state, dict) else state
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ModelFolderError(f"checkpoint `{checkpoint}`: not a state dict of tensors (ImageReward.pt is one)")
-    try:
-        weights, head = convert_state_dict(state)
-    except ValueError as exc:
-        raise ModelFolderError(f"checkpoint `{checkpoint}`: {exc}") from None
-    blip_folder, out = Path(blip_folder), Path(out)
-    config_dict = json.loads((blip_folder / "config.json").read_text())
+    weights, head = rename(checkpoint, convert_state_dict, read_state_dict(checkpoint, "ImageReward.pt"))
     for name in ("pos_embed", "patch_embed.proj.weight"):
         if "vision_model." + _vision_name(name) not in weights:
             raise ModelFolderError(f"checkpoint `{checkpoint}` lacks blip.visual_encoder.{name}")
+    blip_folder, out = Path(blip_folder), Path(out)
+    config_dict = json.loads((blip_folder / "config.json").read_text())
     # the image size the ViT was trained at (224 for ImageReward), read off its position table
     patch = weights["vision_model.embeddings.patch_embedding.weight"].shape[-1]
     image_size = round((weights["vision_model.embeddings.position_embedding"].shape[1] - 1) ** 0.5) * patch
     config_dict.setdefault("vision_config", {})["image_size"] = image_size
-    config = BlipConfig.from_dict(config_dict)
-    model = BlipForImageTextRetrieval(config)
-    expected = {k for k in model.state_dict() if k.startswith(("vision_model.", "text_encoder."))
-                and not k.endswith("position_ids")}
-    missing = sorted(expected - weights.keys())
-    if missing:
-        raise ModelFolderError(f"checkpoint `{checkpoint}` lacks {len(missing)} tensors of the BLIP model, e.g. "
-                               f"{missing[:3]}")
-    try:
-        result = model.load_state_dict(weights, strict=False)
-    except RuntimeError as exc:  # a tensor of another shape: a BLIP folder of another size
-        raise ModelFolderError(f"BLIP folder `{blip_folder}`: its config does not fit the checkpoint "
-                               f"({str(exc)[:300]}); use a BLIP ITM folder of ViT-L size") from None
-    if result.unexpected_keys:
-        raise ModelFolderError(f"BLIP folder `{blip_folder}`: its config does not fit the checkpoint "
-                               f"(unexpected {result.unexpected_keys[:3]})")
+    model = BlipForImageTextRetrieval(BlipConfig.from_dict(config_dict))
+    load_weights(model, weights, checkpoint, blip_folder, lambda k: k.startswith(("vision_model.", "text_encoder.")))
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     processor = BlipProcessor.from_pretrained(blip_folder)

@@ -78,6 +78,20 @@ def check_model_folder_option(options: dict, field: str, needs: tuple[str, ...] 
     check_number_option(options, field, "batch_size", 1, lambda v: v >= 1, "an integer >= 1", integer=True)
 
 
+def loaded_on_first_call(load: Callable[[], object], score: Callable) -> RewardFn:
+    """A reward around a model that is loaded where it scores (a reward worker), once, on the
+    first call: `score(model, images, prompts)` gives the reward's outputs."""
+    model = None
+
+    def reward(images, prompts, metadata):
+        nonlocal model
+        if model is None:
+            model = load()
+        return score(model, images, prompts)
+
+    return reward
+
+
 def scoring_device() -> torch.device:
     """Where a model-based reward runs: the reward worker's GPU when it has one."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
