@@ -2,7 +2,7 @@
 `WeightedReward` the trainer calls, after one warm-up call (model loads happen there).
 
 Inputs: shapes-world scenes at 32 px with their prompts (the OCR reward gets 160 px cards with a
-quoted word instead). Model-based rewards (CLIP score, PickScore, aesthetic, the VLM judges) run
+quoted word instead). Model-based rewards (CLIP score, PickScore, aesthetic, HPSv2, ImageReward, the VLM judges) run
 on tiny random models written offline here, so their rows measure pixelrl's overhead around the
 model (preprocessing, batching, checks), not the cost of a real ViT-L/14 or a 7B judge: a real
 model's forward adds its own FLOPs on top. `remote` goes through `pixelrl serve-reward` on
@@ -10,6 +10,7 @@ model's forward adds its own FLOPs on top. `remote` goes through `pixelrl serve-
 
     python benchmarks/bench_rewards.py                  # batch 64, median of 5 calls
     python benchmarks/bench_rewards.py --batch 16 --repeats 3
+    python benchmarks/bench_rewards.py --only hpsv2 image_reward   # some rows
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def _models(root: Path) -> dict[str, str]:
 
     from pixelrl.data import shapes_qa
     from pixelrl.models.qwen_vl.tiny import build_tiny_qwen_vl
-    from pixelrl.models.tiny import build_tiny_clip
+    from pixelrl.models.tiny import build_tiny_blip_itm, build_tiny_clip
     from pixelrl.rewards.clip import aesthetic_head
 
     clip = build_tiny_clip(root / "clip")
@@ -62,7 +63,11 @@ def _models(root: Path) -> dict[str, str]:
     head.layers = aesthetic_head(16)
     save_file({k: v.contiguous() for k, v in head.state_dict().items()}, str(root / "aesthetic" / "head.safetensors"))
     vlm = build_tiny_qwen_vl(root / "vlm", words=shapes_qa.vocabulary() + ["yes", "no", "correct"], seed=0)
-    return {"clip": str(clip), "aesthetic": str(root / "aesthetic"), "vlm": str(vlm)}
+    image_reward = build_tiny_blip_itm(root / "image_reward")  # a BLIP folder + ImageReward's head
+    head = torch.nn.Module()
+    head.layers = aesthetic_head(32)
+    save_file({k: v.contiguous() for k, v in head.state_dict().items()}, str(image_reward / "head.safetensors"))
+    return {"clip": str(clip), "aesthetic": str(root / "aesthetic"), "vlm": str(vlm), "image_reward": str(image_reward)}
 
 
 def _serve(reward: str):
@@ -78,6 +83,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--only", nargs="+", help="reward names to run (default: every row)")
     args = parser.parse_args()
 
     import torch
@@ -103,6 +109,10 @@ def main() -> None:
              metadata, "32 px scenes"),
             ("aesthetic (tiny CLIP + head)", {"name": "aesthetic", "options": {"path": paths["aesthetic"]}}, scenes,
              prompts, metadata, "32 px scenes"),
+            ("hpsv2 (tiny CLIP)", {"name": "hpsv2", "options": {"path": paths["clip"]}}, scenes, prompts, metadata,
+             "32 px scenes"),
+            ("image_reward (tiny BLIP + head)", {"name": "image_reward", "options": {"path": paths["image_reward"]}},
+             scenes, prompts, metadata, "32 px scenes"),
             ("vlm_judge (tiny Qwen2-VL)", {"name": "vlm_judge", "options": {"path": paths["vlm"]}}, scenes, prompts,
              metadata, "32 px scenes"),
             ("answer_judge (tiny Qwen2-VL)", {"name": "answer_judge", "options": {"path": paths["vlm"]}}, answers,
@@ -116,6 +126,7 @@ def main() -> None:
               "tiny random models for the model-based rewards (overhead, not a real model's cost)")
         print("| reward | input | images/s | ms per call |")
         print("|---|---|---|---|")
+        rows = [row for row in rows if not args.only or row[1]["name"] in args.only]
         for name, spec, images, texts, meta, what in rows:
             reward = WeightedReward.from_functions([spec])
             reward(images, texts, meta)  # warm-up: model loads, caches
