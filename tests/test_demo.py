@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from pixelrl.demo import demo_report
 
 
@@ -65,3 +67,22 @@ def test_curve_axes_sum_step_times_and_images():
     assert x_axis(rows, "step") == {0: 0, 1: 1, 2: 2}
     assert x_axis(rows, "minutes") == {0: 0.0, 1: 0.5, 2: 2.0}
     assert x_axis(rows, "images") == {0: 0, 1: 60, 2: 420}
+
+
+def test_validation_curves_average_the_categories(tmp_path):
+    from pixelrl.demo import plot_validation_curves, validation_curves
+
+    rows = [{"step": 0, "val-aux/colors/shapes_strict/mean@4": 0.2, "val-aux/position/shapes_strict/mean@4": 0.4,
+             "val-aux/colors/shapes_exact/mean@4": 0.1, "val-aux/position/shapes_exact/mean@4": 0.3,
+             "val-core/colors/diversity@4": 0.10, "val-core/position/diversity@4": 0.20,
+             "val-core/colors/reward/mean@4": 9.0, "val-aux/colors/shapes_extra_objects/mean@4": 9.0},
+            {"step": 1, "timing_s/step": 60.0, "perf/throughput": 1.0},
+            {"step": 2, "timing_s/step": 60.0, "perf/throughput": 1.0, "val-aux/colors/shapes_strict/mean@4": 0.5}]
+    curves = validation_curves(rows)
+    assert curves["shapes_strict"] == [(0, pytest.approx(0.3)), (2, 0.5)]
+    assert curves["shapes_exact"] == [(0, pytest.approx(0.2))]
+    assert curves["diversity"] == [(0, pytest.approx(0.15))]
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("\n".join(json.dumps(r) for r in rows))
+    assert plot_validation_curves(metrics, tmp_path / "curve.png") and (tmp_path / "curve.png").stat().st_size > 0
+    assert not plot_validation_curves(tmp_path / "missing.jsonl", tmp_path / "none.png")

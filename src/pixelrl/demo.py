@@ -44,6 +44,56 @@ def _plot_rewards(history: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+VALIDATION_CURVES = (("shapes_strict", "val-aux", "strict (GenEval-style)"), ("shapes_exact", "val-aux", "exact scene"),
+                     ("diversity", "val-core", "diversity (pairwise L1)"))
+
+
+def validation_curves(rows: list[dict]) -> dict[str, list[tuple[int, float]]]:
+    """Per validation row, the mean over categories (GenEval's overall) of the strict score, the
+    exact-scene score and the diversity: {name: [(step, value), ...]}."""
+    curves: dict[str, list[tuple[int, float]]] = {name: [] for name, _, _ in VALIDATION_CURVES}
+    for row in rows:
+        for name, prefix, _ in VALIDATION_CURVES:
+            values = [v for k, v in row.items() if k.startswith(prefix + "/")
+                      and (k.split("/")[2].startswith(name) if name == "diversity" else k.split("/")[2] == name)]
+            if values:
+                curves[name].append((row["step"], float(np.mean(values))))
+    return curves
+
+
+def plot_validation_curves(metrics_file: Path, path: Path) -> bool:
+    """Strict, exact-scene and diversity on the validation prompts against images generated and
+    minutes of training (one column each); False when the run logged no validation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pixelrl.trainers.tracking import x_axis
+
+    if not Path(metrics_file).is_file():  # trainer.logger without jsonl
+        return False
+    rows = [json.loads(line) for line in Path(metrics_file).read_text().splitlines() if line.strip()]
+    curves = validation_curves(rows)
+    if not any(curves.values()):
+        return False
+    axes_by = {"images": x_axis(rows, "images"), "minutes": x_axis(rows, "minutes")}
+    fig, axes = plt.subplots(len(VALIDATION_CURVES), 2, figsize=(9, 7), dpi=110, sharex="col", squeeze=False)
+    for r, (name, _, label) in enumerate(VALIDATION_CURVES):
+        for c, (x_name, axis) in enumerate(axes_by.items()):
+            ax = axes[r, c]
+            ax.plot([axis[step] for step, _ in curves[name]], [v for _, v in curves[name]], marker="o", ms=3)
+            ax.set_ylabel(label if c == 0 else "", fontsize=8)
+            ax.grid(alpha=0.3)
+            if r == len(VALIDATION_CURVES) - 1:
+                ax.set_xlabel("images generated" if x_name == "images" else "minutes of training")
+    fig.suptitle("validation prompts, mean over categories", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
 def _before_after_grid(before, after, items, path: Path, per_category: int = 4) -> None:
     from PIL import Image
 
@@ -135,6 +185,8 @@ def run_demo(overrides: list[str], per_category: int = 64, config_name: str = "s
         print(line)
     _before_after_grid(base["images"], trained["images"], items, run_dir / "before_after.png")
     _plot_rewards(result["history"], run_dir / "reward_curve.png")
+    if plot_validation_curves(run_dir / "metrics.jsonl", run_dir / "validation_curve.png"):
+        print(f"wrote {run_dir / 'validation_curve.png'}")
     keys = ("strict", "exact", "partial", "overall", "overall_exact", "overall_partial", "extra_objects")
     summary = {
         "before": {k: base[k] for k in keys}, "after": {k: trained[k] for k in keys},
