@@ -146,3 +146,22 @@ def vlm_config(path, tmp_path, *overrides):
         "actor.ppo_mini_batch_size=8", "actor.ppo_micro_batch_size=4", "vlm.val_items=12",
         "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[jsonl]",
         *overrides])
+
+
+def experience_with_reward_inputs(cfg, count: int = 4):
+    """One VLM experience step on `count` train questions, with what the reward was called on:
+    (engine, experience, metrics, {"texts", "questions", "meta"})."""
+    from pixelrl.engine.vlm_engine import VLMEngine
+    from pixelrl.trainers.vlm_ppo import task_items
+
+    engine = VLMEngine(cfg)
+    captured = {}
+    inner = engine.reward
+
+    def spy(texts, questions, meta):
+        captured.update(texts=texts, questions=questions, meta=meta)
+        return inner(texts, questions, meta)
+
+    engine.reward = spy
+    exp, metrics = engine.make_experience(task_items(cfg, "train", 0, count), 1)
+    return engine, exp, metrics, captured

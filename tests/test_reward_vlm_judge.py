@@ -84,24 +84,12 @@ def test_answer_judge_is_the_judges_yes_probability_for_question_and_answer(tiny
 def test_the_vlm_trainer_trains_on_the_answer_judge(tiny_vlm_path, tmp_path):
     """The judge (here the tiny VLM itself) scores the sampled answers inside the trainer: the
     logged reward is the judge's score of exactly those answers."""
-    from conftest import vlm_config
-    from pixelrl.engine.vlm_engine import VLMEngine
-    from pixelrl.trainers.vlm_ppo import task_items
+    from conftest import experience_with_reward_inputs, vlm_config
 
     cfg = vlm_config(tiny_vlm_path, tmp_path, f"reward.functions=[{{name: answer_judge, options: {{path: "
                                               f"'{tiny_vlm_path}', template: '{ANSWER_TEMPLATE}'}}}}]")
-    engine = VLMEngine(cfg)
-    items = task_items(cfg, "train", 0, 4)
     judge = get_reward("answer_judge", path=str(tiny_vlm_path), template=ANSWER_TEMPLATE)
-    captured = {}
-    inner = engine.reward
-
-    def spy(texts, questions, meta):
-        captured.update(texts=texts, questions=questions, meta=meta)
-        return inner(texts, questions, meta)
-
-    engine.reward = spy
-    exp, metrics = engine.make_experience(items, 1)
+    engine, exp, metrics, captured = experience_with_reward_inputs(cfg)
     expected = judge(captured["texts"], captured["questions"], captured["meta"])["answer_judge"]
     assert metrics["reward/answer_judge"] == pytest.approx(float(expected.mean()), rel=1e-5)
     assert 0 < metrics["reward/answer_judge"] < 1

@@ -2,7 +2,7 @@
 
 # importing the modules registers the built-in rewards
 from pixelrl.rewards import (answers, clip, delayed, groupwise, hps, image_reward, jpeg, ocr,  # noqa: F401
-                             remote, shapes, vlm_judge)
+                             remote, shapes, vlm_judge, vlm_reward_model)
 from pixelrl.rewards.multi import RewardSpec, WeightedReward
 from pixelrl.rewards.registry import REWARDS, check_reward_output, get_reward, register_reward
 
