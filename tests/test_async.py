@@ -78,8 +78,16 @@ def test_kill_9_mid_step_then_resume_finishes_with_the_weights_of_an_uninterrupt
                "trainer.num_cpus_per_worker=1", *args]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     root = killed_dir / "pixelrl" / "flow_grpo_tiny" / "checkpoints"
+    pointer = root / "latest_checkpointed_iteration.txt"
+
+    def saved() -> int:  # the step of the latest complete checkpoint (the pointer is written last)
+        try:
+            return int(pointer.read_text())
+        except (FileNotFoundError, ValueError):
+            return 0
+
     deadline = time.time() + 120
-    while not (root / "global_step_3").is_dir() and process.poll() is None and time.time() < deadline:
+    while saved() < 3 and process.poll() is None and time.time() < deadline:
         time.sleep(0.02)
     time.sleep(0.15)  # into step 4 (a step takes about half a second here)
     os.kill(process.pid, signal.SIGKILL)

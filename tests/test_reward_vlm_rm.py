@@ -56,6 +56,9 @@ def test_a_bias_only_head_scores_its_bias_normalised_by_hand(tiny_vlm_path, tmp_
     normalised = _with_head(tiny_vlm_path, tmp_path / "norm", zero, 1.5, inside=True, prefix="score",
                             config={"normalize_reward": True, "mean": 1.0, "std": 0.25})
     torch.testing.assert_close(_score(normalised, ["two", "red", "yes"]), torch.full((3,), 2.0))
+    # a head under another prefix (OpenRLHF's --value_head_prefix) is found when named
+    other = _with_head(tiny_vlm_path, tmp_path / "other", zero, -0.5, inside=True, prefix="regression_head")
+    torch.testing.assert_close(_score(other, ["two"], head_prefix="regression_head"), torch.full((1,), -0.5))
 
 
 def test_the_score_is_read_at_the_answers_end_whatever_the_padding(tiny_vlm_path, tmp_path):

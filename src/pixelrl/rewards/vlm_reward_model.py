@@ -9,7 +9,8 @@ in config.json), loaded from a local Qwen2-VL folder, frozen, under no_grad. `an
 generative alternative (no head; the judge's P(yes)).
 
 The head's tensors are found in the folder's safetensors under `value_head.` or `score.` (a reward
-model saved whole), or in `value_head.safetensors` beside the backbone.
+model saved whole; another prefix with the option `head_prefix`), or in `value_head.safetensors`
+beside the backbone.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ import torch
 from pixelrl.core.errors import ModelFolderError, RewardError
 from pixelrl.rewards.registry import check_model_folder_option, register_reward, scoring_device
 
-HEAD_PREFIXES = ("value_head.", "score.")
+HEAD_PREFIXES = ("value_head", "score")  # OpenRLHF's and LightRFT's defaults for critics and reward models
 
 
-def read_value_head(path: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
+def read_value_head(path: str | Path, prefixes: tuple[str, ...] = HEAD_PREFIXES) -> tuple[torch.Tensor, torch.Tensor]:
     """(weight [1, H], bias [1]) of the folder's value head, from whichever safetensors holds it."""
     from safetensors import safe_open
 
@@ -34,14 +35,15 @@ def read_value_head(path: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
     for file in sorted(Path(path).glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as handle:
             for key in handle.keys():
-                if key.startswith(HEAD_PREFIXES):
+                if key.split(".", 1)[0] in prefixes:
                     found[key] = handle.get_tensor(key)
-    prefixes = {key.split(".", 1)[0] for key in found}
-    if len(prefixes) != 1 or not {"weight"} <= {key.split(".", 1)[1] for key in found}:
+    heads = {key.split(".", 1)[0] for key in found}
+    if len(heads) != 1 or not {"weight"} <= {key.split(".", 1)[1] for key in found}:
         raise ModelFolderError(f"model folder `{path}`: no single value head in its safetensors (tensors "
-                               f"{sorted(found) or 'none'} under {list(HEAD_PREFIXES)}); save the head as "
-                               "value_head.weight / value_head.bias, e.g. in value_head.safetensors")
-    prefix = prefixes.pop()
+                               f"{sorted(found) or 'none'} under {list(prefixes)}); save the head as "
+                               "value_head.weight / value_head.bias, e.g. in value_head.safetensors, or name "
+                               "its prefix with the option head_prefix")
+    prefix = heads.pop()
     weight = found[f"{prefix}.weight"].reshape(1, -1).float()
     bias = found.get(f"{prefix}.bias", torch.zeros(1)).reshape(1).float()
     return weight, bias
@@ -50,8 +52,9 @@ def read_value_head(path: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
 class _RewardModel:
     """Backbone + value head, loaded on first use where it scores, once."""
 
-    def __init__(self, path: str, batch_size: int, mean: float | None, std: float | None):
+    def __init__(self, path: str, batch_size: int, mean: float | None, std: float | None, head_prefix: str | None):
         self.path, self.batch_size = path, batch_size
+        self.prefixes = (head_prefix,) if head_prefix else HEAD_PREFIXES
         config = json.loads((Path(path) / "config.json").read_text())
         normalise = bool(config.get("normalize_reward", False))  # OpenRLHF's flag and statistics
         self.mean = mean if mean is not None else (config.get("mean", 0.0) if normalise else 0.0)
@@ -65,7 +68,7 @@ class _RewardModel:
 
             self.policy = QwenVLModel(self.path, device=scoring_device())
             self.policy.model.requires_grad_(False)
-            self.head = tuple(t.to(self.policy.device) for t in read_value_head(self.path))
+            self.head = tuple(t.to(self.policy.device) for t in read_value_head(self.path, self.prefixes))
         weight, bias = self.head
         scores = []
         for start in range(0, len(images), self.batch_size):
@@ -90,11 +93,12 @@ def check_reward_model_options(options: dict, field: str) -> None:
 
 @register_reward("answer_reward_model")
 def answer_reward_model(path: str = "", batch_size: int = 16, image_key: str = "image",
-                        mean: float | None = None, std: float | None = None):
+                        mean: float | None = None, std: float | None = None, head_prefix: str | None = None):
     """(vision-language trainer) A sequence-regression reward model's score of each answer, given
-    the question's image; `mean` / `std` override the folder's normalisation."""
+    the question's image; `mean` / `std` override the folder's normalisation; `head_prefix` names
+    the head's tensors when they are neither `value_head.*` nor `score.*`."""
     check_reward_model_options({"path": path, "batch_size": batch_size, "std": std}, "reward.functions[].options")
-    model = _RewardModel(path, batch_size, mean, std)
+    model = _RewardModel(path, batch_size, mean, std, head_prefix)
 
     def reward(responses, questions, metadata):
         if any(image_key not in m for m in metadata):
