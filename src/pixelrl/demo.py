@@ -84,6 +84,7 @@ def plot_validation_curves(metrics_file: Path, path: Path) -> bool:
             ax = axes[r, c]
             ax.plot([axis[step] for step, _ in curves[name]], [v for _, v in curves[name]], marker="o", ms=3)
             ax.set_ylabel(label if c == 0 else "", fontsize=8)
+            ax.xaxis.set_major_locator(plt.MaxNLocator(5))
             ax.grid(alpha=0.3)
             if r == len(VALIDATION_CURVES) - 1:
                 ax.set_xlabel("images generated" if x_name == "images" else "minutes of training")
