@@ -93,6 +93,14 @@ class _Judge:
         return torch.cat(scores).cpu()
 
 
+def item_images(metadata: list[dict], image_key: str, reward: str) -> list[np.ndarray]:
+    """The picture each vision-language item carries, for rewards that judge answers about it."""
+    if any(image_key not in m for m in metadata):
+        raise RewardError(f"{reward}: an item has no `{image_key}` (option image_key); it scores answers of the "
+                          "vision-language trainer, whose items carry their image")
+    return [np.asarray(m[image_key], dtype=np.uint8) for m in metadata]
+
+
 @register_reward("vlm_judge")
 def vlm_judge(path: str = "", template: str = DEFAULT_TEMPLATE, yes: str = "yes", no: str = "no",
               two_way: bool = True, batch_size: int = 16):
@@ -121,10 +129,7 @@ def answer_judge(path: str = "", template: str = DEFAULT_ANSWER_TEMPLATE, yes: s
     judge = _Judge(path, yes, no, two_way, batch_size)
 
     def reward(responses, questions, metadata):
-        if any(image_key not in m for m in metadata):
-            raise RewardError(f"answer_judge: an item has no `{image_key}` (option image_key); it judges answers of "
-                              "the vision-language trainer, whose items carry their image")
-        images = [np.asarray(m[image_key], dtype=np.uint8) for m in metadata]
+        images = item_images(metadata, image_key, "answer_judge")
         asked = [fill(template, {"question": q, "answer": r.strip()}) for q, r in zip(questions, responses)]
         return {"answer_judge": judge.p_yes(images, asked)}
 

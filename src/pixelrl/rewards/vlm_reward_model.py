@@ -21,8 +21,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pixelrl.core.errors import ModelFolderError, RewardError
+from pixelrl.core.errors import ModelFolderError
 from pixelrl.rewards.registry import check_model_folder_option, register_reward, scoring_device
+from pixelrl.rewards.vlm_judge import item_images
 
 HEAD_PREFIXES = ("value_head", "score")  # OpenRLHF's and LightRFT's defaults for critics and reward models
 
@@ -101,10 +102,7 @@ def answer_reward_model(path: str = "", batch_size: int = 16, image_key: str = "
     model = _RewardModel(path, batch_size, mean, std, head_prefix)
 
     def reward(responses, questions, metadata):
-        if any(image_key not in m for m in metadata):
-            raise RewardError(f"answer_reward_model: an item has no `{image_key}` (option image_key); it scores "
-                              "answers of the vision-language trainer, whose items carry their image")
-        images = [np.asarray(m[image_key], dtype=np.uint8) for m in metadata]
+        images = item_images(metadata, image_key, "answer_reward_model")
         return {"answer_reward_model": model(images, questions, [r.strip() for r in responses])}
 
     return reward
