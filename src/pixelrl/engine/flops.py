@@ -11,6 +11,7 @@ With gradient checkpointing the recomputed forwards count again (they are real w
 
 from __future__ import annotations
 
+import functools
 import time
 
 import torch
@@ -39,6 +40,19 @@ class FlopMeter:
         for module in modules:
             module.register_forward_pre_hook(self._before, with_kwargs=True)
             module.register_forward_hook(self._after, with_kwargs=True)
+
+    def compile_forward(self, module: torch.nn.Module) -> None:
+        """`torch.compile` the forward of one of the metered modules. The counting forward (the
+        first of each shape) runs eager: dynamo does not trace under a dispatch mode such as the
+        FLOP counter and, having refused a code object once, never compiles it afterwards."""
+        eager = module.forward
+        compiled = torch.compile(eager)
+
+        @functools.wraps(eager)
+        def forward(*args, **kwargs):
+            return (eager if self._counter is not None else compiled)(*args, **kwargs)
+
+        module.forward = forward
 
     def _before(self, module, args, kwargs):
         self._depth += 1

@@ -70,11 +70,13 @@ class PolicyEngine:
             raise ConfigError("model.lora_target_modules", mcfg.lora_target_modules, "no parameter is trainable")
         if parallelize is not None:  # data parallelism (DDP / FSDP2) wraps the model before the optimizer exists
             parallelize(model)
+        # model FLOPs of every denoiser forward (sampling, reference, training): perf/mfu
+        self.flop_meter = FlopMeter(model.transformer, *filter(None, [self._frozen_reference]))
         if mcfg.compile:
             # the forward only, not the module call: hooks (the FLOP meter, FSDP2's) stay eager,
             # and parameter names (checkpoints, LoRA export) stay those of the plain module
             for denoiser in filter(None, [model.transformer, self._frozen_reference]):
-                denoiser.forward = torch.compile(denoiser.forward)
+                self.flop_meter.compile_forward(denoiser)
         # The optimizer side (AdamW, warm-up, clipping, non-finite policy, DDP grad-sync hook).
         self.learner = Learner.from_actor_config(model.trainable_parameters, cfg.actor) if trains else None
         # Counts optimizer steps; a batch remembers the version that sampled it, so the engine
@@ -83,8 +85,6 @@ class PolicyEngine:
         self.update_calls = 0
         # Ranks sharing each optimizer step; `actor.ppo_mini_batch_size` counts images over all.
         self.data_parallel_size = 1
-        # model FLOPs of every denoiser forward (sampling, reference, training): perf/mfu
-        self.flop_meter = FlopMeter(model.transformer, *filter(None, [self._frozen_reference]))
 
     @classmethod
     def from_config(cls, cfg: PixelRLConfig, trains: bool = True, parallelize=None) -> "PolicyEngine":
