@@ -2,9 +2,9 @@
 
     pixelrl train [--config-name NAME] [key=value ...]   train (Ray, or trainer.backend=local)
     pixelrl export CHECKPOINT OUT [--adapter-only]      a diffusers pipeline (or adapter) folder
-    pixelrl eval [--model PATH | --checkpoint DIR]      GenEval-style table on the shapes test set
+    pixelrl eval [--model PATH | --checkpoint DIR]      GenEval-style table on the shapes test set (--task text: OCR)
     pixelrl generate --prompt "..." [--model PATH]      an image grid (PNG)
-    pixelrl pretrain-shapes OUT [--steps N]             pretrain the shapes model from scratch
+    pixelrl pretrain-shapes OUT [--steps N] [--world text]  pretrain a shapes model from scratch
     pixelrl make-preferences OUT [--prompts FILE]       offline DPO pairs from a model's scored samples
     pixelrl demo [key=value ...]                        Flow-GRPO on the shipped shapes model, before/after
     pixelrl demo-jpeg                                   15-second Flow-GRPO run on a tiny random model
@@ -162,8 +162,10 @@ def cmd_eval(args) -> int:
 
     check_output_file(args.out, "--out", (".json",))
     torch.set_num_threads(max(1, os.cpu_count() or 1))
+    if args.task == "text":
+        return _eval_text(args)
     model = load_for_eval(args.model, args.checkpoint)
-    items = evaluation_items(args.split, per_category=args.per_category, seed=args.seed)
+    items = evaluation_items(args.split, per_category=args.per_category or 64, seed=args.seed)
     result = evaluate_geneval(model, items, num_steps=args.steps, guidance_scale=args.cfg)
     result["diversity"] = diversity(result.pop("images"), items)
     result.update(split=args.split, num_steps=args.steps, guidance_scale=args.cfg,
@@ -175,6 +177,39 @@ def cmd_eval(args) -> int:
     print(f"partial-credit overall {result['overall_partial']:.3f} [{low:.3f}, {high:.3f}]; unrequested objects "
           f"per image {result['extra_objects']:.2f}; diversity {result['diversity']}  ([a, b]: 95% bootstrap "
           "interval over items)")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+def _eval_text(args) -> int:
+    """`pixelrl eval --task text`: the OCR reward on the text world's items, with 95% intervals."""
+    import json
+
+    from pixelrl.core.errors import ConfigError
+    from pixelrl.data import shapes_text
+    from pixelrl.engine.evaluate import bootstrap_overall, evaluate_text, load_for_eval
+
+    if args.split == "train":
+        raise ConfigError("--split", args.split, "val or test for --task text (every word trains; the splits are seeds)")
+    if not (args.model or args.checkpoint):
+        raise ConfigError("--model", None, "a text-world pipeline folder (`pixelrl pretrain-shapes OUT --world text` "
+                          "writes one) or --checkpoint of a run trained from one")
+    model = load_for_eval(args.model, args.checkpoint)
+    items = shapes_text.evaluation_items(args.split, per_word=args.per_category, seed=args.seed)
+    result = evaluate_text(model, items, num_steps=args.steps, guidance_scale=args.cfg)
+    result.pop("images")
+    name = Path(args.checkpoint or args.model).name
+    cells = []
+    for key in ("ocr", "exact"):
+        low, high = bootstrap_overall(result["items"], key)
+        cells.append(f"{result[key]:.3f} [{low:.3f}, {high:.3f}]")
+    print("| model | ocr | exactly readable |\n|---|---|---|\n" + f"| {name} | " + " | ".join(cells) + " |")
+    print(f"{len(items)} images ({len(items) // len(shapes_text.WORDS)} per word, {args.split} split); "
+          "[a, b]: 95% bootstrap interval over items")
+    result.update(split=args.split, num_steps=args.steps, guidance_scale=args.cfg, model=name)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
@@ -242,7 +277,7 @@ def cmd_pretrain_shapes(args) -> int:
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     final = pretrain_shapes(args.out, steps=args.steps, seed=args.seed, eval_every=args.eval_every,
-                            log=lambda line: print(line, flush=True))
+                            world=args.world, log=lambda line: print(line, flush=True))
     print(f"final EMA pipeline: {final}")
     return 0
 
@@ -415,7 +450,10 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--seed", type=non_negative_int, default=0)
         if name == "eval":
             p.add_argument("--split", default="test", choices=["train", "val", "test"])
-            p.add_argument("--per-category", type=positive_int, default=64)
+            p.add_argument("--per-category", type=positive_int, default=None,
+                           help="items per category (per word with --task text); default 64 (8)")
+            p.add_argument("--task", choices=["scenes", "text"], default="scenes",
+                           help="scenes: GenEval-style tables; text: the OCR reward on the text world (a sign that says \"sun\")")
             p.add_argument("--out", default="runs/eval/results.json")
             p.set_defaults(func=cmd_eval)
         else:
@@ -428,6 +466,8 @@ def main(argv: list[str] | None = None) -> int:
     pre.add_argument("--steps", type=positive_int, default=6000)
     pre.add_argument("--seed", type=non_negative_int, default=0)
     pre.add_argument("--eval-every", type=positive_int, default=1500)
+    pre.add_argument("--world", choices=["scenes", "text"], default="scenes",
+                     help='scenes: GenEval-style prompts (builtin:shapes); text: a sign that says "sun", for the ocr reward')
     pre.set_defaults(func=cmd_pretrain_shapes)
     prefs = sub.add_parser("make-preferences", help="sample a model, score, and write (chosen, rejected) pairs")
     prefs.add_argument("out", help="folder for preferences.jsonl and images/")

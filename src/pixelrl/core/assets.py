@@ -14,6 +14,8 @@ BUILTIN = {
     "shapes/train_balanced": ASSETS / "shapes_prompts" / "train_balanced.jsonl",
     "shapes/val": ASSETS / "shapes_prompts" / "val.jsonl",
     "shapes/test": ASSETS / "shapes_prompts" / "test.jsonl",
+    # the text task's 24 prompts (a sign that says "sun"); train and validation differ by seed
+    "shapes_text/words": ASSETS / "shapes_text_prompts" / "words.jsonl",
     "shapes_qa_vlm": ASSETS / "shapes_qa_vlm",  # the project-trained shapes-QA Qwen2-VL (model folder)
 }
 # how a shipped model folder is loaded when no training config says it (eval / generate)

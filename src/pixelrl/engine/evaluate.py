@@ -95,6 +95,20 @@ def evaluate_geneval(model: DiffusionModel, items: list[dict], **generate_kwargs
     return result
 
 
+def evaluate_text(model: DiffusionModel, items: list[dict], **generate_kwargs) -> dict:
+    """The `ocr` reward of one image per (prompt, seed): its mean (`ocr`), the fraction read
+    exactly (`exact`, reward 1), one row per item (for `bootstrap_overall`) and the images."""
+    from pixelrl.rewards.ocr import ocr
+
+    prompts = [it["prompt"] for it in items]
+    images = generate(model, prompts, [it["seed"] for it in items], **generate_kwargs)
+    scores = ocr()(images, prompts, [it.get("metadata", {}) for it in items])["ocr"].tolist()
+    rows = [{"prompt": it["prompt"], "seed": it["seed"], "category": it["category"], "ocr": score,
+             "exact": float(score == 1.0)} for it, score in zip(items, scores)]
+    return {"ocr": float(np.mean(scores)), "exact": float(np.mean([r["exact"] for r in rows])), "items": rows,
+            "images": images}
+
+
 def format_table(result: dict, title: str = "", score: str = "strict") -> str:
     """One markdown row of per-category `score` (strict or exact) with its overall, and the 95%
     interval when `result` holds one (`<score>_interval`)."""

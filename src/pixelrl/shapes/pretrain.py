@@ -1,4 +1,6 @@
-"""Flow-matching pretraining of the shipped shapes model on rendered (image, caption) pairs.
+"""Flow-matching pretraining of the shipped shapes models on rendered (image, caption) pairs:
+the scenes world (`builtin:shapes`, GenEval-style prompts) or the text world (`builtin:shapes_text`,
+`a sign that says "sun"`, for the OCR reward).
 
 Rectified flow: x_t = (1 - t) x0 + t eps with logit-normal t, target v = eps - x0. The
 denoiser and both tiny CLIP text encoders train jointly; captions are dropped 10% of the time
@@ -16,8 +18,9 @@ from pathlib import Path
 
 import torch
 
+from pixelrl.data import shapes_text
 from pixelrl.data.shapes import evaluation_items, prompt_splits, render, vocabulary
-from pixelrl.engine.evaluate import evaluate_geneval, format_table
+from pixelrl.engine.evaluate import evaluate_geneval, evaluate_text, format_table
 from pixelrl.engine.learner import Learner
 from pixelrl.models.base import DiffusionModel
 from pixelrl.models.sd3 import SD3Model, build_tiny_sd3
@@ -63,6 +66,47 @@ class ShapesStream:
         return captions, torch.stack(images)
 
 
+class TextStream:
+    """An endless stream of (caption, image) pairs of the text world, words uniform."""
+
+    def __init__(self, seed: int, caption_dropout: float = 0.1):
+        self.items = shapes_text.prompt_items()
+        self.rng = random.Random(seed)
+        self.caption_dropout = caption_dropout
+
+    def batch(self, size: int) -> tuple[list[str], torch.Tensor]:
+        captions, images = [], []
+        for _ in range(size):
+            item = self.rng.choice(self.items)
+            images.append(torch.from_numpy(shapes_text.render(item["metadata"]["text"], self.rng.randrange(1 << 30))))
+            captions.append("" if self.rng.random() < self.caption_dropout else item["prompt"])
+        return captions, torch.stack(images)
+
+
+def _validate_scenes(model: DiffusionModel, split: str, per_item: int) -> tuple[dict, str]:
+    """(log record, printable table) of the GenEval-style scores on `split`."""
+    result = evaluate_geneval(model, evaluation_items(split, per_category=per_item), num_steps=10, guidance_scale=4.0)
+    record = {"val_strict": result["strict"], "val_overall": result["overall"],
+              "val_overall_partial": result["overall_partial"]}
+    return record, format_table(result, f"EMA ({split})")
+
+
+def _validate_text(model: DiffusionModel, split: str, per_item: int) -> tuple[dict, str]:
+    """(log record, printable line) of the OCR scores on `split`."""
+    result = evaluate_text(model, shapes_text.evaluation_items(split, per_word=per_item), num_steps=10,
+                           guidance_scale=4.0)
+    return ({"val_ocr": result["ocr"], "val_ocr_exact": result["exact"]},
+            f"EMA ({split}): ocr {result['ocr']:.3f}, exactly readable {result['exact']:.3f}")
+
+
+# world -> (vocabulary, training stream, validation, validation items per category / word; the
+# test at the end takes twice as many)
+WORLDS = {
+    "scenes": (vocabulary, ShapesStream, _validate_scenes, 32),
+    "text": (shapes_text.vocabulary, TextStream, _validate_text, shapes_text.VAL_SEEDS),
+}
+
+
 def _trainable_modules(model: SD3Model) -> list[torch.nn.Module]:
     return [model.transformer, *model.clip_encoders]
 
@@ -81,15 +125,20 @@ def save_pipeline(model: SD3Model, template: Path, out: Path) -> None:
 
 def pretrain_shapes(out_dir: str | Path, *, steps: int = 6000, seed: int = 0, batch_size: int = 64,
                     lr: float = 1e-3, warmup: int = 200, ema_decay: float = 0.999, eval_every: int = 1500,
-                    eval_per_category: int = 32, arch: dict | None = None, log=print) -> Path:
+                    eval_per_category: int | None = None, arch: dict | None = None, world: str = "scenes",
+                    log=print) -> Path:
     """Train for `steps` optimizer steps (a step budget, so a seed reproduces the run);
     evaluate on the validation items and save the EMA weights every `eval_every` steps.
     Returns the folder of the final EMA pipeline."""
+    if world not in WORLDS:
+        raise ValueError(f"world {world!r}: one of {sorted(WORLDS)}")
+    world_vocabulary, stream_class, validate, default_per_item = WORLDS[world]
+    per_item = eval_per_category or default_per_item
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     init = out / "init"
     if not (init / "model_index.json").is_file():
-        build_tiny_sd3(init, words=vocabulary(), seed=seed, **(arch or SHAPES_ARCH))
+        build_tiny_sd3(init, words=world_vocabulary(), seed=seed, **(arch or SHAPES_ARCH))
     torch.manual_seed(seed)
     model = SD3Model(init, max_sequence_length=0)
     ema_model = SD3Model(init, max_sequence_length=0)
@@ -102,9 +151,8 @@ def pretrain_shapes(out_dir: str | Path, *, steps: int = 6000, seed: int = 0, ba
     n_params = {type(m).__name__: sum(p.numel() for p in m.parameters()) for m in _trainable_modules(model)}
     log(f"parameters: {n_params}")
     learner = Learner(lambda: params, lr=lr, weight_decay=0.0, warmup_steps=warmup, max_grad_norm=1.0)
-    stream = ShapesStream(seed)
+    stream = stream_class(seed)
     gen = torch.Generator().manual_seed(seed)
-    val_items = evaluation_items("val", per_category=eval_per_category)
     log_file = (out / "pretrain_log.jsonl").open("a")
     start = time.time()
     step = 0
@@ -114,9 +162,7 @@ def pretrain_shapes(out_dir: str | Path, *, steps: int = 6000, seed: int = 0, ba
             for m in _trainable_modules(ema_model):
                 m.eval()
             ema_model._prompt_cache.clear()
-            result = evaluate_geneval(ema_model, val_items, num_steps=10, guidance_scale=4.0)
-            record = {"minutes": round(elapsed, 1), "step": step, "val_strict": result["strict"],
-                      "val_overall": result["overall"], "val_overall_partial": result["overall_partial"]}
+            record = {"minutes": round(elapsed, 1), "step": step, **validate(ema_model, "val", per_item)[0]}
             log(json.dumps(record))
             log_file.write(json.dumps(record) + "\n")
             log_file.flush()
@@ -143,7 +189,5 @@ def pretrain_shapes(out_dir: str | Path, *, steps: int = 6000, seed: int = 0, ba
                 log(json.dumps(record))
     final = out / "final"
     save_pipeline(ema_model, init, final)
-    test = evaluate_geneval(ema_model, evaluation_items("test", per_category=eval_per_category * 2), num_steps=10,
-                            guidance_scale=4.0)
-    log(format_table(test, f"EMA after {steps} steps (test)"))
+    log(f"after {steps} steps:\n" + validate(ema_model, "test", 2 * per_item)[1])
     return final

@@ -1,0 +1,77 @@
+"""The shapes world's text task: a short word in quotes, drawn in capitals on the black canvas.
+
+Flow-GRPO's visual-text task in miniature, for the `ocr` reward: the prompt is
+`a sign that says "sun"`, the image shows SUN in one of the world's colours at a random size
+and place. The words are three letters so that they stay legible at 32 px (8-9 px capitals, which
+the OCR engine reads without error on clean renders). Text is drawn at 4x with Pillow's built-in
+scalable font and box-filtered down, like the shapes.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+from pixelrl.data.shapes import SUPERSAMPLE
+from pixelrl.rewards.shapes import COLOURS
+
+CATEGORY = "text"
+# 24 three-letter words over 21 letters
+WORDS = ("sun", "cat", "box", "red", "map", "fox", "jam", "owl", "zip", "key", "web", "hut",
+         "dog", "pen", "cup", "sky", "bug", "ice", "van", "leg", "mud", "fig", "ray", "tub")
+TEMPLATE = 'a sign that says "{word}"'
+FONT_PX = (10.0, 13.0)  # cap-to-baseline size range at 32 px, before supersampling
+TEST_SEEDS, VAL_SEEDS = 8, 4  # evaluation images per word (all words are in every split)
+
+
+def prompt_items() -> list[dict]:
+    """Every prompt of the task as {prompt, category, metadata}; `metadata["text"]` is the word."""
+    return [{"prompt": TEMPLATE.format(word=w), "category": CATEGORY, "metadata": {"category": CATEGORY, "text": w}}
+            for w in WORDS]
+
+
+def evaluation_items(split: str = "test", per_word: int | None = None, seed: int = 0) -> list[dict]:
+    """(prompt, seed) items: `per_word` seeds per word (8 for test, 4 for val by default). A
+    word-level text encoder cannot spell an unseen word, so the splits differ by seed, not word."""
+    if split not in ("val", "test"):
+        raise ValueError(f"split {split!r}: val or test")
+    per_word = per_word or (TEST_SEEDS if split == "test" else VAL_SEEDS)
+    offset = 0 if split == "test" else 500_000
+    items = []
+    for w_index, item in enumerate(prompt_items()):
+        for k in range(per_word):
+            items.append({**item, "seed": seed * 1_000_000 + offset + w_index * 1_000 + k})
+    return items
+
+
+def _font(px: float) -> ImageFont.FreeTypeFont:
+    return ImageFont.load_default(size=px * SUPERSAMPLE)
+
+
+def render(word: str, seed: int, size: int = 32) -> np.ndarray:
+    """uint8 [size, size, 3]: `word` in capitals, a random colour, size and place (whole word
+    inside the canvas with a one-pixel margin); the same seed gives the same image."""
+    rng = random.Random(f"{word}:{seed}")
+    big = size * SUPERSAMPLE
+    canvas = Image.new("RGB", (big, big), (0, 0, 0))
+    pen = ImageDraw.Draw(canvas)
+    text = word.upper()
+    px = rng.uniform(*FONT_PX) * size / 32
+    font = _font(px)
+    left, top, right, bottom = pen.textbbox((0, 0), text, font=font)
+    margin = SUPERSAMPLE
+    width, height = right - left, bottom - top
+    if width + 2 * margin > big:
+        raise ValueError(f"the word {word!r} does not fit a {size} px canvas")
+    x = rng.uniform(margin, big - width - margin) - left
+    y = rng.uniform(margin, big - height - margin) - top
+    pen.text((x, y), text, fill=COLOURS[rng.choice(list(COLOURS))], font=font)
+    return np.array(canvas.resize((size, size), Image.BOX), dtype=np.uint8)
+
+
+def vocabulary() -> list[str]:
+    """Every token a prompt can contain (for the word-level tokenizer): the template's words,
+    the quote mark (CLIP's pre-tokenizer splits it off) and the words."""
+    return sorted(set(TEMPLATE.replace('"{word}"', "").split()) | {'"'} | set(WORDS))
