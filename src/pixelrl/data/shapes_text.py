@@ -3,8 +3,8 @@
 Flow-GRPO's visual-text task in miniature, for the `ocr` reward: the prompt is
 `a sign that says "sun"`, the image shows SUN in one of the world's colours at a random size
 and place. The words are three letters so that they stay legible at 32 px (8-9 px capitals, which
-the OCR engine reads without error on clean renders). Text is drawn at 4x with Pillow's built-in
-scalable font and box-filtered down, like the shapes.
+the OCR engine reads almost without error on clean renders). Text is drawn at 4x in Pillow's
+built-in scalable font, emboldened, and box-filtered down, like the shapes.
 """
 
 from __future__ import annotations
@@ -22,7 +22,10 @@ CATEGORY = "text"
 WORDS = ("sun", "cat", "box", "red", "map", "fox", "jam", "owl", "zip", "key", "web", "hut",
          "dog", "pen", "cup", "sky", "bug", "ice", "van", "leg", "mud", "fig", "ray", "tub")
 TEMPLATE = 'a sign that says "{word}"'
-FONT_PX = (10.0, 13.0)  # cap-to-baseline size range at 32 px, before supersampling
+FONT_PX = (10.0, 13.0)  # font size range at 32 px, before supersampling
+# Strokes thickened by half a pixel (at 32 px): 1.7x the ink of the plain font, as legible to the
+# OCR engine, and more of the image for the flow-matching loss to learn the glyphs from
+STROKE = 0.5
 TEST_SEEDS, VAL_SEEDS = 8, 4  # evaluation images per word (all words are in every split)
 
 
@@ -60,14 +63,16 @@ def render(word: str, seed: int, size: int = 32) -> np.ndarray:
     text = word.upper()
     px = rng.uniform(*FONT_PX) * size / 32
     font = _font(px)
-    left, top, right, bottom = pen.textbbox((0, 0), text, font=font)
+    stroke = round(STROKE * SUPERSAMPLE * size / 32)
+    left, top, right, bottom = pen.textbbox((0, 0), text, font=font, stroke_width=stroke)
     margin = SUPERSAMPLE
     width, height = right - left, bottom - top
     if width + 2 * margin > big:
         raise ValueError(f"the word {word!r} does not fit a {size} px canvas")
     x = rng.uniform(margin, big - width - margin) - left
     y = rng.uniform(margin, big - height - margin) - top
-    pen.text((x, y), text, fill=COLOURS[rng.choice(list(COLOURS))], font=font)
+    colour = COLOURS[rng.choice(list(COLOURS))]
+    pen.text((x, y), text, fill=colour, font=font, stroke_width=stroke, stroke_fill=colour)
     return np.array(canvas.resize((size, size), Image.BOX), dtype=np.uint8)
 
 
