@@ -81,3 +81,35 @@ def test_eval_and_generate_commands(tmp_path, tiny_pixel_path, capsys):
     from PIL import Image
 
     assert Image.open(grid).size == (4 * 32 * 4, 32 * 4)
+
+
+def test_pretraining_resumes_bitwise(tmp_path):
+    """4 steps == 2 steps, stop, then the same call with steps=4 on the same folder: the same raw
+    and EMA weights, optimizer moments and validation record (the state at each evaluation holds
+    the weights, AdamW, warm-up, noise generator and data stream)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from pixelrl.shapes.pretrain import pretrain_shapes
+
+    arch = dict(resolution=32, with_vae=False, text_hidden=16, text_layers=1, text_max_length=16,
+                num_layers=1, heads=2, head_dim=16, patch_size=4, shift=3.0)
+    kwargs = dict(batch_size=4, lr=3e-3, warmup=3, eval_every=2, eval_per_category=1, arch=arch, log=lambda line: None)
+    pretrain_shapes(tmp_path / "whole", steps=4, **kwargs)
+    pretrain_shapes(tmp_path / "split", steps=2, **kwargs)
+    halfway = load_file(tmp_path / "split" / "state" / "weights.safetensors")
+    pretrain_shapes(tmp_path / "split", steps=4, **kwargs)
+    whole = load_file(tmp_path / "whole" / "state" / "weights.safetensors")
+    split = load_file(tmp_path / "split" / "state" / "weights.safetensors")
+    assert whole.keys() == split.keys() and any(k.startswith("ema.") for k in whole)
+    assert all(torch.equal(whole[k], split[k]) for k in whole)
+    assert any(not torch.equal(halfway[k], split[k]) for k in whole)  # the second call trained
+    moments = [torch.load(tmp_path / run / "state" / "optimizer.pt", weights_only=True)["optimizer"]["state"]
+               for run in ("whole", "split")]
+    assert all(torch.equal(moments[0][i]["exp_avg"], moments[1][i]["exp_avg"]) for i in moments[0])
+
+    def step4(run):
+        rows = [json.loads(line) for line in (tmp_path / run / "pretrain_log.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items() if k != "minutes"} for r in rows if r.get("step") == 4]
+
+    assert step4("whole") == step4("split") and step4("whole")

@@ -461,7 +461,8 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--n", type=positive_int, default=8)
             p.add_argument("--out", default="runs/generate/grid.png")
             p.set_defaults(func=cmd_generate)
-    pre = sub.add_parser("pretrain-shapes", help="pretrain the shapes model (flow matching on renders)")
+    pre = sub.add_parser("pretrain-shapes", help="pretrain the shapes model (flow matching on renders); "
+                         "run again on the same folder to resume from its last evaluation")
     pre.add_argument("out")
     pre.add_argument("--steps", type=positive_int, default=6000)
     pre.add_argument("--seed", type=non_negative_int, default=0)

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from pixelrl.data import shapes_text
 from pixelrl.data.shapes import evaluation_items, prompt_splits, render, vocabulary
@@ -123,12 +124,57 @@ def save_pipeline(model: SD3Model, template: Path, out: Path) -> None:
     tmp.rename(out)
 
 
+def _save_state(out: Path, step: int, minutes: float, model: SD3Model, ema_model: SD3Model, learner: Learner,
+                stream, generator: torch.Generator) -> None:
+    """Everything a resumed run needs to continue bitwise (`out/state`, replaced atomically):
+    raw and EMA weights (safetensors), AdamW and warm-up state and the noise generator (tensors
+    only, loaded with weights_only), the step and the data stream's RNG (JSON)."""
+    tmp, state, old = out / "state.tmp", out / "state", out / "state.old"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    tensors = {f"{name}.{i}.{key}": value.detach().contiguous()
+               for name, m in (("model", model), ("ema", ema_model))
+               for i, module in enumerate(_trainable_modules(m)) for key, value in module.state_dict().items()}
+    save_file(tensors, tmp / "weights.safetensors")
+    torch.save({"optimizer": learner.optimizer.state_dict(), "scheduler": learner.lr_scheduler.state_dict(),
+                "generator": generator.get_state()}, tmp / "optimizer.pt")
+    version, internal, gauss = stream.rng.getstate()
+    (tmp / "state.json").write_text(json.dumps({"step": step, "minutes": minutes,
+                                                "stream_rng": [version, list(internal), gauss]}))
+    if state.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        state.rename(old)
+    tmp.rename(state)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _load_state(out: Path, model: SD3Model, ema_model: SD3Model, learner: Learner, stream,
+                generator: torch.Generator) -> tuple[int, float]:
+    """Restore what `_save_state` wrote (the newest complete copy); returns (step, minutes)."""
+    folder = next(f for f in (out / "state", out / "state.old") if (f / "state.json").is_file())
+    tensors = load_file(folder / "weights.safetensors")
+    for name, m in (("model", model), ("ema", ema_model)):
+        for i, module in enumerate(_trainable_modules(m)):
+            prefix = f"{name}.{i}."
+            module.load_state_dict({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
+    saved = torch.load(folder / "optimizer.pt", weights_only=True)
+    learner.optimizer.load_state_dict(saved["optimizer"])
+    learner.lr_scheduler.load_state_dict(saved["scheduler"])
+    generator.set_state(saved["generator"])
+    meta = json.loads((folder / "state.json").read_text())
+    version, internal, gauss = meta["stream_rng"]
+    stream.rng.setstate((version, tuple(internal), gauss))
+    return meta["step"], meta["minutes"]
+
+
 def pretrain_shapes(out_dir: str | Path, *, steps: int = 6000, seed: int = 0, batch_size: int = 64,
                     lr: float = 1e-3, warmup: int = 200, ema_decay: float = 0.999, eval_every: int = 1500,
                     eval_per_category: int | None = None, arch: dict | None = None, world: str = "scenes",
                     log=print) -> Path:
     """Train for `steps` optimizer steps (a step budget, so a seed reproduces the run);
-    evaluate on the validation items and save the EMA weights every `eval_every` steps.
+    evaluate on the validation items and save the EMA weights every `eval_every` steps, with the
+    state to resume from. Called again on the same folder (with a larger `steps` to go further),
+    it continues from the last saved step exactly as if it had not stopped.
     Returns the folder of the final EMA pipeline."""
     if world not in WORLDS:
         raise ValueError(f"world {world!r}: one of {sorted(WORLDS)}")
@@ -153,12 +199,16 @@ def pretrain_shapes(out_dir: str | Path, *, steps: int = 6000, seed: int = 0, ba
     learner = Learner(lambda: params, lr=lr, weight_decay=0.0, warmup_steps=warmup, max_grad_norm=1.0)
     stream = stream_class(seed)
     gen = torch.Generator().manual_seed(seed)
+    step, minutes = 0, 0.0
+    if any((f / "state.json").is_file() for f in (out / "state", out / "state.old")):
+        step, minutes = _load_state(out, model, ema_model, learner, stream, gen)
+        log(f"resumed at step {step}")
+    resumed_at = step
     log_file = (out / "pretrain_log.jsonl").open("a")
-    start = time.time()
-    step = 0
+    start = time.time() - minutes * 60
     while True:
         elapsed = (time.time() - start) / 60
-        if step % eval_every == 0 and step > 0 or step == steps:
+        if (step % eval_every == 0 and step > 0 or step >= steps) and step != resumed_at:
             for m in _trainable_modules(ema_model):
                 m.eval()
             ema_model._prompt_cache.clear()
@@ -167,8 +217,9 @@ def pretrain_shapes(out_dir: str | Path, *, steps: int = 6000, seed: int = 0, ba
             log_file.write(json.dumps(record) + "\n")
             log_file.flush()
             save_pipeline(ema_model, init, out / "checkpoints" / f"step_{step:06d}")
-            if step >= steps:
-                break
+            _save_state(out, step, elapsed, model, ema_model, learner, stream, gen)
+        if step >= steps:
+            break
         captions, images = stream.batch(batch_size)
         text = model._encode_uncached(captions)  # with grad: the text encoders train too
         loss = flow_matching_loss(model, images_to_model_space(images), text, gen)
