@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import sys
 from pathlib import Path
@@ -45,6 +46,12 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("pretrain-vlm evaluating every 0 steps", ["pretrain-vlm", "{tmp}/vlm", "--eval-every", "0"], "--eval-every"),
     ("pretrain-vlm with 0 threads", ["pretrain-vlm", "{tmp}/vlm", "--threads", "0"], "--threads"),
     ("pretrain-shapes with negative steps", ["pretrain-shapes", "{tmp}/s", "--steps", "-1"], "--steps"),
+    ("pretrain-shapes continuing a scenes run as text", ["pretrain-shapes", "{pretrain_run}", "--world", "text"],
+     "--world"),
+    ("pretrain-shapes continuing a run with another seed", ["pretrain-shapes", "{pretrain_run}", "--seed", "3"],
+     "--seed"),
+    ("eval --task text on the train split", ["eval", "--task", "text", "--split", "train"], "--split"),
+    ("eval --task text without a model", ["eval", "--task", "text"], "--model"),
     ("make-preferences with 0 images per prompt", ["make-preferences", "{tmp}/p", "--n", "0"], "--n"),
     ("make-preferences with margin inf", ["make-preferences", "{tmp}/p", "--margin", "inf"], "--margin"),
     ("make-preferences with 0 pairs", ["make-preferences", "{tmp}/p", "--pairs-per-prompt", "0"],
@@ -205,6 +212,12 @@ def _make_places(root: Path) -> None:
     """Things a bad input points at: a file, a run folder (metrics and a checkpoints/ folder) and
     checkpoints with and without actor/ (their config names a relative model path)."""
     (root / "a_file").write_text("not a folder")
+    from pixelrl.shapes.pretrain import SHAPES_ARCH
+
+    (root / "pretrain_run").mkdir()  # a scenes pretraining run with the default recipe, seed 0
+    (root / "pretrain_run" / "run.json").write_text(json.dumps(
+        {"world": "scenes", "seed": 0, "batch_size": 64, "lr": 1e-3, "warmup": 200, "ema_decay": 0.999,
+         "arch": SHAPES_ARCH}))
     (root / "broken_plugin.py").write_text("import math\nraise RuntimeError('the plugin fails at import')\n")
     run = root / "run"
     (run / "checkpoints" / "global_step_3").mkdir(parents=True)
@@ -232,7 +245,7 @@ def replay(argv: list[str], root: Path, workdir: Path) -> tuple[int, str]:
     places = {"{tmp}": str(workdir), "{file}": str(root / "a_file"), "{run}": str(root / "run"),
               "{ckpt_no_actor}": str(root / "ckpt_no_actor"), "{ckpt}": str(root / "ckpt"),
               "{ckpt_link_file}": str(root / "ckpt_link_file"), "{ckpt_link_dir}": str(root / "ckpt_link_dir"),
-              "{broken_plugin}": str(root / "broken_plugin.py")}
+              "{broken_plugin}": str(root / "broken_plugin.py"), "{pretrain_run}": str(root / "pretrain_run")}
     filled = []
     for arg in argv:
         for mark, path in places.items():

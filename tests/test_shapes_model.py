@@ -113,3 +113,10 @@ def test_pretraining_resumes_bitwise(tmp_path):
         return [{k: v for k, v in r.items() if k != "minutes"} for r in rows if r.get("step") == 4]
 
     assert step4("whole") == step4("split") and step4("whole")
+    # the same folder with another recipe is refused before anything is trained or overwritten
+    before = (tmp_path / "split" / "state" / "weights.safetensors").read_bytes()
+    with pytest.raises(ConfigError, match="--world.*started with world = 'scenes'"):
+        pretrain_shapes(tmp_path / "split", steps=6, **{**kwargs, "world": "text"})
+    with pytest.raises(ConfigError, match="`lr`"):
+        pretrain_shapes(tmp_path / "split", steps=6, **{**kwargs, "lr": 1e-3})
+    assert (tmp_path / "split" / "state" / "weights.safetensors").read_bytes() == before

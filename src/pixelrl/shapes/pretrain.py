@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from pixelrl.core.errors import ConfigError
 from pixelrl.data import shapes_text
 from pixelrl.data.shapes import evaluation_items, prompt_splits, render, vocabulary
 from pixelrl.engine.evaluate import evaluate_geneval, evaluate_text, format_table
@@ -124,6 +125,21 @@ def save_pipeline(model: SD3Model, template: Path, out: Path) -> None:
     tmp.rename(out)
 
 
+def _check_same_run(out: Path, settings: dict) -> None:
+    """A folder holds one run: continuing it with other settings (another world, seed, batch,
+    learning rate or architecture) would silently mix two recipes, so it is refused."""
+    record = out / "run.json"
+    if not record.is_file():
+        record.write_text(json.dumps(settings, indent=1))
+        return
+    saved = json.loads(record.read_text())
+    for key, value in settings.items():
+        if json.loads(json.dumps(value)) != saved.get(key):
+            flag = {"world": "--world", "seed": "--seed"}.get(key, key)
+            raise ConfigError(flag, value, f"{out} holds a run started with {key} = {saved.get(key)!r}; "
+                              "use that to resume it, or a new folder for a new run")
+
+
 def _save_state(out: Path, step: int, minutes: float, model: SD3Model, ema_model: SD3Model, learner: Learner,
                 stream, generator: torch.Generator) -> None:
     """Everything a resumed run needs to continue bitwise (`out/state`, replaced atomically):
@@ -182,6 +198,8 @@ def pretrain_shapes(out_dir: str | Path, *, steps: int = 6000, seed: int = 0, ba
     per_item = eval_per_category or default_per_item
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    _check_same_run(out, {"world": world, "seed": seed, "batch_size": batch_size, "lr": lr, "warmup": warmup,
+                          "ema_decay": ema_decay, "arch": arch or SHAPES_ARCH})
     init = out / "init"
     if not (init / "model_index.json").is_file():
         build_tiny_sd3(init, words=world_vocabulary(), seed=seed, **(arch or SHAPES_ARCH))
