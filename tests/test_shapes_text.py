@@ -23,6 +23,15 @@ def test_every_word_renders_legibly_at_32_px():
     assert blank.tolist() == [0.0, 0.0]
 
 
+def test_every_word_fits_the_canvas_at_every_size():
+    """Wide words at the largest font size are set smaller, never cut off: the ink stays off the
+    one-pixel border for every word over many seeds."""
+    for word in shapes_text.WORDS:
+        for seed in range(40):
+            image = shapes_text.render(word, seed).astype(int).sum(-1)
+            assert image[[0, -1], :].max() < 40 and image[:, [0, -1]].max() < 40, (word, seed)
+
+
 def test_renders_are_deterministic_and_vary_with_the_seed():
     a, b, c = (shapes_text.render("sun", seed) for seed in (3, 3, 4))
     assert a.shape == (32, 32, 3) and a.dtype == np.uint8

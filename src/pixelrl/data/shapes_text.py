@@ -62,13 +62,15 @@ def render(word: str, seed: int, size: int = 32) -> np.ndarray:
     pen = ImageDraw.Draw(canvas)
     text = word.upper()
     px = rng.uniform(*FONT_PX) * size / 32
-    font = _font(px)
     stroke = round(STROKE * SUPERSAMPLE * size / 32)
-    left, top, right, bottom = pen.textbbox((0, 0), text, font=font, stroke_width=stroke)
     margin = SUPERSAMPLE
-    width, height = right - left, bottom - top
-    if width + 2 * margin > big:
-        raise ValueError(f"the word {word!r} does not fit a {size} px canvas")
+    while True:  # a wide word at a large size is set smaller until it fits
+        font = _font(px)
+        left, top, right, bottom = pen.textbbox((0, 0), text, font=font, stroke_width=stroke)
+        width, height = right - left, bottom - top
+        if width + 2 * margin <= big:
+            break
+        px *= 0.95
     x = rng.uniform(margin, big - width - margin) - left
     y = rng.uniform(margin, big - height - margin) - top
     colour = COLOURS[rng.choice(list(COLOURS))]
