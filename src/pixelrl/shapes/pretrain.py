@@ -16,6 +16,7 @@ import shutil
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -48,41 +49,50 @@ def images_to_model_space(images: torch.Tensor) -> torch.Tensor:
     return images.permute(0, 3, 1, 2).float() / 127.5 - 1.0
 
 
-class ShapesStream:
-    """An endless stream of (caption, image) pairs from the train prompts, categories uniform."""
+class CaptionStream:
+    """An endless stream of (caption, image) pairs: `draw(rng)` picks a prompt and renders it;
+    captions are dropped (replaced by "") at `caption_dropout` for classifier-free guidance."""
 
     def __init__(self, seed: int, caption_dropout: float = 0.1):
-        by_cat: dict[str, list[dict]] = {}
+        self.rng = random.Random(seed)
+        self.caption_dropout = caption_dropout
+
+    def draw(self, rng: random.Random) -> tuple[str, np.ndarray]:
+        raise NotImplementedError
+
+    def batch(self, size: int) -> tuple[list[str], torch.Tensor]:
+        captions, images = [], []
+        for _ in range(size):
+            prompt, image = self.draw(self.rng)
+            images.append(torch.from_numpy(image))
+            captions.append("" if self.rng.random() < self.caption_dropout else prompt)
+        return captions, torch.stack(images)
+
+
+class ShapesStream(CaptionStream):
+    """Scenes from the train prompts, categories uniform."""
+
+    def __init__(self, seed: int, caption_dropout: float = 0.1):
+        super().__init__(seed, caption_dropout)
+        self.by_cat: dict[str, list[dict]] = {}
         for item in prompt_splits()["train"]:
-            by_cat.setdefault(item["category"], []).append(item)
-        self.by_cat = by_cat
-        self.rng = random.Random(seed)
-        self.caption_dropout = caption_dropout
+            self.by_cat.setdefault(item["category"], []).append(item)
 
-    def batch(self, size: int) -> tuple[list[str], torch.Tensor]:
-        captions, images = [], []
-        for _ in range(size):
-            item = self.rng.choice(self.by_cat[self.rng.choice(CATEGORIES)])
-            images.append(torch.from_numpy(render(item["metadata"], self.rng.randrange(1 << 30))))
-            captions.append("" if self.rng.random() < self.caption_dropout else item["prompt"])
-        return captions, torch.stack(images)
+    def draw(self, rng):
+        item = rng.choice(self.by_cat[rng.choice(CATEGORIES)])
+        return item["prompt"], render(item["metadata"], rng.randrange(1 << 30))
 
 
-class TextStream:
-    """An endless stream of (caption, image) pairs of the text world, words uniform."""
+class TextStream(CaptionStream):
+    """The text world's signs, words uniform."""
 
     def __init__(self, seed: int, caption_dropout: float = 0.1):
+        super().__init__(seed, caption_dropout)
         self.items = shapes_text.prompt_items()
-        self.rng = random.Random(seed)
-        self.caption_dropout = caption_dropout
 
-    def batch(self, size: int) -> tuple[list[str], torch.Tensor]:
-        captions, images = [], []
-        for _ in range(size):
-            item = self.rng.choice(self.items)
-            images.append(torch.from_numpy(shapes_text.render(item["metadata"]["text"], self.rng.randrange(1 << 30))))
-            captions.append("" if self.rng.random() < self.caption_dropout else item["prompt"])
-        return captions, torch.stack(images)
+    def draw(self, rng):
+        item = rng.choice(self.items)
+        return item["prompt"], shapes_text.render(item["metadata"]["text"], rng.randrange(1 << 30))
 
 
 def _validate_scenes(model: DiffusionModel, split: str, per_item: int) -> tuple[dict, str]:
