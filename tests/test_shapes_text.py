@@ -10,15 +10,15 @@ from pixelrl.rewards import RewardSpec, WeightedReward
 
 
 def test_every_word_renders_legibly_at_32_px():
-    """The task is solvable: on clean 32 px renders of every word (random colour, size and place)
-    the OCR reward reads most exactly (the engine misreads a letter of a few: 21 of 24 at this
-    seed, 0.87 over 96 renders), and a blank canvas scores 0."""
+    """The task is solvable: on clean 32 px renders of every word (random colour, jittered size and
+    place) the OCR reward reads nearly all exactly (24 of 24 at this seed, 0.96 over 96 renders;
+    the engine misreads a letter of a few), and a blank canvas scores 0."""
     items = shapes_text.prompt_items()
     images = torch.from_numpy(np.stack([shapes_text.render(it["metadata"]["text"], seed=7) for it in items]))
     prompts = [it["prompt"] for it in items]
     reward = WeightedReward([RewardSpec("ocr")])
     scores = reward(images, prompts, [it["metadata"] for it in items])["ocr"]
-    assert (scores == 1.0).sum() >= 20 and scores.mean() > 0.9
+    assert (scores == 1.0).sum() >= 22 and scores.mean() > 0.9
     blank = reward(torch.zeros_like(images[:2]), prompts[:2], [{}, {}])["ocr"]
     assert blank.tolist() == [0.0, 0.0]
 

@@ -1,10 +1,10 @@
 """The shapes world's text task: a short word in quotes, drawn in capitals on the black canvas.
 
 Flow-GRPO's visual-text task in miniature, for the `ocr` reward: the prompt is
-`a sign that says "sun"`, the image shows SUN in one of the world's colours at a random size
-and place. The words are three letters so that they stay legible at 32 px (8-9 px capitals, which
-the OCR engine reads almost without error on clean renders). Text is drawn at 4x in Pillow's
-built-in scalable font, emboldened, and box-filtered down, like the shapes.
+`a sign that says "sun"`, the image shows SUN in one of the world's colours, centred, with a
+little jitter in size and place. The words are three letters so that they stay legible at 32 px
+(8-9 px capitals, which the OCR engine reads almost without error on clean renders). Text is drawn
+at 4x in Pillow's built-in scalable font, emboldened, and box-filtered down, like the shapes.
 """
 
 from __future__ import annotations
@@ -22,7 +22,12 @@ CATEGORY = "text"
 WORDS = ("sun", "cat", "box", "red", "map", "fox", "jam", "owl", "zip", "key", "web", "hut",
          "dog", "pen", "cup", "sky", "bug", "ice", "van", "leg", "mud", "fig", "ray", "tub")
 TEMPLATE = 'a sign that says "{word}"'
-FONT_PX = (10.0, 13.0)  # font size range at 32 px, before supersampling
+FONT_PX = (11.0, 12.5)  # font size range at 32 px, before supersampling
+# Offset of the word's centre from the canvas centre, at most (x, y) pixels at 32 px. The layout
+# stays nearly fixed on purpose: a small model first learns the mean image of a prompt, and over
+# centred signs that mean is a legible (grey) word, whereas over signs anywhere on the canvas it is
+# a dark smear; runs with the word placed anywhere drew no glyphs after 1,600 steps.
+JITTER_PX = (1.0, 2.0)
 # Strokes thickened by half a pixel (at 32 px): 1.7x the ink of the plain font, as legible to the
 # OCR engine, and more of the image for the flow-matching loss to learn the glyphs from
 STROKE = 0.5
@@ -54,8 +59,9 @@ def _font(px: float) -> ImageFont.FreeTypeFont:
 
 
 def render(word: str, seed: int, size: int = 32) -> np.ndarray:
-    """uint8 [size, size, 3]: `word` in capitals, a random colour, size and place (whole word
-    inside the canvas with a one-pixel margin); the same seed gives the same image."""
+    """uint8 [size, size, 3]: `word` in capitals, a random colour, centred with a little jitter
+    in size and place (whole word inside the canvas with a one-pixel margin); the same seed gives
+    the same image."""
     rng = random.Random(f"{word}:{seed}")
     big = size * SUPERSAMPLE
     canvas = Image.new("RGB", (big, big), (0, 0, 0))
@@ -71,8 +77,11 @@ def render(word: str, seed: int, size: int = 32) -> np.ndarray:
         if width + 2 * margin <= big:
             break
         px *= 0.95
-    x = rng.uniform(margin, big - width - margin) - left
-    y = rng.uniform(margin, big - height - margin) - top
+    jitter_x, jitter_y = (j * SUPERSAMPLE * size / 32 for j in JITTER_PX)
+    # the jitter shrinks where the word is too wide for it, so the margin always holds
+    slack_x = min(jitter_x, (big - width) / 2 - margin)
+    x = (big - width) / 2 + rng.uniform(-slack_x, slack_x) - left
+    y = (big - height) / 2 + rng.uniform(-jitter_y, jitter_y) - top
     colour = COLOURS[rng.choice(list(COLOURS))]
     pen.text((x, y), text, fill=colour, font=font, stroke_width=stroke, stroke_fill=colour)
     return np.array(canvas.resize((size, size), Image.BOX), dtype=np.uint8)
