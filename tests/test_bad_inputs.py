@@ -51,7 +51,6 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("pretrain-shapes continuing a run with another seed", ["pretrain-shapes", "{pretrain_run}", "--seed", "3"],
      "--seed"),
     ("eval --task text on the train split", ["eval", "--task", "text", "--split", "train"], "--split"),
-    ("eval --task text without a model", ["eval", "--task", "text"], "--model"),
     ("make-preferences with 0 images per prompt", ["make-preferences", "{tmp}/p", "--n", "0"], "--n"),
     ("make-preferences with margin inf", ["make-preferences", "{tmp}/p", "--margin", "inf"], "--margin"),
     ("make-preferences with 0 pairs", ["make-preferences", "{tmp}/p", "--pairs-per-prompt", "0"],

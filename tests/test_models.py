@@ -155,12 +155,25 @@ def test_fsdp_units_are_the_blocks_the_family_declares_unsplittable(tiny_pixel_p
         no_split_units(torch.nn.Linear(2, 2))
 
 
-def test_a_folder_named_like_a_builtin_loads_with_its_familys_defaults(tmp_path, monkeypatch, tiny_pixel_path):
-    """Only `builtin:shapes` takes the shipped model's declared options (zero T5 tokens); a user's
-    folder that happens to be called `shapes` loads with the family's defaults."""
+def test_a_folder_loads_with_the_options_it_declares(tmp_path, tiny_pixel_path):
+    """A pipeline folder's pixelrl_model.json (the shapes models: zero T5 tokens) sets how eval
+    loads it and is enforced on a training config; a folder without one takes the family's
+    defaults; a malformed one is one clear error."""
+    import shutil
+
+    from pixelrl.core.config_loading import load_config
+    from pixelrl.core.errors import ConfigError, ModelFolderError
     from pixelrl.engine.evaluate import load_for_eval
 
-    (tmp_path / "shapes").symlink_to(tiny_pixel_path, target_is_directory=True)
-    monkeypatch.chdir(tmp_path)
-    assert load_for_eval("shapes").max_sequence_length == 256
     assert load_for_eval("builtin:shapes").max_sequence_length == 0
+    assert load_for_eval(str(tiny_pixel_path)).max_sequence_length == 256
+    folder = tmp_path / "declared"
+    shutil.copytree(tiny_pixel_path, folder)
+    (folder / "pixelrl_model.json").write_text('{"max_sequence_length": 0}')
+    assert load_for_eval(str(folder)).max_sequence_length == 0
+    with pytest.raises(ConfigError, match="model.max_sequence_length.*set model.max_sequence_length=0"):
+        load_config("shapes_flow_grpo", [f"model.path={folder}", "model.max_sequence_length=77"])
+    load_config("shapes_flow_grpo", [f"model.path={folder}"])
+    (folder / "pixelrl_model.json").write_text('{"max_sequence_length": "zero"}')
+    with pytest.raises(ModelFolderError, match="pixelrl_model.json.*integer options"):
+        load_for_eval(str(folder))

@@ -115,5 +115,18 @@ def test_eval_text_command_scores_ocr_per_item_with_intervals(tmp_path, tiny_pix
     assert result["exact"] == pytest.approx(np.mean([r["ocr"] == 1.0 for r in rows]))
     assert main(["eval", "--task", "text", "--split", "train"]) == 2  # before any model loads
     assert "--split" in capsys.readouterr().err
-    assert main(["eval", "--task", "text"]) == 2  # no shipped text model: a folder is required
-    assert "--model" in capsys.readouterr().err
+
+
+def test_the_shipped_text_model_draws_words_the_ocr_engine_partly_reads(tmp_path, capsys):
+    """`pixelrl eval --task text` defaults to builtin:shapes_text, which is loaded with the options
+    its folder declares (zero T5 tokens) and reads between the figures its model card gives for
+    a base that RL can improve: some words whole, most in part."""
+    import json
+
+    from pixelrl.cli import main
+
+    out = tmp_path / "text.json"
+    assert main(["eval", "--task", "text", "--split", "val", "--per-category", "1", "--out", str(out)]) == 0
+    assert "| builtin:shapes_text |" in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert 0.4 <= result["ocr"] <= 0.85 and 0.1 <= result["exact"] <= 0.6, result

@@ -194,14 +194,12 @@ def _eval_text(args) -> int:
 
     if args.split == "train":
         raise ConfigError("--split", args.split, "val or test for --task text (every word trains; the splits are seeds)")
-    if not (args.model or args.checkpoint):
-        raise ConfigError("--model", None, "a text-world pipeline folder (`pixelrl pretrain-shapes OUT --world text` "
-                          "writes one) or --checkpoint of a run trained from one")
-    model = load_for_eval(args.model, args.checkpoint)
+    model_path = args.model or (None if args.checkpoint else "builtin:shapes_text")
+    model = load_for_eval(model_path, args.checkpoint)
     items = shapes_text.evaluation_items(args.split, per_word=args.per_category, seed=args.seed)
     result = evaluate_text(model, items, num_steps=args.steps, guidance_scale=args.cfg)
     result.pop("images")
-    name = Path(args.checkpoint or args.model).name
+    name = Path(args.checkpoint).name if args.checkpoint else model_path
     cells = []
     for key in ("ocr", "exact"):
         low, high = bootstrap_overall(result["items"], key)
@@ -443,7 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, helptext in (("eval", "GenEval-style per-category table on the shapes test set"),
                            ("generate", "write an image grid for a prompt")):
         p = sub.add_parser(name, help=helptext)
-        p.add_argument("--model", default=None, help="pipeline folder (default: builtin:shapes)")
+        p.add_argument("--model", default=None,
+                       help="pipeline folder (default: builtin:shapes, with --task text builtin:shapes_text)")
         p.add_argument("--checkpoint", default=None, help="a global_step_N folder of a training run")
         p.add_argument("--steps", type=positive_int, default=10)
         p.add_argument("--cfg", type=non_negative_float, default=4.0, help="guidance scale")

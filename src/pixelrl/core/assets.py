@@ -15,11 +15,10 @@ BUILTIN = {
     "shapes/val": ASSETS / "shapes_prompts" / "val.jsonl",
     "shapes/test": ASSETS / "shapes_prompts" / "test.jsonl",
     # the text task's 24 prompts (a sign that says "sun"); train and validation differ by seed
+    "shapes_text": ASSETS / "shapes_text_sd3",  # the project-trained text-world model (pipeline folder)
     "shapes_text/words": ASSETS / "shapes_text_prompts" / "words.jsonl",
     "shapes_qa_vlm": ASSETS / "shapes_qa_vlm",  # the project-trained shapes-QA Qwen2-VL (model folder)
 }
-# how a shipped model folder is loaded when no training config says it (eval / generate)
-BUILTIN_MODEL_OPTIONS = {"shapes": {"max_sequence_length": 0}}  # CLIP only: zero T5 tokens
 PREFIX = "builtin:"
 
 

@@ -171,7 +171,7 @@ def validate(cfg: PixelRLConfig) -> None:
     from pixelrl.algos.losses import LOSSES
     from pixelrl.models.base import DTYPES
     from pixelrl.core.assets import resolve
-    from pixelrl.models.loader import MODEL_TYPES, check_model_type, latent_unit, model_family
+    from pixelrl.models.loader import MODEL_TYPES, check_model_type, declared_options, latent_unit, model_family
     from pixelrl.models.lora import LORA_INITS
     from pixelrl.sampling.multistep import SOLVERS
     from pixelrl.sampling.schedule import SIGMA_SCHEDULES
@@ -326,6 +326,10 @@ def validate(cfg: PixelRLConfig) -> None:
         raise ConfigError("model.path", m.path, "the folder does not exist: set model.path to a local diffusers "
                           "pipeline folder (or builtin:shapes; `pixelrl build-tiny DIR` makes a tiny random one)")
     check_model_type(m.type, m.path)
+    for option, value in declared_options(m.path).items():
+        if getattr(m, option) != value:
+            raise ConfigError(f"model.{option}", getattr(m, option), f"the model folder was trained with {value} "
+                              f"(its pixelrl_model.json): set model.{option}={value}")
 
 
 def _check_output_locations(cfg: PixelRLConfig) -> None:

@@ -127,16 +127,13 @@ def format_table(result: dict, title: str = "", score: str = "strict") -> str:
 def load_for_eval(model_path: str | None = None, checkpoint: str | None = None):
     """The model to evaluate: a pipeline folder (or `builtin:shapes`), or a training checkpoint
     (its base model with the trained weights of `global_step_N/actor` applied). A folder loads
-    with its family's defaults, a shipped one with the options it declares."""
+    with its family's defaults and the options its pixelrl_model.json declares."""
     from pathlib import Path
 
-    from pixelrl.core.assets import BUILTIN_MODEL_OPTIONS, PREFIX
     from pixelrl.models.loader import load_configured_model, load_folder_model
 
     if checkpoint is None:
-        path = str(model_path or "builtin:shapes")
-        shipped = path[len(PREFIX):] if path.startswith(PREFIX) else None
-        return load_folder_model(path, **BUILTIN_MODEL_OPTIONS.get(shipped, {}))
+        return load_folder_model(str(model_path or "builtin:shapes"))
     from pixelrl.core.config_loading import from_yaml_text
     from pixelrl.engine.checkpoint import load_engine
     from pixelrl.engine.policy_engine import PolicyEngine

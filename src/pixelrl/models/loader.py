@@ -90,8 +90,34 @@ def check_model_type(model_type: str, path) -> None:
         raise ConfigError("model.type", model_type, f"model.path holds a {found} folder, not a {expected} one: {fix}")
 
 
+# A pipeline folder may declare how it was trained to be loaded, in this file: the shapes models
+# were trained with zero T5 tokens, and loading them with the family default (256 zero tokens in
+# the joint attention) gives a different model that scores far worse, with no error.
+DECLARED_OPTIONS_FILE = "pixelrl_model.json"
+DECLARABLE_OPTIONS = ("max_sequence_length",)
+
+
+def declared_options(path) -> dict:
+    """The `model.*` options the folder's pixelrl_model.json declares ({} without that file)."""
+    from pixelrl.core.assets import resolve
+
+    file = Path(resolve(str(path))) / DECLARED_OPTIONS_FILE
+    if not file.is_file():
+        return {}
+    try:
+        options = json.loads(file.read_text())
+    except (OSError, ValueError) as err:
+        raise ModelFolderError(f"{file}: not readable JSON ({err}); fix or delete the file") from None
+    if not isinstance(options, dict) or any(k not in DECLARABLE_OPTIONS for k in options) or \
+            any(type(v) is not int for v in options.values()):
+        raise ModelFolderError(f"{file}: {options!r} must be an object of integer options among "
+                               f"{list(DECLARABLE_OPTIONS)}, e.g. {{\"max_sequence_length\": 0}}")
+    return options
+
+
 def load_folder_model(path, **kwargs) -> DiffusionModel:
-    """Load a pipeline folder as the family its model_index.json names (eval / generate)."""
+    """Load a pipeline folder as the family its model_index.json names (eval / generate), with
+    the options the folder declares (`kwargs` override them)."""
     from pixelrl.core.assets import resolve
 
     model_type = folder_model_type(path)
@@ -99,4 +125,4 @@ def load_folder_model(path, **kwargs) -> DiffusionModel:
         raise ModelFolderError(f"model folder `{resolve(str(path))}`: its model_index.json is missing or names a "
                                f"pipeline pixelrl has no family for (families: {MODEL_TYPES.names()}); point at a "
                                "diffusers pipeline folder saved by one of their pipelines")
-    return load_model(model_type, path, **kwargs)
+    return load_model(model_type, path, **{**declared_options(path), **kwargs})

@@ -26,6 +26,7 @@ from pixelrl.data.shapes import evaluation_items, prompt_splits, render, vocabul
 from pixelrl.engine.evaluate import evaluate_geneval, evaluate_text, format_table
 from pixelrl.engine.learner import Learner
 from pixelrl.models.base import DiffusionModel
+from pixelrl.models.loader import DECLARED_OPTIONS_FILE
 from pixelrl.models.sd3 import SD3Model, build_tiny_sd3
 from pixelrl.rewards.shapes import CATEGORIES
 
@@ -129,6 +130,8 @@ def save_pipeline(model: SD3Model, template: Path, out: Path) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(template, tmp)
     model.transformer.save_pretrained(tmp / "transformer", safe_serialization=True)
+    # trained with CLIP tokens only: loading it with T5's zero tokens would change the model
+    (tmp / DECLARED_OPTIONS_FILE).write_text(json.dumps({"max_sequence_length": 0}) + "\n")
     for suffix, enc in zip(("", "_2"), model.clip_encoders):
         enc.save_pretrained(tmp / f"text_encoder{suffix}", safe_serialization=True)
     shutil.rmtree(out, ignore_errors=True)
