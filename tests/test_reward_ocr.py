@@ -57,3 +57,30 @@ def test_ocr_reward_inside_weighted_reward_names_a_prompt_without_target():
 def test_ocr_options_checked_with_the_config():
     with pytest.raises(ConfigError, match="min_confidence"):
         get_reward("ocr", min_confidence=1.5)
+    with pytest.raises(ConfigError, match="det_limit_side_len"):
+        get_reward("ocr", det_limit_side_len=960.5)
+    with pytest.raises(ConfigError, match="det_limit_type.*PaddleOCR"):
+        get_reward("ocr", det_limit_type="both")
+
+
+def test_ocr_detection_keeps_small_images_at_their_size_by_default(monkeypatch):
+    """Detection limits the longer side to 960 (PaddleOCR's default): the engine is built with
+    those options, and a 32 px render is read at its own size, exactly."""
+    import rapidocr_onnxruntime
+
+    from pixelrl.data import shapes_text
+
+    built = []
+    real = rapidocr_onnxruntime.RapidOCR
+
+    def spy(**kwargs):
+        built.append(kwargs)
+        return real(**kwargs)
+
+    monkeypatch.setattr(rapidocr_onnxruntime, "RapidOCR", spy)
+    reward = get_reward("ocr")
+    words = ["sun", "owl", "zip", "key"]
+    images = torch.from_numpy(np.stack([shapes_text.render(w, 3) for w in words]))
+    scores = reward(images, [f'a sign that says "{w}"' for w in words], [{}] * 4)["ocr"]
+    assert built[0]["det_limit_side_len"] == 960 and built[0]["det_limit_type"] == "max"
+    assert scores.tolist() == [1.0] * 4

@@ -83,7 +83,7 @@ def test_pretraining_on_the_text_world_writes_a_pipeline_and_logs_ocr(tmp_path):
     assert (final / "model_index.json").is_file()
     record = [json.loads(line) for line in (tmp_path / "run" / "pretrain_log.jsonl").read_text().splitlines()][-1]
     assert record["step"] == 2 and 0.0 <= record["val_ocr_exact"] <= record["val_ocr"] <= 1.0
-    vocab = (final / "tokenizer" / "vocab.json").read_text()
+    vocab = (final / "tokenizer" / "tokenizer.json").read_text()
     assert '"sun</w>"' in vocab and '"circle</w>"' not in vocab  # the text world's words, not the scenes'
 
 
