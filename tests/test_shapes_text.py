@@ -11,14 +11,14 @@ from pixelrl.rewards import RewardSpec, WeightedReward
 
 def test_every_word_renders_legibly_at_32_px():
     """The task is solvable: on clean 32 px renders of every word (random colour, jittered size and
-    place) the OCR reward reads nearly all exactly (24 of 24 at this seed, 0.96 over 96 renders;
-    the engine misreads a letter of a few), and a blank canvas scores 0."""
+    place) the OCR reward reads all exactly (24 of 24 at this seed, 96 of 96 over seeds 7-10; one
+    misread is allowed for engine updates), and a blank canvas scores 0."""
     items = shapes_text.prompt_items()
     images = torch.from_numpy(np.stack([shapes_text.render(it["metadata"]["text"], seed=7) for it in items]))
     prompts = [it["prompt"] for it in items]
     reward = WeightedReward([RewardSpec("ocr")])
     scores = reward(images, prompts, [it["metadata"] for it in items])["ocr"]
-    assert (scores == 1.0).sum() >= 22 and scores.mean() > 0.9
+    assert (scores == 1.0).sum() >= 23 and scores.mean() > 0.95
     blank = reward(torch.zeros_like(images[:2]), prompts[:2], [{}, {}])["ocr"]
     assert blank.tolist() == [0.0, 0.0]
 
