@@ -205,3 +205,58 @@ def test_console_shows_reward_and_held_out_accuracy(tiny_vlm_path, tmp_path):
                  "--out", str(png), "--x", "minutes"]) == 0
     assert Image.open(png).size[1] > 4 * 200  # five panels: accuracy, three per type, explained variance
     assert main(["plot", result["run_dir"], "--keys", "nope/*", "--out", str(png)]) == 2
+
+
+def test_entropy_bonus_alone_raises_the_policy_entropy(tmp_path):
+    """Every answer earns the same reward, so GRPO's advantages are zero and only the entropy
+    bonus moves the policy: with vlm.entropy_coef > 0 the entropy of the same responses rises,
+    and the logged bonus is their entropy aggregated like the policy loss. (The shipped model:
+    a random one is already at maximal entropy.)"""
+    from pixelrl.engine.vlm_engine import VLMEngine
+    from pixelrl.trainers.vlm_ppo import task_items
+
+    def entropy_after_one_step(coef):
+        cfg = vlm_config("builtin:shapes_qa_vlm", tmp_path / str(coef), "actor.lr=1e-3", "actor.weight_decay=0",
+                         "actor.ppo_mini_batch_size=16", "actor.ppo_micro_batch_size=16", f"vlm.entropy_coef={coef}",
+                         "reward.functions=[{name: answer_format, options: {pattern: '.*'}}]")
+        engine = VLMEngine(cfg)
+        exp, metrics = engine.make_experience(task_items(cfg, "train", 0, 4), 1)
+        assert metrics["reward/overall"] == 1.0 and not exp.advantages.any()
+        with torch.no_grad():
+            before = engine.policy.token_logprobs(exp.batch, with_entropy=True)[1]
+        trained = engine.train_on(exp, 1)
+        with torch.no_grad():
+            after = engine.policy.token_logprobs(exp.batch, with_entropy=True)[1]
+        mask = exp.batch.response_mask
+        return T.masked_mean(before, mask), T.masked_mean(after, mask), trained, T.aggregate(before, mask)
+
+    before, after, metrics, expected_bonus = entropy_after_one_step(0.5)
+    assert after > before + 0.01, (before, after)
+    assert metrics["actor/grad_norm"] > 0  # finite: the suppressed tokens' -inf log-probs do not reach it
+    assert metrics["actor/entropy_bonus"] == pytest.approx(float(expected_bonus), rel=1e-5)
+    before, after, metrics, _ = entropy_after_one_step(0.0)
+    assert "actor/entropy_bonus" not in metrics and abs(float(after - before)) < 1e-6
+
+
+def test_old_log_probs_from_the_sampler_equal_the_recomputed_ones(tiny_vlm_path, tmp_path):
+    """vlm.recompute_old_logp=false takes PPO's old log-probs and the entropies from sampling:
+    the same numbers as the separate scoring forward (to float reordering), without that forward."""
+    from pixelrl.engine.vlm_engine import VLMEngine
+    from pixelrl.trainers.vlm_ppo import task_items
+
+    def experience(recompute):
+        cfg = vlm_config(tiny_vlm_path, tmp_path / str(recompute), f"vlm.recompute_old_logp={recompute}")
+        engine = VLMEngine(cfg)
+        calls = []
+        score = engine.policy.token_logprobs
+        engine.policy.token_logprobs = lambda *a, **k: calls.append(1) or score(*a, **k)
+        exp, metrics = engine.make_experience(task_items(cfg, "train", 0, 4), 1)
+        return exp, metrics, len(calls)
+
+    scored, scored_metrics, scored_calls = experience(True)
+    sampled, sampled_metrics, sampled_calls = experience(False)
+    assert torch.equal(scored.batch.input_ids, sampled.batch.input_ids)  # the same samples
+    assert scored_calls == 4 and sampled_calls == 0  # four micro-batches of 4 against none
+    torch.testing.assert_close(sampled.old_logp, scored.old_logp, atol=2e-5, rtol=0)
+    assert sampled_metrics["response/entropy"] == pytest.approx(scored_metrics["response/entropy"], abs=2e-5)
+    torch.testing.assert_close(sampled.advantages, scored.advantages)

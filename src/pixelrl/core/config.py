@@ -239,6 +239,13 @@ class VLMConfig:
     kl_target: float | None = None  # set: adaptive KL controller
     kl_horizon: int = 10000
     entropy_mask_ratio: float = 0.0  # train the policy on the top fraction of highest-entropy tokens
+    # > 0: subtract coef x the policy's token entropy (aggregated like the policy loss) from the
+    # actor loss, to keep sampling diverse (verl's actor.entropy_coeff)
+    entropy_coef: float = 0.0
+    # PPO's old log-probs (and the logged entropy) by a separate no-grad forward of the sampled
+    # sequences, as verl and LightRFT do (their samplers are other engines). false: reuse those the
+    # sampler computed with the same weights (equal within float reordering, one forward less)
+    recompute_old_logp: bool = True
     ptx_coef: float = 0.0  # supervised loss on the step's prompts and their reference answers
     ema_decay: float = 0.0  # > 0: keep an EMA of the actor (0.992 in LightRFT), saved with checkpoints
     critic_lr: float = 1e-4

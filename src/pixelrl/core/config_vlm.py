@@ -66,7 +66,8 @@ def validate_vlm(cfg: PixelRLConfig) -> None:
         _positive(field, value)
     for field, value in (("vlm.temperature", v.temperature), ("vlm.kl_coef", v.kl_coef),
                          ("vlm.clip_low", v.clip_low), ("vlm.clip_high", v.clip_high), ("vlm.gamma", v.gamma),
-                         ("vlm.lam", v.lam), ("vlm.ptx_coef", v.ptx_coef), ("vlm.ema_decay", v.ema_decay),
+                         ("vlm.lam", v.lam), ("vlm.ptx_coef", v.ptx_coef), ("vlm.entropy_coef", v.entropy_coef),
+                         ("vlm.ema_decay", v.ema_decay),
                          ("vlm.freezing_actor_steps", v.freezing_actor_steps),
                          ("trainer.time_budget_s", t.time_budget_s)):
         _positive(field, value, allow_zero=True)

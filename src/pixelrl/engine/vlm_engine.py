@@ -154,7 +154,10 @@ class VLMEngine:
         timing["timing/reward_s"] = time.perf_counter() - clock
         clock = time.perf_counter()
         mask = batch.response_mask
-        old_logp, entropy = self._score_tokens(batch, entropy=True)
+        if v.recompute_old_logp:
+            old_logp, entropy = self._score_tokens(batch, entropy=True)
+        else:
+            old_logp, entropy = batch.extra["rollout_logp"], batch.extra["rollout_entropy"]
         ref_logp = self._reference_logp(batch) if v.kl_coef > 0 else None
         kl = T.kl_estimate(old_logp, ref_logp, mask, v.kl_estimator) if ref_logp is not None else None
         beta_in_reward = self.kl_ctl.value if (kl is not None and v.kl_in_reward) else 0.0
@@ -226,8 +229,17 @@ class VLMEngine:
                     sub = exp.select(rows[micro])
                     weight = len(micro) / len(rows)
                     if train_actor:
-                        logp = self.policy.token_logprobs(sub.batch, temperature=v.temperature)
+                        if v.entropy_coef > 0:
+                            logp, entropy = self.policy.token_logprobs(sub.batch, temperature=v.temperature,
+                                                                       with_entropy=True)
+                        else:
+                            logp = self.policy.token_logprobs(sub.batch, temperature=v.temperature)
                         loss, m = self._policy_loss(sub, logp)
+                        if v.entropy_coef > 0:
+                            # over every response token (not the entropy-masked subset), as verl does
+                            bonus = T.aggregate(entropy, sub.batch.response_mask, v.aggregation)
+                            loss = loss - v.entropy_coef * bonus
+                            m["entropy_bonus"] = bonus.detach()
                         if sub.ref_logp is not None and not v.kl_in_reward:
                             kl = T.kl_estimate(logp, sub.ref_logp, sub.batch.response_mask, v.kl_estimator)
                             loss = loss + self.kl_ctl.value * T.masked_mean(kl, sub.batch.response_mask, dim=-1).mean()

@@ -156,8 +156,9 @@ class QwenVLModel:
                  max_new_tokens: int = 8, module: nn.Module | None = None) -> TokenBatch:
         """Sample one response per prompt row (repeat rows for n samples), stopping at EOS.
 
-        Returns the full sequences with `response_mask` and `extra["rollout_logp"]`: the log-prob
-        of each sampled token under the sampling distribution (temperature applied, before top-p)."""
+        Returns the full sequences with `response_mask`, `extra["rollout_logp"]`: the log-prob
+        of each sampled token under the sampling distribution (temperature applied, before top-p),
+        and `extra["rollout_entropy"]`: that distribution's entropy, as `token_logprobs` gives them."""
         module = module or self.model
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -171,11 +172,23 @@ class QwenVLModel:
                 return_dict_in_generate=True, synced_gpus=self.synced_generation)
         responses = out.sequences[:, prompts.prompt_length:]
         mask = response_mask_from(responses, self.eos_id)
-        logits = self._suppress(torch.stack(out.logits, 1).float()) / (temperature if temperature > 0 else 1.0)
-        logp = torch.log_softmax(logits, -1).gather(-1, responses.unsqueeze(-1)).squeeze(-1) * mask
+        logp, entropy = self._logp_and_entropy(torch.stack(out.logits, 1), responses, mask, temperature)
         return replace(prompts, input_ids=out.sequences,
                        attention_mask=torch.cat([prompts.attention_mask, mask.long()], 1),
-                       response_mask=mask, extra={"rollout_logp": logp})
+                       response_mask=mask, extra={"rollout_logp": logp, "rollout_entropy": entropy})
+
+    def _logp_and_entropy(self, logits: torch.Tensor, responses: torch.Tensor, mask: torch.Tensor,
+                          temperature: float, with_entropy: bool = True):
+        logits = self._suppress(logits.float()) / (temperature if temperature > 0 else 1.0)
+        logp_all = torch.log_softmax(logits, -1)
+        logp = logp_all.gather(-1, responses.unsqueeze(-1)).squeeze(-1) * mask
+        if not with_entropy:  # a real vocabulary makes the [B, R, V] entropy costly: only on request
+            return logp, None
+        # -sum p log p with 0 log 0 = 0 written so that its gradient is finite: the suppressed
+        # tokens' -inf log-probs would make entr's (and p * log p's) backward NaN
+        probs = logp_all.exp()
+        entropy = -(probs * logp_all.masked_fill(probs == 0, 0.0)).sum(-1) * mask
+        return logp, entropy
 
     # --- scoring -------------------------------------------------------------------------
     def response_logits(self, module: nn.Module, batch: TokenBatch) -> torch.Tensor:
@@ -194,14 +207,9 @@ class QwenVLModel:
                        with_entropy: bool = False):
         """Per-token log-probs [B, R] of the batch's responses (zero outside `response_mask`), and
         with `with_entropy` the token entropies of the same distributions."""
-        logits = self.response_logits(module or self.model, batch).float()
-        logits = self._suppress(logits) / (temperature if temperature > 0 else 1.0)
-        logp_all = torch.log_softmax(logits, -1)
-        logp = logp_all.gather(-1, batch.responses.unsqueeze(-1)).squeeze(-1) * batch.response_mask
-        if not with_entropy:
-            return logp
-        entropy = torch.special.entr(logp_all.exp()).sum(-1) * batch.response_mask  # 0 log 0 = 0
-        return logp, entropy
+        logp, entropy = self._logp_and_entropy(self.response_logits(module or self.model, batch),
+                                               batch.responses, batch.response_mask, temperature, with_entropy)
+        return (logp, entropy) if with_entropy else logp
 
     # --- LoRA ----------------------------------------------------------------------------
     def add_lora(self, *, rank: int, alpha: float, targets=("q_proj", "k_proj", "v_proj", "o_proj")) -> None:
