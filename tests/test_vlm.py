@@ -5,6 +5,7 @@ import torch
 from conftest import vlm_config
 
 from pixelrl.algos import token_ppo as T
+from pixelrl.core.config_loading import to_yaml
 from pixelrl.core.errors import ConfigError
 from pixelrl.data import shapes_qa
 from pixelrl.models.qwen_vl import QwenVLModel, response_mask_from
@@ -260,3 +261,25 @@ def test_old_log_probs_from_the_sampler_equal_the_recomputed_ones(tiny_vlm_path,
     torch.testing.assert_close(sampled.old_logp, scored.old_logp, atol=2e-5, rtol=0)
     assert sampled_metrics["response/entropy"] == pytest.approx(scored_metrics["response/entropy"], abs=2e-5)
     torch.testing.assert_close(sampled.advantages, scored.advantages)
+
+
+def test_validate_ema_scores_the_ema_actor_and_keeps_the_actor(tmp_path):
+    """With an EMA that barely moves (decay 1 - 1e-9), validating the EMA gives the base model's
+    answers while the trained actor's differ; afterwards the actor's weights are its own, bitwise."""
+    from pixelrl.workers.vlm_worker import VLMWorker
+
+    cfg = vlm_config("builtin:shapes_qa_vlm", tmp_path, "actor.lr=3e-3", "vlm.ema_decay=0.999999999",
+                     "vlm.val_items=60")
+    worker = VLMWorker(to_yaml(cfg))
+    worker.setup()
+    base = worker.validate()
+    for step in (1, 2, 3):
+        worker.train_step(step)
+    trained = [p.detach().clone() for p in worker.engine.trainable]
+    actor = worker.validate()
+    worker.cfg.vlm.validate_ema = True
+    ema = worker.validate()
+    assert ema == base and actor != base
+    assert all(torch.equal(p, q) for p, q in zip(worker.engine.trainable, trained))
+    with pytest.raises(ConfigError, match=r"vlm\.validate_ema"):
+        vlm_config("builtin:shapes_qa_vlm", tmp_path, "vlm.validate_ema=true")

@@ -248,6 +248,7 @@ class VLMConfig:
     recompute_old_logp: bool = True
     ptx_coef: float = 0.0  # supervised loss on the step's prompts and their reference answers
     ema_decay: float = 0.0  # > 0: keep an EMA of the actor (0.992 in LightRFT), saved with checkpoints
+    validate_ema: bool = False  # validation scores the EMA actor (the model LightRFT keeps) instead of the actor
     critic_lr: float = 1e-4
     value_clip: float | None = 0.2
     freezing_actor_steps: int = 0  # critic warm-up: only the critic trains for this many steps

@@ -10,6 +10,7 @@ Every random choice is seeded by the step, so a run resumed from a checkpoint re
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from dataclasses import dataclass, replace
@@ -115,6 +116,19 @@ class VLMEngine:
 
     def _whiten(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return T.masked_whiten(x, mask, all_reduce=all_reduce_sum if self.data_parallel_size > 1 else None)
+
+    @contextlib.contextmanager
+    def ema_weights(self):
+        """The actor's trainable parameters hold their EMA inside the block (to validate the EMA
+        actor) and get their own values back, bit for bit, when it ends."""
+        saved = [p.detach().clone() for p in self.trainable]
+        with torch.no_grad():
+            torch._foreach_copy_(self.trainable, self.ema)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                torch._foreach_copy_(self.trainable, saved)
 
     # --- helpers -------------------------------------------------------------------------
     def _micro(self, n: int):

@@ -8,6 +8,7 @@ GRPO groups never straddle ranks: a question's n answers are sampled on one rank
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from pixelrl.workers.policy_worker import RankProcess
@@ -56,7 +57,8 @@ class VLMWorker(RankProcess):
         from pixelrl.trainers.vlm_ppo import task_items
 
         items = self._share(task_items(self.cfg, "test", 0, self.cfg.vlm.val_items))
-        return answer_correctness(self.engine.policy, items, max_new_tokens=self.cfg.vlm.max_new_tokens)
+        with self.engine.ema_weights() if self.cfg.vlm.validate_ema else contextlib.nullcontext():
+            return answer_correctness(self.engine.policy, items, max_new_tokens=self.cfg.vlm.max_new_tokens)
 
     def trainable_state(self) -> dict:
         """This rank's full trainable weights (and critic) as numpy arrays, to check ranks agree."""
