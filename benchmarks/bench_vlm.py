@@ -3,13 +3,15 @@
 Each configuration runs in its own process (so peak RSS is its own) on the shipped shapes-QA
 model, through the trainer: `--steps` steps after one warm-up step, GRPO (group_norm, no critic)
 and PPO with a critic (gae), at two batch sizes, with 1 and 2 PPO epochs, and on 2 Ray workers
-(DDP and FSDP2, one thread each) against one process with 2 threads. Counts are per rank and
+(DDP and FSDP2, one thread each) against one process with 2 threads, and with PPO's old
+log-probs taken from sampling instead of a scoring forward. Counts are per rank and
 step (a rank runs its share of the batch). Forwards and backwards per step are
 counted from the schedule: generation runs one forward per new token over the batch; scoring
 runs the old-policy forward (+ reference, + critic); each micro-batch of an update runs one
 forward and one backward of the actor (+ the critic).
 
     python benchmarks/bench_vlm.py            # ~6 min on 2 cores
+    python benchmarks/bench_vlm.py --only "GRPO 32x8" "GRPO 32x8, old log-probs from sampling"
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ RAY = ["trainer.backend=ray", "trainer.n_workers=2", "trainer.num_cpus_per_worke
 CONFIGS = {
     "GRPO 16x8": BASE,
     "GRPO 32x8": BIG,
+    "GRPO 32x8, old log-probs from sampling": BIG + ["vlm.recompute_old_logp=false"],
     "GRPO 16x8, 2 epochs": BASE + ["actor.ppo_epochs=2"],
     "PPO+critic (gae) 16x8": BASE + ["vlm.estimator=gae"],
     "GRPO 16x8 + KL (ref)": BASE + ["vlm.kl_coef=0.01"],
@@ -55,7 +58,7 @@ def run_one(overrides: list[str], steps: int) -> dict:
     micro = min(cfg.actor.ppo_micro_batch_size, (cfg.actor.ppo_mini_batch_size or samples) // workers)
     batches = -(-samples // workers // micro)  # micro-batches per rank
     update_passes = cfg.actor.ppo_epochs * batches
-    scoring = 1 + (cfg.vlm.kl_coef > 0) + (cfg.vlm.estimator == "gae")
+    scoring = int(cfg.vlm.recompute_old_logp) + (cfg.vlm.kl_coef > 0) + (cfg.vlm.estimator == "gae")
     critic = 1 + (cfg.vlm.estimator == "gae")
     return {
         "samples/s": samples / mean["timing/step_s"],
@@ -74,6 +77,7 @@ def run_one(overrides: list[str], steps: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--only", nargs="*", default=None, help="run only the configs with these names")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one is not None:
@@ -85,6 +89,8 @@ def main() -> None:
     print(header)
     print("|---" * (header.count("|") - 1) + "|")
     for name, overrides in CONFIGS.items():
+        if args.only is not None and name not in args.only:
+            continue
         out = subprocess.run([sys.executable, __file__, "--steps", str(args.steps), "--one", json.dumps(overrides)],
                              capture_output=True, text=True, check=True)
         r = json.loads(out.stdout.strip().splitlines()[-1])

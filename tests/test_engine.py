@@ -130,6 +130,27 @@ def test_weights_that_turn_non_finite_stop_the_run_at_that_step():
     assert healthy.step(1.0)["stepped"] == 1.0 and torch.isfinite(other).all()
 
 
+def test_cosine_lr_schedule_by_hand():
+    """lr 1.0, 2 warm-up steps, cosine over 6 optimizer steps down to 0.1: the lr the optimizer
+    applies at each step, read back from the learner after each step."""
+    from pixelrl.engine.learner import Learner
+
+    weight = torch.nn.Parameter(torch.ones(1))
+    learner = Learner(lambda: [weight], lr=1.0, warmup_steps=2, schedule="cosine", total_steps=6, min_lr_ratio=0.1)
+    applied = []
+    for _ in range(8):
+        applied.append(learner.current_lr)
+        weight.sum().backward()
+        learner.step(1.0)
+    # warm-up 1/2, 1; then 0.1 + 0.9 * (1 + cos(pi * k / 4)) / 2 for k = 0..4, then the floor
+    expected = [0.5, 1.0, 1.0, 0.1 + 0.9 * 0.853553, 0.55, 0.1 + 0.9 * 0.146447, 0.1, 0.1]
+    assert applied == pytest.approx(expected, abs=1e-6)
+    constant = Learner(lambda: [weight], lr=1.0, warmup_steps=2)
+    assert [constant.lr_factor(k) for k in range(4)] == [0.5, 1.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="total_steps"):
+        Learner(lambda: [weight], lr=1.0, schedule="cosine", total_steps=0)
+
+
 @pytest.mark.parametrize("loss", ["flow_grpo", "flow_dppo"])
 def test_window_steps_in_one_forward_give_the_same_update(make_engine, tiny_sd3_path, loss):
     """actor.window_steps_per_forward = 0 (all steps of a micro-batch side by side) against 1 (a

@@ -283,3 +283,20 @@ def test_validate_ema_scores_the_ema_actor_and_keeps_the_actor(tmp_path):
     assert all(torch.equal(p, q) for p, q in zip(worker.engine.trainable, trained))
     with pytest.raises(ConfigError, match=r"vlm\.validate_ema"):
         vlm_config("builtin:shapes_qa_vlm", tmp_path, "vlm.validate_ema=true")
+
+
+def test_cosine_lr_decays_over_the_actors_optimizer_steps(tiny_vlm_path, tmp_path):
+    """4 questions x 4 answers in mini-batches of 8: 2 optimizer steps per step; 5 steps of which
+    the first is a critic warm-up leave 8 actor steps, the last one at the floor min_lr_ratio x lr."""
+    from pixelrl.trainers.vlm_ppo import VLMPPOTrainer
+
+    cfg = vlm_config(tiny_vlm_path, tmp_path, "actor.lr_schedule=cosine", "actor.min_lr_ratio=0.1", "actor.lr=1e-3",
+                     "trainer.total_training_steps=5", "vlm.estimator=gae", "vlm.freezing_actor_steps=1")
+    result = VLMPPOTrainer(cfg).fit()
+    learner = result["engine"].actor_learner
+    assert learner.total_steps == 8 and learner.lr_scheduler.last_epoch == 8
+    lrs = [row["actor/lr"] for row in result["history"]]  # the lr after each step's optimizer steps
+    assert lrs[0] == pytest.approx(1e-3) and lrs[-1] == pytest.approx(1e-4)
+    assert all(a > b for a, b in zip(lrs[1:], lrs[2:]))
+    with pytest.raises(ConfigError, match=r"actor\.lr_schedule"):
+        vlm_config(tiny_vlm_path, tmp_path, "actor.lr_schedule=linear")

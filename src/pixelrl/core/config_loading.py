@@ -189,6 +189,10 @@ def validate(cfg: PixelRLConfig) -> None:
         _check_rewards_and_loggers(cfg)
         _check_output_locations(cfg)
         return
+    if cfg.actor.lr_schedule != "constant":
+        raise ConfigError("actor.lr_schedule", cfg.actor.lr_schedule, "the diffusion trainers keep a constant lr after "
+                          "warm-up, as the reference implementations do; cosine decay is for "
+                          "algorithm.trainer_type=vlm_ppo: remove it")
     _choice("model.type", m.type, MODEL_TYPES.names())
     _choice("model.dtype", m.dtype, sorted(DTYPES))
     _choice("model.lora_init", m.lora_init, LORA_INITS)

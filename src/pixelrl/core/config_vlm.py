@@ -71,6 +71,14 @@ def validate_vlm(cfg: PixelRLConfig) -> None:
                          ("vlm.freezing_actor_steps", v.freezing_actor_steps),
                          ("trainer.time_budget_s", t.time_budget_s)):
         _positive(field, value, allow_zero=True)
+    from pixelrl.engine.learner import LR_SCHEDULES
+
+    _choice("actor.lr_schedule", a.lr_schedule, LR_SCHEDULES)
+    if not 0 <= a.min_lr_ratio <= 1:
+        raise ConfigError("actor.min_lr_ratio", a.min_lr_ratio, "must be in [0, 1] (the final lr over actor.lr)")
+    if a.lr_schedule == "cosine" and t.total_training_steps - v.freezing_actor_steps <= 0:
+        raise ConfigError("trainer.total_training_steps", t.total_training_steps, "a cosine lr decays over the "
+                          "actor's steps: set it above vlm.freezing_actor_steps")
     if v.top_p > 1:
         raise ConfigError("vlm.top_p", v.top_p, "must be in (0, 1]")
     if not 0 <= v.entropy_mask_ratio <= 1:

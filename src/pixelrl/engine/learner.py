@@ -14,15 +14,24 @@ from typing import Callable
 import torch
 
 
+LR_SCHEDULES = ("constant", "cosine")
+
+
 class Learner:
     def __init__(self, params_fn: Callable[[], list[torch.nn.Parameter]], *, lr: float,
                  betas: tuple[float, float] = (0.9, 0.999), weight_decay: float = 0.0, eps: float = 1e-8,
-                 warmup_steps: int = 0, max_grad_norm: float = 1.0, max_consecutive_nonfinite: int = 3):
+                 warmup_steps: int = 0, max_grad_norm: float = 1.0, max_consecutive_nonfinite: int = 3,
+                 schedule: str = "constant", total_steps: int = 0, min_lr_ratio: float = 0.0):
         # `params_fn` returns the trainable parameters as they are now: FSDP2 replaces them with
         # sharded DTensors, after which `rebuild()` builds the optimizer over the new ones.
         self.params_fn = params_fn
         self.lr, self.betas, self.weight_decay, self.eps = lr, tuple(betas), weight_decay, eps
         self.warmup_steps = max(int(warmup_steps), 0)
+        if schedule not in LR_SCHEDULES:
+            raise ValueError(f"unknown lr schedule {schedule!r}; choose one of {LR_SCHEDULES}")
+        if schedule == "cosine" and total_steps <= self.warmup_steps:
+            raise ValueError(f"a cosine schedule needs total_steps ({total_steps}) > warmup_steps ({self.warmup_steps})")
+        self.schedule, self.total_steps, self.min_lr_ratio = schedule, int(total_steps), float(min_lr_ratio)
         self.max_grad_norm = max_grad_norm
         self.max_consecutive_nonfinite = max_consecutive_nonfinite
         self.nonfinite_in_a_row = 0
@@ -32,19 +41,30 @@ class Learner:
         self.rebuild()
 
     @classmethod
-    def from_actor_config(cls, params_fn, acfg) -> "Learner":
+    def from_actor_config(cls, params_fn, acfg, total_steps: int = 0) -> "Learner":
+        """`total_steps`: the optimizer steps of the whole run (what a cosine schedule decays over)."""
         return cls(params_fn, lr=acfg.lr, betas=tuple(acfg.betas), weight_decay=acfg.weight_decay,
                    eps=acfg.adam_eps, warmup_steps=acfg.warmup_steps, max_grad_norm=acfg.max_grad_norm,
-                   max_consecutive_nonfinite=acfg.max_consecutive_nonfinite)
+                   max_consecutive_nonfinite=acfg.max_consecutive_nonfinite, schedule=acfg.lr_schedule,
+                   total_steps=total_steps, min_lr_ratio=acfg.min_lr_ratio)
+
+    def lr_factor(self, step: int) -> float:
+        """The multiplier of `lr` at optimizer step `step` (0-based): linear warm-up, then constant
+        or a half cosine from 1 down to `min_lr_ratio` at `total_steps` (verl's cosine schedule)."""
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        if self.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))
+        return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     def rebuild(self) -> None:
-        """(Re)create AdamW and its linear warm-up over the current trainable parameters."""
+        """(Re)create AdamW and its schedule over the current trainable parameters."""
         self.params = list(self.params_fn())
         self.optimizer = torch.optim.AdamW(self.params, lr=self.lr, betas=self.betas,
                                            weight_decay=self.weight_decay, eps=self.eps)
-        warmup = self.warmup_steps
-        self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+        # a plain function: LambdaLR saves the state of callable objects (and bound methods) in its state_dict
+        self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: self.lr_factor(step))
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
