@@ -208,6 +208,43 @@ def test_console_shows_reward_and_held_out_accuracy(tiny_vlm_path, tmp_path):
     assert main(["plot", result["run_dir"], "--keys", "nope/*", "--out", str(png)]) == 2
 
 
+def test_balanced_accuracy_scores_a_one_answer_policy_at_one_over_k_by_hand():
+    from pixelrl.engine.pretrain_vlm import summarise_correctness
+
+    # position: "yes" to everything, 3 of 4 questions are yes; colour: red right, blue wrong (twice)
+    results = [("position", "yes", 1.0), ("position", "yes", 1.0), ("position", "yes", 1.0), ("position", "no", 0.0),
+               ("colour", "red", 1.0), ("colour", "blue", 0.0), ("colour", "blue", 0.0)]
+    got = summarise_correctness(results)
+    assert got["accuracy"] == pytest.approx(4 / 7)
+    assert got["accuracy_position"] == pytest.approx(0.75) and got["accuracy_colour"] == pytest.approx(1 / 3)
+    assert got["balanced_accuracy_position"] == pytest.approx(0.5)  # (1 + 0) / 2
+    assert got["balanced_accuracy_colour"] == pytest.approx(0.5)  # (1 + 0) / 2
+    assert got["balanced_accuracy"] == pytest.approx(0.5)  # the mean over the two types asked
+    assert "accuracy_count" not in got and "balanced_accuracy_count" not in got
+
+
+def test_demo_vlm_prints_the_validated_accuracies_before_and_after(tiny_vlm_path, tmp_path, capsys):
+    import json
+
+    from pixelrl.cli import main
+
+    assert main(["demo-vlm", f"model.path={tiny_vlm_path}", f"trainer.default_local_dir={tmp_path}",
+                 "data.train_batch_size=4", "rollout.n=2", "actor.ppo_mini_batch_size=8",
+                 "actor.ppo_micro_batch_size=8", "vlm.val_items=12", "trainer.total_training_steps=1",
+                 "trainer.test_freq=1", "trainer.save_freq=-1", "trainer.logger=[jsonl]"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: [float(x) for x in line.split()[1:]] for line in out
+            if line.split() and line.split()[0] in ("colour", "count", "position", "overall")}
+    records = [json.loads(line) for line in (tmp_path / "pixelrl" / "vlm_grpo_shapes_qa" / "metrics.jsonl").open()]
+    before, after = [r for r in records if "val/accuracy" in r]
+    assert rows["overall"] == pytest.approx([before["val/accuracy"], after["val/accuracy"],
+                                             before["val/balanced_accuracy"], after["val/balanced_accuracy"]], abs=5e-4)
+    assert rows["position"] == pytest.approx([before["val/accuracy_position"], after["val/accuracy_position"],
+                                              before["val/balanced_accuracy_position"],
+                                              after["val/balanced_accuracy_position"]], abs=5e-4)
+    assert any(line.startswith("gain: ") for line in out)
+
+
 def test_entropy_bonus_alone_raises_the_policy_entropy(tmp_path):
     """Every answer earns the same reward, so GRPO's advantages are zero and only the entropy
     bonus moves the policy: with vlm.entropy_coef > 0 the entropy of the same responses rises,

@@ -308,12 +308,17 @@ def cmd_demo_vlm(args) -> int:
     start = time.time()
     result = VLMPPOTrainer(cfg, console=lambda line: None).fit()
     before, after = result["val"][0], result["val"][-1]
-    print(f"{'question type':<14}{'before':>8}{'after':>8}")
-    for key in sorted(k for k in before if k.startswith("val/accuracy_")):
-        print(f"{key[len('val/accuracy_'):]:<14}{before[key]:>8.3f}{after[key]:>8.3f}")
-    print(f"{'overall':<14}{before['val/accuracy']:>8.3f}{after['val/accuracy']:>8.3f}   "
-          f"({after['val/accuracy'] - before['val/accuracy']:+.3f} in {(time.time() - start) / 60:.1f} min; "
-          f"run folder {result['run_dir']})")
+    minutes = (time.time() - start) / 60
+    # balanced accuracy: a policy that gives one answer to every question of a type scores 1/K there
+    print(f"{'question type':<14}{'accuracy':>17}{'balanced accuracy':>22}")
+    print(f"{'':<14}{'before':>8}{'after':>9}{'before':>13}{'after':>9}")
+    types = sorted(k[len("val/accuracy_"):] for k in before if k.startswith("val/accuracy_"))
+    for name, plain, balanced in [(t, f"val/accuracy_{t}", f"val/balanced_accuracy_{t}") for t in types] + \
+            [("overall", "val/accuracy", "val/balanced_accuracy")]:
+        print(f"{name:<14}{before[plain]:>8.3f}{after[plain]:>9.3f}{before[balanced]:>13.3f}{after[balanced]:>9.3f}")
+    print(f"gain: {after['val/accuracy'] - before['val/accuracy']:+.3f} accuracy, "
+          f"{after['val/balanced_accuracy'] - before['val/balanced_accuracy']:+.3f} balanced accuracy in "
+          f"{minutes:.1f} min; run folder {result['run_dir']}")
     return 0
 
 
