@@ -184,7 +184,7 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("VLM: top-p above 1", [*VLM, "vlm.top_p=2"], "vlm.top_p"),
     ("VLM: negative temperature", [*VLM, "vlm.temperature=-1"], "vlm.temperature"),
     ("VLM: EMA decay 1", [*VLM, "vlm.ema_decay=1"], "vlm.ema_decay"),
-    ("VLM: validate the EMA without one", [*VLM, "vlm.validate_ema=true"], "vlm.validate_ema"),
+    ("VLM: validate the EMA without one", [*VLM, "vlm.ema_decay=0", "vlm.validate_ema=true"], "vlm.validate_ema"),
     ("VLM: final lr above the peak", [*VLM, "actor.lr_schedule=cosine", "actor.min_lr_ratio=2"], "actor.min_lr_ratio"),
     ("VLM: adaptive KL from a zero coefficient", [*VLM, "vlm.kl_target=0.1"], "vlm.kl_coef"),
     ("VLM: entropy mask ratio 2", [*VLM, "vlm.entropy_mask_ratio=2"], "vlm.entropy_mask_ratio"),

@@ -306,7 +306,7 @@ def test_validate_ema_scores_the_ema_actor_and_keeps_the_actor(tmp_path):
     from pixelrl.workers.vlm_worker import VLMWorker
 
     cfg = vlm_config("builtin:shapes_qa_vlm", tmp_path, "actor.lr=3e-3", "vlm.ema_decay=0.999999999",
-                     "vlm.val_items=60")
+                     "vlm.val_items=60", "vlm.validate_ema=false")
     worker = VLMWorker(to_yaml(cfg))
     worker.setup()
     base = worker.validate()
@@ -319,7 +319,7 @@ def test_validate_ema_scores_the_ema_actor_and_keeps_the_actor(tmp_path):
     assert ema == base and actor != base
     assert all(torch.equal(p, q) for p, q in zip(worker.engine.trainable, trained))
     with pytest.raises(ConfigError, match=r"vlm\.validate_ema"):
-        vlm_config("builtin:shapes_qa_vlm", tmp_path, "vlm.validate_ema=true")
+        vlm_config("builtin:shapes_qa_vlm", tmp_path, "vlm.ema_decay=0", "vlm.validate_ema=true")
 
 
 def test_cosine_lr_decays_over_the_actors_optimizer_steps(tiny_vlm_path, tmp_path):
