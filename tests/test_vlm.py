@@ -21,6 +21,17 @@ def test_response_mask_ends_at_the_first_eos():
     assert response_mask_from(responses, eos_id=2).tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
 
 
+def test_a_prompt_spells_every_chat_token_as_one_token(tiny_vlm):
+    from pixelrl.models.qwen_vl.tiny import IM_END, IM_START, IMAGE_PAD, VISION_END, VISION_START
+
+    it = shapes_qa.item("val", 1)  # a colour question: "what colour is the <shape> ?"
+    prompts = tiny_vlm.prompts([it["image"]], [it["question"]])
+    tokens = tiny_vlm.tokenizer.convert_ids_to_tokens(prompts.input_ids[0].tolist())
+    # a 32 px image is 16 merged patches
+    assert tokens == [IM_START, "user", VISION_START, *[IMAGE_PAD] * 16, VISION_END, *it["question"].split(),
+                      IM_END, IM_START, "assistant"]
+
+
 def test_generation_log_probs_equal_the_training_forward(tiny_vlm):
     items = shapes_qa.items("train", 0, 6)  # three question types: prompts of different lengths
     prompts = tiny_vlm.prompts([it["image"] for it in items], [it["question"] for it in items])

@@ -43,9 +43,12 @@ def build_word_tokenizer(words: Iterable[str]):
     backend = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     backend.decoder = decoders.WordPiece(prefix="##")  # joins words with single spaces
+    # Registered on the backend, so each is matched whole before the whitespace split: passed only
+    # as `additional_special_tokens`, transformers 5 drops the ones that `extra_special_tokens`
+    # does not name, and "<|im_start|>" became three <unk>s.
+    backend.add_special_tokens(list(SPECIAL_TOKENS))
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend, eos_token=IM_END, pad_token=PAD, unk_token=UNK, padding_side="left",
-        additional_special_tokens=list(SPECIAL_TOKENS[1:]),
         extra_special_tokens={"image_token": IMAGE_PAD, "video_token": VIDEO_PAD,
                               "vision_bos_token": VISION_START, "vision_eos_token": VISION_END})
     tokenizer.chat_template = CHAT_TEMPLATE
