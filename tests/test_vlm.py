@@ -183,6 +183,37 @@ def test_shapes_qa_answers_agree_with_the_detector():
     assert set(answers) == set(shapes_qa.COUNT_WORDS)
 
 
+def test_colour_only_reference_by_hand():
+    """The reference policy sees colours, not shapes: a colour question is answered with a random
+    object's colour, a count question with the number of objects of the asked colour."""
+    scene = [["circle", "red"], ["square", "blue"], ["triangle", "red"]]
+    colour_red = {"type": "colour", "question": "what colour is the circle ?", "answer": "red", "objects": scene}
+    colour_blue = {**colour_red, "question": "what colour is the square ?", "answer": "blue"}
+    count = {"type": "count", "question": "how many red circles are there ?", "objects": scene}
+    position = {"type": "position", "question": "is the circle left of the square ?", "answer": "yes", "objects": scene}
+    assert shapes_qa.colour_only_accuracy(colour_red) == pytest.approx(2 / 3)  # two of three objects are red
+    assert shapes_qa.colour_only_accuracy(colour_blue) == pytest.approx(1 / 3)
+    assert shapes_qa.colour_only_accuracy({**count, "answer": "one"}) == 0.0  # it counts both red objects
+    assert shapes_qa.colour_only_accuracy({**count, "answer": "two"}) == 1.0
+    assert shapes_qa.colour_only_accuracy(position) == 0.5
+    got = shapes_qa.colour_only_accuracies([colour_red, colour_blue, {**count, "answer": "two"}, position])
+    assert got == pytest.approx({"colour": 0.5, "count": 1.0, "position": 0.5, "overall": (2 / 3 + 1 / 3 + 1 + 0.5) / 4})
+
+
+def test_items_list_the_objects_they_draw():
+    from pixelrl.rewards.shapes import detect
+
+    for it in shapes_qa.items("test", 0, 30):
+        if it["type"] == "count":  # the answer counts the listed objects of the asked kind
+            colour, shape = it["question"].split()[2], it["question"].split()[3][:-1]
+            assert it["objects"].count([shape, colour]) == shapes_qa.COUNT_WORDS.index(it["answer"])
+        elif it["type"] == "colour":  # the asked shape is listed once, in the answer's colour
+            shape = it["question"].split()[4]
+            assert [c for s, c in it["objects"] if s == shape] == [it["answer"]]
+        # every listed object is drawn: the detector finds as many objects, in the listed colours
+        assert sorted(d.colour for d in detect(it["image"])) == sorted(c for _, c in it["objects"])
+
+
 def test_answer_rewards():
     from pixelrl.core.errors import ConfigError
     from pixelrl.rewards import WeightedReward
@@ -248,11 +279,17 @@ def test_demo_vlm_prints_the_validated_accuracies_before_and_after(tiny_vlm_path
             if line.split() and line.split()[0] in ("colour", "count", "position", "overall")}
     records = [json.loads(line) for line in (tmp_path / "pixelrl" / "vlm_grpo_shapes_qa" / "metrics.jsonl").open()]
     before, after = [r for r in records if "val/accuracy" in r]
-    assert rows["overall"] == pytest.approx([before["val/accuracy"], after["val/accuracy"],
-                                             before["val/balanced_accuracy"], after["val/balanced_accuracy"]], abs=5e-4)
+    assert rows["overall"][:4] == pytest.approx([before["val/accuracy"], after["val/accuracy"],
+                                                 before["val/balanced_accuracy"], after["val/balanced_accuracy"]],
+                                                abs=5e-4)
     assert rows["position"] == pytest.approx([before["val/accuracy_position"], after["val/accuracy_position"],
                                               before["val/balanced_accuracy_position"],
-                                              after["val/balanced_accuracy_position"]], abs=5e-4)
+                                              after["val/balanced_accuracy_position"],
+                                              0.5], abs=5e-4)
+    # the last column: the colour-only reference on the 12 test questions the demo validated on
+    reference = shapes_qa.colour_only_accuracies(shapes_qa.items("test", 0, 12))
+    assert rows["colour"][-1] == pytest.approx(reference["colour"], abs=5e-4)
+    assert rows["overall"][-1] == pytest.approx(reference["overall"], abs=5e-4)
     assert any(line.startswith("gain: ") for line in out)
 
 

@@ -297,7 +297,8 @@ def cmd_demo_vlm(args) -> int:
     import torch
 
     from pixelrl.core.config_loading import load_config
-    from pixelrl.trainers.vlm_ppo import VLMPPOTrainer
+    from pixelrl.data.shapes_qa import colour_only_accuracies
+    from pixelrl.trainers.vlm_ppo import VLMPPOTrainer, task_items
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     cfg = load_config("vlm_grpo_shapes_qa", ["trainer.resume_mode=disable", "trainer.val_before_train=true",
@@ -309,13 +310,16 @@ def cmd_demo_vlm(args) -> int:
     result = VLMPPOTrainer(cfg, console=lambda line: None).fit()
     before, after = result["val"][0], result["val"][-1]
     minutes = (time.time() - start) / 60
-    # balanced accuracy: a policy that gives one answer to every question of a type scores 1/K there
-    print(f"{'question type':<14}{'accuracy':>17}{'balanced accuracy':>22}")
+    # balanced accuracy: a policy that gives one answer to every question of a type scores 1/K there;
+    # colour only: what seeing colours but not shapes scores on the same questions
+    reference = colour_only_accuracies(task_items(cfg, "test", 0, cfg.vlm.val_items))
+    print(f"{'question type':<14}{'accuracy':>17}{'balanced accuracy':>22}{'colour only':>14}")
     print(f"{'':<14}{'before':>8}{'after':>9}{'before':>13}{'after':>9}")
     types = sorted(k[len("val/accuracy_"):] for k in before if k.startswith("val/accuracy_"))
     for name, plain, balanced in [(t, f"val/accuracy_{t}", f"val/balanced_accuracy_{t}") for t in types] + \
             [("overall", "val/accuracy", "val/balanced_accuracy")]:
-        print(f"{name:<14}{before[plain]:>8.3f}{after[plain]:>9.3f}{before[balanced]:>13.3f}{after[balanced]:>9.3f}")
+        print(f"{name:<14}{before[plain]:>8.3f}{after[plain]:>9.3f}{before[balanced]:>13.3f}{after[balanced]:>9.3f}"
+              f"{reference[name]:>14.3f}")
     print(f"gain: {after['val/accuracy'] - before['val/accuracy']:+.3f} accuracy, "
           f"{after['val/balanced_accuracy'] - before['val/balanced_accuracy']:+.3f} balanced accuracy in "
           f"{minutes:.1f} min; run folder {result['run_dir']}")

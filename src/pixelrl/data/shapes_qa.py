@@ -118,8 +118,33 @@ def item(split: str, index: int) -> dict:
             break
     question, answer = qa
     return {"question": question, "answer": answer, "type": qtype, "seed": seed,
-            "image": np.ascontiguousarray(draw(placed, IMAGE_SIZE))}
+            "objects": [list(o) for o in objects], "image": np.ascontiguousarray(draw(placed, IMAGE_SIZE))}
 
 
 def items(split: str, start: int, count: int) -> list[dict]:
     return [item(split, i) for i in range(start, start + count)]
+
+
+def colour_only_accuracy(it: dict) -> float:
+    """Expected accuracy on `it` of a reference policy that sees each object's colour but neither
+    its shape nor its place: a colour question names one object, equally likely any of them, so it
+    answers the colour of a random object; a count question it answers with the number of objects of
+    the asked colour; a yes/no position question it answers at random.
+
+    A model that scores no better than this on a question type has learned colours, not shapes:
+    it is the ceiling of what colour perception alone gives."""
+    colours = [c for _, c in it["objects"]]
+    if it["type"] == "colour":
+        return colours.count(it["answer"]) / len(colours)
+    if it["type"] == "count":
+        asked = it["question"].split()[2]  # "how many <colour> <shape>s are there ?"
+        return float(COUNT_WORDS[min(colours.count(asked), len(COUNT_WORDS) - 1)] == it["answer"])
+    return 0.5
+
+
+def colour_only_accuracies(its: list[dict]) -> dict[str, float]:
+    """`colour_only_accuracy` averaged per question type and overall."""
+    per_type = {t: [colour_only_accuracy(it) for it in its if it["type"] == t] for t in QUESTION_TYPES}
+    out = {t: sum(v) / len(v) for t, v in per_type.items() if v}
+    out["overall"] = sum(colour_only_accuracy(it) for it in its) / len(its)
+    return out
