@@ -297,7 +297,8 @@ def cmd_demo_vlm(args) -> int:
     import torch
 
     from pixelrl.core.config_loading import load_config
-    from pixelrl.data.shapes_qa import colour_only_accuracies
+    from pixelrl.data.shapes_qa import colour_only_accuracy
+    from pixelrl.engine.pretrain_vlm import summarise_correctness
     from pixelrl.trainers.vlm_ppo import VLMPPOTrainer, task_items
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
@@ -312,14 +313,15 @@ def cmd_demo_vlm(args) -> int:
     minutes = (time.time() - start) / 60
     # balanced accuracy: a policy that gives one answer to every question of a type scores 1/K there;
     # colour only: what seeing colours but not shapes scores on the same questions
-    reference = colour_only_accuracies(task_items(cfg, "test", 0, cfg.vlm.val_items))
+    reference = summarise_correctness([(it["type"], it["answer"], colour_only_accuracy(it))
+                                       for it in task_items(cfg, "test", 0, cfg.vlm.val_items)])
     print(f"{'question type':<14}{'accuracy':>17}{'balanced accuracy':>22}{'colour only':>14}")
     print(f"{'':<14}{'before':>8}{'after':>9}{'before':>13}{'after':>9}")
     types = sorted(k[len("val/accuracy_"):] for k in before if k.startswith("val/accuracy_"))
     for name, plain, balanced in [(t, f"val/accuracy_{t}", f"val/balanced_accuracy_{t}") for t in types] + \
             [("overall", "val/accuracy", "val/balanced_accuracy")]:
         print(f"{name:<14}{before[plain]:>8.3f}{after[plain]:>9.3f}{before[balanced]:>13.3f}{after[balanced]:>9.3f}"
-              f"{reference[name]:>14.3f}")
+              f"{reference[plain.removeprefix('val/')]:>14.3f}")
     print(f"gain: {after['val/accuracy'] - before['val/accuracy']:+.3f} accuracy, "
           f"{after['val/balanced_accuracy'] - before['val/balanced_accuracy']:+.3f} balanced accuracy in "
           f"{minutes:.1f} min; run folder {result['run_dir']}")

@@ -141,10 +141,3 @@ def colour_only_accuracy(it: dict) -> float:
         return float(COUNT_WORDS[min(colours.count(asked), len(COUNT_WORDS) - 1)] == it["answer"])
     return 0.5
 
-
-def colour_only_accuracies(its: list[dict]) -> dict[str, float]:
-    """`colour_only_accuracy` averaged per question type and overall."""
-    per_type = {t: [colour_only_accuracy(it) for it in its if it["type"] == t] for t in QUESTION_TYPES}
-    out = {t: sum(v) / len(v) for t, v in per_type.items() if v}
-    out["overall"] = sum(colour_only_accuracy(it) for it in its) / len(its)
-    return out
