@@ -45,9 +45,18 @@ def run_one(args) -> dict:
     from pixelrl.trainers.step import policy_gradient_step
 
     torch.set_num_threads(args.threads)
+    meter = None
+    if args.split_phases:  # the same wrappers as the reference side of bench_vs_flow_grpo.py
+        from phase_meter import PhaseMeter
+
+        meter = PhaseMeter()
+        meter.install()
     with tempfile.TemporaryDirectory() as tmp:
         cfg = PixelRLConfig(seed=0)
-        if args.family == "flux":  # FLUX always has a VAE and T5; guidance is an input (no CFG batch)
+        if args.model_dir:  # an existing SD3 folder (with T5: max_sequence_length tokens of it)
+            path = args.model_dir
+            cfg.model.max_sequence_length = args.max_seq_len
+        elif args.family == "flux":  # FLUX always has a VAE and T5; guidance is an input (no CFG batch)
             path = build_tiny_flux(os.path.join(tmp, "tiny"), resolution=args.resolution)
             cfg.model.type, cfg.model.max_sequence_length = "flux", 16
         elif args.family == "qwen_image":
@@ -61,22 +70,33 @@ def run_one(args) -> dict:
                                   with_t5=False)
             cfg.model.max_sequence_length = 0
         cfg.model.path = str(path)
-        cfg.model.lora_rank, cfg.model.lora_alpha = 8, 16
+        cfg.model.lora_rank, cfg.model.lora_alpha = args.lora_rank, 2 * args.lora_rank
         cfg.rollout.resolution, cfg.rollout.n, cfg.rollout.num_steps = args.resolution, args.n, args.steps
         cfg.rollout.guidance_scale = args.cfg
         cfg.rollout.sde_window_size = args.window
-        cfg.rollout.micro_batch_size = args.prompts * args.n
+        cfg.rollout.micro_batch_size = args.rollout_micro or args.prompts * args.n
         cfg.actor.ppo_micro_batch_size = args.micro
+        cfg.actor.ppo_mini_batch_size = args.mini
+        cfg.data.train_batch_size = args.prompts  # the prompts of one step: fixes the mini-batch count
         cfg.actor.window_steps_per_forward = args.steps_per_forward
         cfg.model.compile = args.compile
         cfg.diffusion_loss.kl_coef = args.kl
         engine = PolicyEngine.from_config(cfg)
+        if meter is not None:
+            rollout = engine.rollout
+
+            def timed_rollout(*a, **k):
+                with meter.phase("sampling"):
+                    return rollout(*a, **k)
+
+            engine.rollout = timed_rollout
         reward = WeightedReward([RewardSpec("jpeg_compressibility")])
         prompts = [f"a red circle number {i}" for i in range(args.prompts)]
         for warm in range(args.warmup):  # warm-up (and compilation with --compile)
             policy_gradient_step(engine, reward, prompts, [{}] * args.prompts, warm + 1, cfg)
         phases: dict[str, float] = {}
         total_time = 0.0
+        before = meter.snapshot() if meter is not None else None
         counts = {"perf/denoiser_forwards": 0.0, "perf/denoiser_backwards": 0.0, "perf/tflop": 0.0, "perf/mfu": 0.0}
         for it in range(args.iters):
             start = time.perf_counter()
@@ -88,6 +108,11 @@ def run_one(args) -> dict:
                 if key.startswith("timing_s/") and key != "timing_s/step":
                     phases[key[9:]] = phases.get(key[9:], 0.0) + value / args.iters
         images = args.prompts * args.n
+        split = {}
+        if meter is not None:
+            (s0, c0), (s1, c1) = before, meter.snapshot()
+            split = {"seconds": {k: (v - s0.get(k, 0.0)) / args.iters for k, v in s1.items()},
+                     "calls": {k: (v - c0.get(k, 0)) / args.iters for k, v in c1.items()}}
         return {
             "family": args.family, "prompts": args.prompts, "n": args.n, "steps": args.steps, "window": args.window or args.steps - 1,
             "images_per_iter": images,
@@ -102,6 +127,7 @@ def run_one(args) -> dict:
             "mfu": counts["perf/mfu"],
             "peak_gflop_s": metrics["perf/peak_tflops"] * 1000,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "split": split,
         }
 
 
@@ -113,6 +139,12 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=0)
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--micro", type=int, default=8, help="actor.ppo_micro_batch_size")
+    parser.add_argument("--mini", type=int, default=0, help="actor.ppo_mini_batch_size (0 = one optimizer step per iteration)")
+    parser.add_argument("--rollout-micro", type=int, default=0, help="rollout.micro_batch_size (0 = the whole batch)")
+    parser.add_argument("--lora-rank", type=int, default=8, help="model.lora_rank (alpha = 2 x rank)")
+    parser.add_argument("--model-dir", help="use this SD3 folder instead of building a tiny one")
+    parser.add_argument("--max-seq-len", type=int, default=0, help="model.max_sequence_length with --model-dir")
+    parser.add_argument("--split-phases", action="store_true", help="time forwards, backward and optimizer by wrapping them")
     parser.add_argument("--cfg", type=float, default=1.0, help="guidance scale (>1 doubles the batch per forward)")
     parser.add_argument("--resolution", type=int, default=32)
     parser.add_argument("--no-vae", action="store_true")

@@ -23,6 +23,22 @@ def test_flop_meter_counts_forwards_by_hand_and_charges_graph_forwards_three_tim
     assert meter.take(peak_flops=1e9)["perf/tflop"] == 0  # reset
 
 
+class Attention(torch.nn.Module):
+    def forward(self, q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+def test_flop_meter_counts_attention_on_cpu_by_hand():
+    attention = Attention()
+    meter = FlopMeter(attention)
+    q = torch.randn(2, 3, 5, 4)  # batch 2, 3 heads, 5 queries, head dim 4
+    k, v = torch.randn(2, 3, 7, 4), torch.randn(2, 3, 7, 4)  # 7 keys
+    with torch.no_grad():
+        attention(q, k, v)
+    # q k^T: 2 * 5 * 7 * 4 and (softmax) v: 2 * 5 * 7 * 4, per batch row and head
+    assert meter.take(peak_flops=1e9)["perf/tflop"] * 1e12 == 2 * 3 * (2 * 5 * 7 * 4 + 2 * 5 * 7 * 4)
+
+
 def test_matmul_peak_is_measured_once_and_positive():
     peak = matmul_peak_flops("cpu", torch.float32, size=256)
     assert peak > 1e8 and matmul_peak_flops("cpu", torch.float32, size=256) == peak
