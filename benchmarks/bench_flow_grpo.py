@@ -83,6 +83,7 @@ def run_one(args) -> dict:
         cfg.diffusion_loss.kl_coef = args.kl
         engine = PolicyEngine.from_config(cfg)
         if meter is not None:
+            meter.watch(engine.model.transformer)
             rollout = engine.rollout
 
             def timed_rollout(*a, **k):

@@ -141,6 +141,16 @@ def run_reference(args) -> dict:
         set_epoch(self, value)
 
     train_sd3.DistributedKRepeatSampler.set_epoch = timed_set_epoch
+    pipeline_class = train_sd3.StableDiffusion3Pipeline
+
+    class WatchedPipeline:  # the script's only use of the class: from_pretrained
+        @staticmethod
+        def from_pretrained(*a, **k):
+            pipeline = pipeline_class.from_pretrained(*a, **k)
+            meter.watch(pipeline.transformer)
+            return pipeline
+
+    train_sd3.StableDiffusion3Pipeline = WatchedPipeline
     for name in ("pipeline_with_logprob", "compute_text_embeddings"):
         original = getattr(train_sd3, name)
 

@@ -1,11 +1,12 @@
 """Per-phase timing by instrumentation, the same for pixelrl and for a reference implementation.
 
-`PhaseMeter.install()` wraps, at class level, the calls every Flow-GRPO implementation on SD3
-makes: the transformer's forward (counted and timed; a forward with grad is the policy's, a
-no-grad one outside sampling is the reference's), `torch.autograd.backward` (which
-`Tensor.backward` and accelerate's `backward` end in) and `AdamW.step`. Sampling is timed by
-whoever owns the sampling call (`meter.phase("sampling")`). Measuring both systems with the same
-wrappers keeps their per-phase figures comparable; the wrappers cost a few microseconds a call.
+`PhaseMeter.install()` wraps, at class level, two calls every Flow-GRPO implementation makes:
+`torch.autograd.backward` (which `Tensor.backward` and accelerate's `backward` end in) and
+`AdamW.step`. `watch(transformer)` times the denoiser's forwards with module hooks, which run
+outside its forward and so outside a `torch.compile`d one (a forward with grad is the policy's,
+a no-grad one outside sampling is the reference's). Sampling is timed by whoever owns the
+sampling call (`meter.phase("sampling")`). Measuring both systems with the same wrappers keeps
+their per-phase figures comparable; the wrappers cost a few microseconds a call.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ class PhaseMeter:
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
         self._open: list[str] = []
+        self._forwards: list[tuple[str, float] | None] = []
 
     @contextmanager
     def phase(self, name: str):
@@ -35,29 +37,38 @@ class PhaseMeter:
     def snapshot(self) -> tuple[dict, dict]:
         return dict(self.seconds), dict(self.calls)
 
+    def watch(self, transformer) -> None:
+        import torch
+
+        def starts(module, args):
+            if "sampling" in self._open:  # inside the sampling phase's time already
+                self.calls["sampling_forward"] += 1
+                self._forwards.append(None)
+            else:
+                name = "policy_forward" if torch.is_grad_enabled() else "reference_forward"
+                self._forwards.append((name, time.perf_counter()))
+
+        def ends(module, args, output):
+            entry = self._forwards.pop()
+            if entry is not None:
+                self.seconds[entry[0]] += time.perf_counter() - entry[1]
+                self.calls[entry[0]] += 1
+
+        transformer.register_forward_pre_hook(starts)
+        transformer.register_forward_hook(ends)
+
     def install(self) -> None:
         import torch
-        from diffusers import SD3Transformer2DModel
 
         meter = self
 
-        def timed(name_of, original):
+        def timed(name, original):
             def wrapper(*args, **kwargs):
-                name = name_of()
-                if name is None:  # nested inside a phase that already counts this time
-                    return original(*args, **kwargs)
                 with meter.phase(name):
                     return original(*args, **kwargs)
 
             wrapper.__wrapped__ = original
             return wrapper
 
-        def forward_kind():
-            if "sampling" in meter._open:
-                meter.calls["sampling_forward"] += 1
-                return None
-            return "policy_forward" if torch.is_grad_enabled() else "reference_forward"
-
-        SD3Transformer2DModel.forward = timed(forward_kind, SD3Transformer2DModel.forward)
-        torch.autograd.backward = timed(lambda: "backward", torch.autograd.backward)
-        torch.optim.AdamW.step = timed(lambda: "optimizer", torch.optim.AdamW.step)
+        torch.autograd.backward = timed("backward", torch.autograd.backward)
+        torch.optim.AdamW.step = timed("optimizer", torch.optim.AdamW.step)
