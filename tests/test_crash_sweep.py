@@ -36,7 +36,10 @@ FINAL = "checkpoints/global_step_6/actor/trainable.safetensors"
 def _launch(root: Path, model: Path, extra: tuple) -> subprocess.Popen:
     argv = [sys.executable, "-m", "pixelrl", "train", *RUN, f"model.path={model}", f"trainer.default_local_dir={root}",
             *extra]
-    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C in a terminal reaches a process whose SIGINT is at its default; an ignored SIGINT in
+    # the test process (left by a library) would be inherited and the run would not stop.
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 class _Descendants:
@@ -158,15 +161,19 @@ def sweep(tmp_path: Path, model: Path, extra: tuple, kills: int, seed: int) -> d
 
 def test_a_killed_or_interrupted_ray_run_leaves_no_process_behind(tmp_path, tiny_pixel_path):
     """SIGKILL of the driver while two Ray workers train (Ray's agents used to outlive it), then
-    Ctrl-C of the resumed run: nothing of either run survives, and the checkpoint stays loadable."""
+    Ctrl-C of another run at the same moment: nothing of either run survives, and both checkpoints
+    stay loadable. (The Ctrl-C run starts afresh: a resumed run can have so few steps left that it
+    ends before the signal.)"""
     killed, code, survivors, err, _ = run_and_kill(tmp_path, tiny_pixel_path, RAY_DDP, 3.0, wait_for="PolicyWorker")
     assert killed and code == -signal.SIGKILL, err
     assert not survivors, survivors
-    killed, code, survivors, err, _ = run_and_kill(tmp_path, tiny_pixel_path, RAY_DDP, 3.0, sig=signal.SIGINT,
+    check_checkpoints(tmp_path / "pixelrl" / "flow_grpo_tiny")
+    interrupted = tmp_path / "interrupted"
+    killed, code, survivors, err, _ = run_and_kill(interrupted, tiny_pixel_path, RAY_DDP, 3.0, sig=signal.SIGINT,
                                                 wait_for="PolicyWorker")
     assert killed and code == 130 and "Traceback" not in err, err
     assert not survivors, survivors
-    check_checkpoints(tmp_path / "pixelrl" / "flow_grpo_tiny")
+    check_checkpoints(interrupted / "pixelrl" / "flow_grpo_tiny")
 
 
 @pytest.mark.slow
