@@ -39,6 +39,44 @@ def test_flop_meter_counts_attention_on_cpu_by_hand():
     assert meter.take(peak_flops=1e9)["perf/tflop"] * 1e12 == 2 * 3 * (2 * 5 * 7 * 4 + 2 * 5 * 7 * 4)
 
 
+def test_a_variant_of_the_same_shape_is_measured_on_its_own():
+    class Adapted(torch.nn.Module):  # an adapter that can be switched off, like LoRA for the reference
+        def __init__(self):
+            super().__init__()
+            self.base, self.extra, self.on = torch.nn.Linear(8, 4, bias=False), torch.nn.Linear(8, 4, bias=False), True
+
+        def forward(self, x):
+            return self.base(x) + self.extra(x) if self.on else self.base(x)
+
+    module = Adapted()
+    meter = FlopMeter(module, variant=lambda: module.on)
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        module(x)            # on: 2 * (2 * 3 * 8 * 4) = 384
+        module.on = False
+        module(x)            # off, same shape: 192, not the 384 measured on
+        module.on = True
+        module(x)            # on again: the cached 384
+    assert meter.take(peak_flops=1e9)["perf/tflop"] * 1e12 == 384 + 192 + 384
+
+
+def test_reference_forwards_are_charged_without_the_adapter(tiny_pixel_path):
+    """In the engine the policy is the variant: a reference forward (LoRA disabled) of the same
+    input shape as a policy forward is measured on its own, and costs the base model only."""
+    from pixelrl.engine import PolicyEngine
+    from pixelrl.rewards import WeightedReward
+    from pixelrl.trainers.step import policy_gradient_step
+    from conftest import tiny_config
+
+    cfg = tiny_config(tiny_pixel_path, diffusion_loss__kl_coef=0.1, rollout__micro_batch_size=4,
+                      actor__ppo_micro_batch_size=4, data__train_batch_size=1)
+    engine = PolicyEngine.from_config(cfg)
+    policy_gradient_step(engine, WeightedReward.from_functions(cfg.reward.functions), ["a red circle"], [{}], 1, cfg)
+    flops = {variant: count for (variant, _shape), count in engine.flop_meter.per_shape.items()}
+    assert set(flops) == {"current", "reference"} and len(engine.flop_meter.per_shape) == 2  # one shape
+    assert flops["reference"] < flops["current"]
+
+
 def test_matmul_peak_is_measured_once_and_positive():
     peak = matmul_peak_flops("cpu", torch.float32, size=256)
     assert peak > 1e8 and matmul_peak_flops("cpu", torch.float32, size=256) == peak

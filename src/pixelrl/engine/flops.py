@@ -1,8 +1,9 @@
 """Model FLOPs of the denoiser and the device's matmul peak, for `perf/mfu` on every run.
 
-Forward FLOPs are measured, not estimated: the first forward of each input shape runs under
-torch's FLOP counter (matmuls, convolutions and attention, as torch counts them) and its count is
-reused for every later forward of that shape. A forward that builds a graph is charged three
+Forward FLOPs are measured, not estimated: the first forward of each input shape and policy
+(the owner's `variant`: a reference forward with LoRA disabled skips the adapter's matmuls) runs
+under torch's FLOP counter (matmuls, convolutions and attention) and its count is reused for every
+later forward of that shape and policy. A forward that builds a graph is charged three
 times its FLOPs (forward + backward at twice the forward, the usual 6·N·D convention, also with
 LoRA, where the implementation skips most weight gradients), a no-grad forward once. Sampling,
 reference and training forwards of the denoiser all count; text encoding and decoding do not.
@@ -36,9 +37,11 @@ def _shape_key(args, kwargs) -> tuple:
 
 
 class FlopMeter:
-    """Counts the model FLOPs of every forward of `modules` since the last `take()`."""
+    """Counts the model FLOPs of every forward of `modules` since the last `take()`. `variant`
+    names what else than input shapes changes a forward's work (which policy computes)."""
 
-    def __init__(self, *modules: torch.nn.Module):
+    def __init__(self, *modules: torch.nn.Module, variant=lambda: None):
+        self.variant = variant
         self.per_shape: dict[tuple, int] = {}
         self.flops = 0.0
         self.forwards = 0
@@ -69,7 +72,7 @@ class FlopMeter:
         if self._depth == 1:
             if self._since is None:
                 self._since = time.perf_counter()
-            key = _shape_key(args, kwargs)
+            key = (self.variant(), _shape_key(args, kwargs))
             self._pending = (key, torch.is_grad_enabled())
             if key not in self.per_shape:
                 self._counter = FlopCounterMode(display=False, custom_mapping=EXTRA_FLOP_FORMULAS)

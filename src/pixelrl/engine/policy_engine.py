@@ -71,7 +71,9 @@ class PolicyEngine:
         if parallelize is not None:  # data parallelism (DDP / FSDP2) wraps the model before the optimizer exists
             parallelize(model)
         # model FLOPs of every denoiser forward (sampling, reference, training): perf/mfu
-        self.flop_meter = FlopMeter(model.transformer, *filter(None, [self._frozen_reference]))
+        self._computing = "current"  # the policy `policy()` has switched to
+        self.flop_meter = FlopMeter(model.transformer, *filter(None, [self._frozen_reference]),
+                                    variant=lambda: self._computing)
         if mcfg.compile:
             # the forward only, not the module call: hooks (the FLOP meter, FSDP2's) stay eager,
             # and parameter names (checkpoints, LoRA export) stay those of the plain module
@@ -165,6 +167,15 @@ class PolicyEngine:
         """
         if which not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {which!r}")
+        outer, self._computing = self._computing, which
+        try:
+            with self._weights_of(which):
+                yield
+        finally:
+            self._computing = outer
+
+    @contextlib.contextmanager
+    def _weights_of(self, which: str):
         if which == "old" and self.has_old_adapter:
             with adapter_active(self.model.transformer, "old"):
                 yield
