@@ -6,8 +6,8 @@ accelerate come with pixelrl's dependencies); wandb is replaced by a no-op modul
 running it with WANDB_MODE=disabled:
 
     .venv/bin/pip install ml-collections
-    .venv/bin/python benchmarks/bench_vs_flow_grpo.py --flow-grpo /path/to/flow_grpo --pairs 4
-    .venv/bin/python benchmarks/bench_vs_flow_grpo.py --flow-grpo /path/to/flow_grpo --model compute --pairs 2 --iters 1
+    .venv/bin/python benchmarks/bench_vs_flow_grpo.py --flow-grpo /path/to/flow_grpo --pairs 4 --inline-too
+    .venv/bin/python benchmarks/bench_vs_flow_grpo.py --flow-grpo /path/to/flow_grpo --model compute --iters 1
 
 Both sides load the same tiny SD3 pipeline folder (CLIP x2 + T5, a VAE, 64 px) and run
 flow_grpo's small setting: 10 sampling steps, CFG 4.5 at sampling and in training, noise level
@@ -16,11 +16,12 @@ train batch 8 (two optimizer steps per iteration), KL to the adapter-disabled re
 beta 0.04, clip 1e-4, LoRA r32 / alpha 64 on the attention projections (the rank flow_grpo's
 script hard-codes), AdamW 3e-4, fp32, 2 threads, JPEG compressibility as the reward. The
 flow_grpo side runs its `scripts/train_sd3.py` unmodified from the checkout; this file only
-writes its config, counts and times calls by wrapping them (`phase_meter.py`, the same wrappers
-on both sides) and stops it after the timed iterations. Each run is its own process, the two
-sides alternate (A B A B ...), and the tables show medians.
+writes its config, counts and times calls (`phase_meter.py`, the same hooks and wrappers on both
+sides) and stops it after the timed iterations. Each run is its own process, the runs alternate
+(A B A B ...), and the tables show medians. `--inline-too` adds a flow_grpo run that scores rewards
+on its training thread instead of its thread pool (see `--reward-inline`).
 
-`--model compute` swaps in a ~20M-parameter transformer (8 joint blocks, width 256), where the
+`--model compute` swaps in an ~18M-parameter transformer (8 joint blocks, width 256), where the
 arithmetic, not the per-call overhead, is the cost. The pixelrl side can also run its faster
 execution options on the same math (`--pixelrl LABEL=OPTIONS`, e.g. `--rollout-micro 16
 --steps-per-forward 0 --compile`).
