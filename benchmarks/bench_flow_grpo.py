@@ -109,11 +109,7 @@ def run_one(args) -> dict:
                 if key.startswith("timing_s/") and key != "timing_s/step":
                     phases[key[9:]] = phases.get(key[9:], 0.0) + value / args.iters
         images = args.prompts * args.n
-        split = {}
-        if meter is not None:
-            (s0, c0), (s1, c1) = before, meter.snapshot()
-            split = {"seconds": {k: (v - s0.get(k, 0.0)) / args.iters for k, v in s1.items()},
-                     "calls": {k: (v - c0.get(k, 0)) / args.iters for k, v in c1.items()}}
+        split = meter.per_iteration(before, meter.snapshot(), args.iters) if meter is not None else {}
         return {
             "family": args.family, "prompts": args.prompts, "n": args.n, "steps": args.steps, "window": args.window or args.steps - 1,
             "images_per_iter": images,
@@ -145,7 +141,7 @@ def main() -> None:
     parser.add_argument("--lora-rank", type=int, default=8, help="model.lora_rank (alpha = 2 x rank)")
     parser.add_argument("--model-dir", help="use this SD3 folder instead of building a tiny one")
     parser.add_argument("--max-seq-len", type=int, default=0, help="model.max_sequence_length with --model-dir")
-    parser.add_argument("--split-phases", action="store_true", help="time forwards, backward and optimizer by wrapping them")
+    parser.add_argument("--split-phases", action="store_true", help="time sampling, forwards, backward and optimizer per phase (phase_meter.py)")
     parser.add_argument("--cfg", type=float, default=1.0, help="guidance scale (>1 doubles the batch per forward)")
     parser.add_argument("--resolution", type=int, default=32)
     parser.add_argument("--no-vae", action="store_true")

@@ -212,14 +212,11 @@ def run_reference(args) -> dict:
             train_sd3.main([])
         except _Done:
             pass
-    timed = boundaries[args.warmup:]
-    (s0, c0), (s1, c1) = snapshots[args.warmup], snapshots[-1]
     images = SETTING["prompts"] * SETTING["n"]
-    total = timed[-1] - timed[0]
+    total = boundaries[-1] - boundaries[args.warmup]
     return {
         "side": "flow_grpo", "iter_img_s": images * args.iters / total, "s_per_iter": total / args.iters,
-        "split": {"seconds": {k: (v - s0.get(k, 0.0)) / args.iters for k, v in s1.items()},
-                  "calls": {k: (v - c0.get(k, 0)) / args.iters for k, v in c1.items()}},
+        "split": meter.per_iteration(snapshots[args.warmup], snapshots[-1], args.iters),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 

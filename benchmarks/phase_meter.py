@@ -37,6 +37,13 @@ class PhaseMeter:
     def snapshot(self) -> tuple[dict, dict]:
         return dict(self.seconds), dict(self.calls)
 
+    @staticmethod
+    def per_iteration(before: tuple[dict, dict], after: tuple[dict, dict], iterations: int) -> dict:
+        """Seconds and calls per phase between two snapshots, per iteration."""
+        (s0, c0), (s1, c1) = before, after
+        return {"seconds": {k: (v - s0.get(k, 0.0)) / iterations for k, v in s1.items()},
+                "calls": {k: (v - c0.get(k, 0)) / iterations for k, v in c1.items()}}
+
     def watch(self, transformer) -> None:
         import torch
 

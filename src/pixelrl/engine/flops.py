@@ -27,7 +27,7 @@ def _cpu_flash_attention_flops(query_shape, key_shape, value_shape, *args, out_s
 
 # torch's counter knows the CUDA attention kernels but not the CPU one that
 # scaled_dot_product_attention dispatches to on CPU; without it a CPU run's attention counts as 0
-# FLOPs (most of a small model's work: MFU came out at a third of the truth on the tiny SD3).
+# FLOPs (most of a small model's work: MFU came out at about 40% of the truth on the tiny SD3).
 EXTRA_FLOP_FORMULAS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_attention_flops}
 
 
