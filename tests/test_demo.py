@@ -63,10 +63,12 @@ def test_curve_axes_sum_step_times_and_images():
 
     rows = [{"step": 0, "val-core/a/reward/mean@4": 0.3},  # validation before training: no step time
             {"step": 1, "timing_s/step": 30.0, "perf/throughput": 2.0},  # 60 images
-            {"step": 2, "timing_s/step": 90.0, "perf/throughput": 4.0}]  # 360 images
-    assert x_axis(rows, "step") == {0: 0, 1: 1, 2: 2}
-    assert x_axis(rows, "minutes") == {0: 0.0, 1: 0.5, 2: 2.0}
-    assert x_axis(rows, "images") == {0: 0, 1: 60, 2: 420}
+            {"step": 2, "timing_s/step": 90.0, "perf/throughput": 4.0},  # 360 images
+            # the step's images over all workers are logged; throughput is then per worker
+            {"step": 3, "timing_s/step": 30.0, "perf/throughput": 1.0, "training/images": 60}]
+    assert x_axis(rows, "step") == {0: 0, 1: 1, 2: 2, 3: 3}
+    assert x_axis(rows, "minutes") == {0: 0.0, 1: 0.5, 2: 2.0, 3: 2.5}
+    assert x_axis(rows, "images") == {0: 0, 1: 60, 2: 420, 3: 480}
 
 
 def test_validation_curves_average_the_categories(tmp_path):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import read_metrics, train_cli
-from pixelrl.engine.flops import FlopMeter, matmul_peak_flops
+from pixelrl.engine.flops import FlopMeter, matmul_peak_flops, peak_memory_gb
 
 
 def test_flop_meter_counts_forwards_by_hand_and_charges_graph_forwards_three_times():
@@ -82,6 +82,22 @@ def test_matmul_peak_is_measured_once_and_positive():
     assert peak > 1e8 and matmul_peak_flops("cpu", torch.float32, size=256) == peak
 
 
+def test_peak_memory_follows_what_the_process_held():
+    """A child process of this (large) test process: touching 0.5 GB raises its CPU figure by
+    about that, from a start that is its own, not the parent's resident set."""
+    import subprocess
+    import sys
+
+    script = ("import torch; from pixelrl.engine.flops import peak_memory_gb; before = peak_memory_gb('cpu'); "
+              "x = torch.ones(125_000_000); print(before, peak_memory_gb('cpu'))")
+    ballast = torch.ones(250_000_000)  # 1 GB resident in the parent, which getrusage would pass on
+    before, after = map(float, subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                                              check=True).stdout.split())
+    del ballast
+    assert 0.05 < before < 2 and after - before == pytest.approx(0.5, abs=0.05)
+    assert peak_memory_gb("cpu") >= peak_memory_gb(torch.device("cpu")) > 0
+
+
 def test_every_step_reports_mfu_and_the_schedules_denoiser_calls(tmp_path, tiny_pixel_path):
     code, run = train_cli(tmp_path, tiny_pixel_path, "trainer.backend=local", "trainer.logger=[jsonl]",
                           "data.train_batch_size=2", "actor.ppo_mini_batch_size=4", "trainer.total_training_steps=2",
@@ -96,6 +112,9 @@ def test_every_step_reports_mfu_and_the_schedules_denoiser_calls(tmp_path, tiny_
         assert 0 < m["perf/mfu"] <= 1 and m["perf/tflop"] > 0
         assert m["perf/mfu"] == pytest.approx(m["perf/achieved_tflops"] / m["perf/peak_tflops"])
         assert "actor/perf/mfu" not in m
+        assert 0 < m["perf/peak_memory_gb"] < 24
+        # 8 images over one worker's step time
+        assert m["training/images"] == 8 and m["perf/throughput"] == pytest.approx(8 / m["timing_s/step"])
     # the same shapes every step: the same FLOPs
     assert metrics[0]["perf/tflop"] == metrics[1]["perf/tflop"]
     # a configured peak replaces the measured one

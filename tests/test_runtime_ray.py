@@ -22,6 +22,11 @@ def test_two_worker_run_writes_metrics_and_a_checkpoint_that_reloads(ray_cluster
                 "actor/approx_kl", "timing_s/gen", "timing_per_image_ms/update_actor", "perf/throughput"):
         assert key in metrics[0], key
     assert metrics[0]["critic/rewards/group_size"] == 4.0
+    # throughput is per worker (per device): the step's images over both workers' wall time, halved
+    images = metrics[0]["training/images"]
+    assert images == 4 * 4  # train_batch_size 4 x rollout.n 4
+    assert metrics[0]["perf/throughput"] == pytest.approx(images / metrics[0]["timing_s/step"] / 2)
+    assert 0 < metrics[0]["perf/peak_memory_gb"] < 24
     ckpt = run / "checkpoints" / "global_step_2" / "actor"
     assert (ckpt / "adapter" / "pytorch_lora_weights.safetensors").is_file()
     assert (run / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "2"

@@ -236,6 +236,13 @@ def test_console_shows_reward_and_held_out_accuracy(tiny_vlm_path, tmp_path):
     result = VLMPPOTrainer(cfg, console=lines.append).fit()
     assert lines[0].startswith("step 0: ") and "val/accuracy=" in lines[0]
     assert "overall=" in lines[1] and "explained_variance=" in lines[1] and "val/accuracy=" in lines[1]
+    # per worker: the step's responses and tokens over the time of sampling, scoring and training
+    row = result["history"][0]
+    seconds = row["timing/experience_s"] + row["timing/train_s"]
+    responses = cfg.data.train_batch_size * cfg.rollout.n
+    assert row["perf/throughput"] == pytest.approx(responses / seconds)
+    assert row["perf/tokens_per_s"] == pytest.approx(row["response/sequence_tokens"] / seconds)
+    assert 0 < row["perf/peak_memory_gb"] < 24
     # and `pixelrl plot` draws the run's curves, naming what it drew; an unknown key is one clear error
     from PIL import Image
 

@@ -13,6 +13,8 @@ With gradient checkpointing the recomputed forwards count again (they are real w
 from __future__ import annotations
 
 import functools
+import resource
+import sys
 import time
 
 import torch
@@ -123,3 +125,23 @@ def matmul_peak_flops(device: torch.device | str, dtype: torch.dtype, size: int 
             best = min(best, time.perf_counter() - start)
         _PEAKS[key] = 2 * size ** 3 / best
     return _PEAKS[key]
+
+
+def peak_memory_gb(device: torch.device | str) -> float:
+    """This process's peak memory so far, in GB: the most ever allocated on a CUDA device (what
+    `torch.cuda.max_memory_allocated` reports, verl's `perf/max_memory_allocated_gb`), and on the
+    CPU the peak resident set of the process (weights, activations, optimizer and everything
+    else it holds)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1e9
+    try:  # Linux: this process image's high-water mark. getrusage's ru_maxrss would also count the
+        # parent's resident set, which a child inherits through fork/vfork + exec.
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024 / 1e9
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9  # bytes on macOS, KiB elsewhere

@@ -13,7 +13,7 @@ from collections import defaultdict
 import torch
 
 from pixelrl.algos.losses import get_loss, require_keys
-from pixelrl.engine.flops import FlopMeter, matmul_peak_flops
+from pixelrl.engine.flops import FlopMeter, matmul_peak_flops, peak_memory_gb
 from pixelrl.engine.learner import Learner
 from pixelrl.engine.objectives import OBJECTIVE_CLASSES, side_by_side, step_groups
 from pixelrl.core.batch import Batch
@@ -342,6 +342,7 @@ class PolicyEngine:
         metrics["lr"] = self.learner.current_lr
         metrics["policy_version"] = self.policy_version
         metrics.update(self.flop_meter.take(self.peak_flops()))
+        metrics["perf/peak_memory_gb"] = peak_memory_gb(next(self.model.transformer.parameters()).device)
         return metrics
 
     def peak_flops(self) -> float:

@@ -33,7 +33,7 @@ def train_on_clean_samples(actor, rollout: Rollout, cfg, num_workers: int = 1,
         train.info["num_mini_batches"] = mini_batches_per_epoch(cfg)
     with timer.phase("update_actor"):
         actor_metrics = actor.update(train)
-    metrics = summary_metrics(rollout, actor_metrics, timer)
+    metrics = summary_metrics(rollout, actor_metrics, timer, num_workers)
     if cfg.diffusion_loss.name == "diffusion_dpo":
         metrics["training/pairs"] = len(train)
     return metrics
@@ -46,7 +46,7 @@ def direct_preference_step(actor, reward_fn, prompts: list[str], metadata: list[
     return rollout.batch, train_on_clean_samples(actor, rollout, cfg, num_workers)
 
 
-def offline_preference_step(actor, rows: dict, cfg) -> dict[str, float]:
+def offline_preference_step(actor, rows: dict, cfg, num_workers: int = 1) -> dict[str, float]:
     """Diffusion-DPO on a batch of dataset pairs: encode chosen and rejected images to clean
     latents on the workers, then update. A row holds its whole pair, so no mini-batch splits one."""
     timer = PhaseTimer()
@@ -64,5 +64,5 @@ def offline_preference_step(actor, rows: dict, cfg) -> dict[str, float]:
     metrics.update({f"timing_s/{name}": secs for name, secs in timer.seconds.items()})
     metrics["timing_s/step"] = sum(timer.seconds.values())
     metrics["training/pairs"] = len(train)
-    metrics["perf/throughput"] = len(train) / metrics["timing_s/step"]  # pairs per second
+    metrics["perf/throughput"] = len(train) / metrics["timing_s/step"] / num_workers  # pairs per second per worker
     return metrics

@@ -232,7 +232,7 @@ class PolicyGradientTrainer:
         for step in range(start_step + 1, total + 1):
             step_start = time.time()
             if cfg.algorithm.sample_source == "offline":
-                batch, metrics = None, offline_preference_step(self.actor, next_rows(), cfg)
+                batch, metrics = None, offline_preference_step(self.actor, next_rows(), cfg, self.actor.size)
             else:
                 try:
                     if ahead is not None:

@@ -187,7 +187,7 @@ def train_on(actor, rollout: Rollout, cfg, num_workers: int = 1, actor_version: 
     with timer.phase("update_actor"):
         actor_metrics = actor.update(train)
 
-    metrics = summary_metrics(rollout, actor_metrics, timer)
+    metrics = summary_metrics(rollout, actor_metrics, timer, num_workers)
     metrics["training/trained_fraction"] = len(train) / len(batch)
     metrics.update(correction_metrics)
     metrics["training/window_start"] = rollout.window.start
@@ -210,9 +210,11 @@ def actor_step_metrics(actor_metrics: dict) -> dict[str, float]:
     return {(k if k.startswith("perf/") else f"actor/{k}"): v for k, v in actor_metrics.items()}
 
 
-def summary_metrics(rollout: Rollout, actor_metrics: dict, timer: PhaseTimer) -> dict[str, float]:
+def summary_metrics(rollout: Rollout, actor_metrics: dict, timer: PhaseTimer, num_workers: int = 1) -> dict[str, float]:
     """Reward, advantage, actor and timing metrics of a step (names as verl-omni's). Timing
-    sums the producer's phases (gen, reward, adv) and the consumer's."""
+    sums the producer's phases (gen, reward, adv) and the consumer's. `perf/throughput` is
+    images per second per actor worker (per device, as verl-omni counts it); `training/images`
+    is the step's images over all workers."""
     batch, scores = rollout.batch, rollout.scores
     num_images = len(batch)
     rewards = scores["overall"]
@@ -234,6 +236,7 @@ def summary_metrics(rollout: Rollout, actor_metrics: dict, timer: PhaseTimer) ->
         metrics[f"timing_s/{name}"] = secs
         metrics[f"timing_per_image_ms/{name}"] = 1000 * secs / num_images
     metrics["timing_s/step"] = total
-    metrics["perf/throughput"] = num_images / total
+    metrics["training/images"] = num_images
+    metrics["perf/throughput"] = num_images / total / num_workers
     metrics["training/staleness"] = rollout.step - 1 - rollout.weights_step
     return metrics

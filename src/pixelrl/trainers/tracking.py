@@ -131,13 +131,14 @@ def _keep_rows_up_to(path: Path, step: int) -> None:
 
 def x_axis(rows: list[dict], x: str) -> dict[int, float]:
     """Step -> position on the x axis: the step, the minutes of training so far (per-step times
-    summed) or the images generated so far (throughput x step time summed); a row without step
+    summed) or the images generated so far (`training/images` summed; in files written before
+    that key, throughput x step time, when throughput counted all workers); a row without step
     times (a validation-only row) adds none."""
     elapsed, images, axis = 0.0, 0.0, {}
     for r in rows:
         step_s = r.get("timing/step_s", r.get("timing_s/step", 0.0))
         elapsed += step_s
-        images += r.get("perf/throughput", 0.0) * step_s
+        images += r.get("training/images", r.get("perf/throughput", 0.0) * step_s)
         axis[r["step"]] = {"step": r["step"], "minutes": elapsed / 60, "images": round(images)}[x]
     return axis
 
@@ -145,7 +146,7 @@ def x_axis(rows: list[dict], x: str) -> dict[int, float]:
 def plot_metrics(metrics_file: str | Path, patterns: list[str], out: str | Path, *, x: str = "step") -> list[str]:
     """One panel per metric matching any of `patterns` (shell-style: `val-core/*/gold/*`) from a
     run's metrics.jsonl, against `x`: `step`, `minutes` (the per-step times summed) or `images`
-    (images generated for training so far: throughput x step time, summed). Returns the plotted
+    (images generated for training so far: `training/images` summed). Returns the plotted
     keys; writes a PNG."""
     import fnmatch
 

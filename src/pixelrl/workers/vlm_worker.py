@@ -39,6 +39,7 @@ class VLMWorker(RankProcess):
         """Sample, score and train on this rank's share of step `step`'s questions; the metrics."""
         import time
 
+        from pixelrl.engine.flops import peak_memory_gb
         from pixelrl.trainers.vlm_ppo import task_items
 
         began = time.perf_counter()
@@ -49,6 +50,11 @@ class VLMWorker(RankProcess):
         mid = time.perf_counter()
         metrics.update(self.engine.train_on(exp, step))
         metrics["timing/train_s"] = time.perf_counter() - mid
+        # per worker (per device), as verl reports them; the controller averages over workers
+        seconds = metrics["timing/experience_s"] + metrics["timing/train_s"]
+        metrics["perf/throughput"] = len(exp) / seconds  # sampled responses per second
+        metrics["perf/tokens_per_s"] = metrics["response/sequence_tokens"] / seconds  # prompt + response
+        metrics["perf/peak_memory_gb"] = peak_memory_gb(next(self.engine.policy.model.parameters()).device)
         return metrics
 
     def validate(self) -> list[tuple[str, float]]:
