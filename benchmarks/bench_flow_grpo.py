@@ -1,8 +1,10 @@
-"""Flow-GRPO throughput on a tiny model (SD3 by default, FLUX, Qwen-Image or Wan), one process (no Ray).
+"""Flow-GRPO throughput on a tiny model (SD3 by default, FLUX, Qwen-Image or Wan), in one process
+(no Ray) or through `pixelrl train` on Ray workers (`--workers`).
 
 Prints, per configuration: images/s for rollout and for a full iteration, seconds per phase,
 denoiser forwards (with and without grad) per iteration, and peak RSS. Each configuration runs
-in its own subprocess so that peak RSS belongs to it alone.
+in its own subprocess so that peak RSS belongs to it alone. The default sweep scales batch,
+sampling steps, window and workers (1 and 2) in one table.
 
     python benchmarks/bench_flow_grpo.py                 # the default sweep
     python benchmarks/bench_flow_grpo.py --prompts 4 --n 4 --steps 10 --iters 3   # one config
@@ -21,14 +23,22 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
-SWEEP = [  # (prompts per step, images per prompt, sampling steps, window size; 0 = full)
-    (2, 4, 10, 0),
-    (4, 4, 10, 0),
-    (8, 4, 10, 0),
-    (4, 4, 6, 0),
-    (4, 4, 20, 0),
-    (4, 4, 10, 2),
+sys.path.insert(0, str(Path(__file__).parent))
+
+SWEEP = [  # (prompts per step, images per prompt, sampling steps, window size (0 = full), Ray workers
+    #  (0 = one process without Ray), torch threads per process)
+    (2, 4, 10, 0, 0, 2),
+    (4, 4, 10, 0, 0, 2),
+    (8, 4, 10, 0, 0, 2),
+    (4, 4, 6, 0, 0, 2),
+    (4, 4, 20, 0, 0, 2),
+    (4, 4, 10, 2, 0, 2),
+    (4, 4, 10, 0, 1, 2),  # the same step through `pixelrl train` on one 2-core worker
+    (4, 4, 10, 0, 1, 1),  # ... on one 1-core worker
+    (8, 4, 10, 0, 2, 1),  # two 1-core workers, the same batch per worker: per-worker efficiency
+    (4, 4, 10, 0, 2, 1),  # two 1-core workers sharing the first row's batch: the layout on 2 cores
 ]
 
 
@@ -128,6 +138,63 @@ def run_one(args) -> dict:
         }
 
 
+def run_workers(args) -> dict:
+    """The same step through `pixelrl train` on `--workers` Ray actor workers of `--threads` cores
+    each (DDP; each worker samples and trains its share of the prompts). Per-phase seconds are
+    the trainer's own `timing_s/*` (sampling with decoding, reference, the whole update);
+    FLOPs and FLOP/s are summed over the workers, forward counts, MFU and peak memory are per
+    worker (averaged over the workers)."""
+    import ray
+
+    from pixelrl.models import build_tiny_sd3
+    from pixelrl.workers.local_ray import start_local_ray
+    from common import train_and_measure
+
+    if args.family != "sd3":
+        raise SystemExit("--workers runs the SD3 family only")
+    start_local_ray(os.cpu_count() or 1)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            if args.model_dir:
+                model, seq_len = args.model_dir, args.max_seq_len
+            else:
+                model = build_tiny_sd3(os.path.join(tmp, "tiny"), resolution=args.resolution, with_vae=not args.no_vae,
+                                       with_t5=False)
+                seq_len = 0
+            prompts = os.path.join(tmp, "prompts.txt")
+            with open(prompts, "w") as f:
+                f.write("".join(f"a red circle number {i}\n" for i in range(args.prompts)))
+            per_worker_rollout = args.rollout_micro or args.prompts * args.n // args.workers
+            r = train_and_measure(None, model, Path(tmp) / "runs", "bench", [
+                f"trainer.n_workers={args.workers}", f"trainer.num_cpus_per_worker={args.threads}",
+                f"trainer.total_training_steps={args.warmup + args.iters}", "trainer.test_freq=-1",
+                f"data.train_files=[{prompts}]", f"data.train_batch_size={args.prompts}",
+                f"model.max_sequence_length={seq_len}", f"model.lora_rank={args.lora_rank}",
+                f"model.lora_alpha={2 * args.lora_rank}", f"model.compile={args.compile}",
+                f"rollout.resolution={args.resolution}", f"rollout.n={args.n}", f"rollout.num_steps={args.steps}",
+                f"rollout.guidance_scale={args.cfg}", f"rollout.sde_window_size={args.window}",
+                f"rollout.micro_batch_size={per_worker_rollout}", f"actor.ppo_micro_batch_size={args.micro}",
+                f"actor.ppo_mini_batch_size={args.mini}", f"actor.window_steps_per_forward={args.steps_per_forward}",
+                f"diffusion_loss.kl_coef={args.kl}"], warmup=args.warmup)
+    finally:
+        ray.shutdown()
+    last, phases = r["last"], r["phases"]
+    return {
+        "family": args.family, "prompts": args.prompts, "n": args.n, "steps": args.steps, "window": args.window or args.steps - 1,
+        "workers": args.workers, "images_per_iter": r["images"], "rollout_img_s": r["images"] / phases["gen"],
+        "iter_img_s": r["img_s"], "s_per_iter": r["step_s"], "phases_s": {k: round(v, 3) for k, v in phases.items()},
+        "fwd_nograd_per_iter": last["perf/denoiser_forwards"] - last["perf/denoiser_backwards"],
+        "fwd_grad_per_iter": last["perf/denoiser_backwards"],
+        "gflop_per_iter": last["perf/tflop"] * 1000 * args.workers,
+        "achieved_gflop_s": last["perf/tflop"] * 1000 * args.workers / r["step_s"], "mfu": last["perf/mfu"],
+        "peak_gflop_s": last["perf/peak_tflops"] * 1000 * args.workers,
+        "peak_rss_mb": last["perf/peak_memory_gb"] * 1000,
+        "split": {"seconds": {"sampling": phases["gen"], "reward": phases.get("reward", 0.0),
+                              "reference_forward": phases.get("ref", 0.0), "update": phases["update_actor"]},
+                  "calls": {}},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int)
@@ -155,36 +222,41 @@ def main() -> None:
     parser.add_argument("--ab", choices=sorted(AB), help="alternate the option off and on for one config; medians of --pairs")
     parser.add_argument("--pairs", type=int, default=4)
     parser.add_argument("--json", action="store_true", help="print one JSON line (used by the sweep)")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="run through `pixelrl train` on this many Ray actor workers of --threads cores each "
+                             "(DDP); 0 = one process, no Ray")
     args = parser.parse_args()
     from pixelrl.core.quiet import quiet_libraries
 
     quiet_libraries()
     common = ["--iters", str(args.iters), "--micro", str(args.micro), "--cfg", str(args.cfg),
-              "--resolution", str(args.resolution), "--threads", str(args.threads), "--warmup", str(args.warmup)]
+              "--resolution", str(args.resolution), "--warmup", str(args.warmup)]
     common += ["--no-vae"] if args.no_vae else []
     if args.ab:
-        return ab_pairs(args, common)
+        return ab_pairs(args, common + ["--threads", str(args.threads)])
     if args.prompts is not None:
-        result = run_one(args)
+        result = run_workers(args) if args.workers else run_one(args)
         print(json.dumps(result) if args.json else json.dumps(result, indent=2))
         return
     if args.per_family:
-        return per_family(common)
+        return per_family(common + ["--threads", str(args.threads)])
     print(f"# tiny SD3 ({'pixel space' if args.no_vae else 'VAE'}), {args.resolution}px, LoRA r8, CFG {args.cfg}, "
-          f"micro-batch {args.micro}, {args.threads} threads, {args.iters} timed iterations after 1 warm-up; "
-          "MFU = model FLOP/s (forward FLOPs measured by torch's counter, 3x for forward+backward) over a "
-          "matmul peak measured in the same process")
-    header = ("| prompts x n | steps | window | rollout img/s | iteration img/s | s/iter | gen s | reward s "
-              "| update s | fwd no-grad/iter | fwd+bwd/iter | GFLOP/iter | GFLOP/s | MFU | peak RSS MB |")
+          f"micro-batch {args.micro}, {args.iters} timed iterations after {args.warmup} warm-up; workers x threads: "
+          "'1 process' runs without Ray, N x T runs `pixelrl train` on N Ray workers of T threads (images/s, "
+          "GFLOP and GFLOP/s over all workers; forwards, MFU and RSS per worker); MFU = model FLOP/s (forward FLOPs measured by "
+          "torch's counter, 3x for forward+backward) over a matmul peak measured in the same process")
+    header = ("| prompts x n | steps | window | workers x threads | rollout img/s | iteration img/s | s/iter | gen s "
+              "| reward s | update s | fwd no-grad/iter | fwd+bwd/iter | GFLOP/iter | GFLOP/s | MFU | peak RSS MB |")
     print(header)
     print("|---" * (header.count("|") - 1) + "|")
-    for prompts, n, steps, window in SWEEP:
+    for prompts, n, steps, window, workers, threads in SWEEP:
         cmd = [sys.executable, __file__, "--json", "--prompts", str(prompts), "--n", str(n), "--steps", str(steps),
-               "--window", str(window)] + common
+               "--window", str(window), "--workers", str(workers), "--threads", str(threads)] + common
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
         r = json.loads(out)
         p = r["phases_s"]
-        print(f"| {prompts} x {n} | {steps} | {r['window']} | {r['rollout_img_s']:.1f} | {r['iter_img_s']:.1f} "
+        layout = f"{workers} x {threads}" if workers else f"1 process, {threads} threads"
+        print(f"| {prompts} x {n} | {steps} | {r['window']} | {layout} | {r['rollout_img_s']:.1f} | {r['iter_img_s']:.1f} "
               f"| {r['s_per_iter']:.2f} | {p['gen']:.2f} | {p['reward']:.3f} | {p['update_actor']:.2f} "
               f"| {r['fwd_nograd_per_iter']:.0f} | {r['fwd_grad_per_iter']:.0f} | {r['gflop_per_iter']:.2f} "
               f"| {r['achieved_gflop_s']:.1f} | {r['mfu']:.1%} | {r['peak_rss_mb']:.0f} |", flush=True)

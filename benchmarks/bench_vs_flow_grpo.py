@@ -24,7 +24,9 @@ on its training thread instead of its thread pool (see `--reward-inline`).
 `--model compute` swaps in an ~18M-parameter transformer (8 joint blocks, width 256), where the
 arithmetic, not the per-call overhead, is the cost. The pixelrl side can also run its faster
 execution options on the same math (`--pixelrl LABEL=OPTIONS`, e.g. `--rollout-micro 16
---steps-per-forward 0 --compile`).
+--steps-per-forward 0 --compile`), or run as `pixelrl train` does on Ray workers: `--workers 2
+--threads 1` is two single-thread DDP workers on the two cores, each sampling and training one
+prompt's 8 images (the trainer's own phase timings; the update is one phase there).
 """
 
 from __future__ import annotations
@@ -238,14 +240,21 @@ PHASES = ("sampling", "reward", "reference_forward", "policy_forward", "backward
 def row(label: str, runs: list[dict]) -> str:
     med = lambda f: statistics.median(f(r) for r in runs)  # noqa: E731
     cells = [label, f"{med(lambda r: r['iter_img_s']):.2f}", f"{med(lambda r: r['s_per_iter']):.2f}"]
+    # a run on Ray workers (--workers) times the whole update as one phase (the trainer's timing_s/update_actor)
+    whole_update = "update" in runs[0]["split"]["seconds"]
     for name in PHASES:
-        cells.append(f"{med(lambda r: r['split']['seconds'].get(name, 0.0)):.2f}")
+        if whole_update and name in ("backward", "optimizer"):
+            cells.append("-")
+            continue
+        key = "update" if whole_update and name == "policy_forward" else name
+        seconds = med(lambda r: r["split"]["seconds"].get(key, 0.0))
+        cells.append(f"{seconds:.2f} (whole update)" if key == "update" else f"{seconds:.2f}")
     # the reward runs inside the iteration on pixelrl's side and beside sampling on flow_grpo's
-    other = med(lambda r: r["s_per_iter"] - sum(r["split"]["seconds"].get(n, 0.0) for n in PHASES if n != "reward"))
+    other = med(lambda r: r["s_per_iter"] - sum(v for n, v in r["split"]["seconds"].items() if n != "reward"))
     cells.append(f"{other:.2f}")
     calls = [med(lambda r: r["split"]["calls"].get(name, 0)) for name in
              ("sampling_forward", "reference_forward", "policy_forward", "backward")]
-    cells.append(" / ".join(f"{c:.0f}" for c in calls))
+    cells.append(" / ".join(f"{c:.0f}" for c in calls) if runs[0]["split"]["calls"] else "-")
     cells.append(f"{med(lambda r: r['peak_rss_mb']):.0f}")
     return "| " + " | ".join(cells) + " |"
 
