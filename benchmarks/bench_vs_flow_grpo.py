@@ -27,6 +27,9 @@ execution options on the same math (`--pixelrl LABEL=OPTIONS`, e.g. `--rollout-m
 --steps-per-forward 0 --compile`), or run as `pixelrl train` does on Ray workers: `--workers 2
 --threads 1` is two single-thread DDP workers on the two cores, each sampling and training one
 prompt's 8 images (the trainer's own phase timings; the update is one phase there).
+`--reference-processes 2` gives flow_grpo the same layout: its script launched by torchrun on two
+processes of one thread each (accelerate's MULTI_CPU, DDP over gloo), each sampling and training
+half of every batch; the first process's timings are shown.
 """
 
 from __future__ import annotations
@@ -113,7 +116,9 @@ def run_reference(args) -> dict:
 
     import torch
 
-    torch.set_num_threads(SETTING["threads"])
+    torch.set_num_threads(SETTING["threads"] // args.processes)
+    if args.processes > 1:  # accelerate takes a torchrun launch on a machine without GPUs for MULTI_CPU only then
+        os.environ["ACCELERATE_USE_CPU"] = "true"
     checkout = Path(args.flow_grpo).resolve()
     sys.path[:0] = [str(checkout), str(checkout / "scripts")]
     from phase_meter import PhaseMeter
@@ -207,7 +212,7 @@ def run_reference(args) -> dict:
         config_file = Path(tmp) / "bench_config.py"
         config_file.write_text(REFERENCE_CONFIG.format(
             base=str(checkout / "config" / "base.py"), model=str(args.model_dir), data=str(args.data_dir),
-            logdir=tmp, batches=batches, **SETTING))
+            logdir=tmp, batches=batches, **{**SETTING, "micro": SETTING["micro"] // args.processes}))
         os.chdir(tmp)  # the script writes its logs under the working directory
         train_sd3.FLAGS([sys.argv[0], f"--config={config_file}"])
         try:
@@ -275,12 +280,17 @@ def main() -> None:
     parser.add_argument("--side", choices=["flow_grpo"], help=argparse.SUPPRESS)  # one run, in a subprocess
     parser.add_argument("--reward-inline", action="store_true",
                         help="flow_grpo side: score rewards on the training thread instead of its thread pool")
+    parser.add_argument("--reference-processes", type=int, default=0,
+                        help="also run flow_grpo on this many processes (torchrun, accelerate over gloo) sharing "
+                             "the threads, each sampling and training its share of every batch")
+    parser.add_argument("--processes", type=int, default=1, help=argparse.SUPPRESS)  # set by torchrun's launch
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--data-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.side:
         result = run_reference(args)
-        print(json.dumps(result), flush=True)
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(json.dumps(result), flush=True)
         os._exit(0)  # flow_grpo's reward executor and data-loader workers would keep the process alive
     train_script = Path(args.flow_grpo) / "scripts" / "train_sd3.py"
     if not train_script.is_file():
@@ -301,6 +311,13 @@ def main() -> None:
     commands["flow_grpo"] = reference
     if args.inline_too:
         commands["flow_grpo, rewards inline"] = reference + ["--reward-inline"]
+    if args.reference_processes > 1:
+        p = args.reference_processes
+        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={p}"]
+        commands[f"flow_grpo, {p} processes"] = launch + reference[1:] + ["--processes", str(p)]
+        if args.inline_too:
+            commands[f"flow_grpo, {p} processes, rewards inline"] = launch + reference[1:] + [
+                "--processes", str(p), "--reward-inline"]
     runs: dict[str, list[dict]] = {label: [] for label in commands}
     for _ in range(args.pairs):
         for label, cmd in commands.items():
