@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from common import mib, peak_rss_mb, train_and_measure  # noqa: E402
 
 SWEEP = [  # (prompts per step, images per prompt, sampling steps, window size (0 = full), Ray workers
     #  (0 = one process without Ray), torch threads per process)
@@ -133,7 +133,7 @@ def run_one(args) -> dict:
             "achieved_gflop_s": counts["perf/tflop"] * 1000 * args.iters / total_time,
             "mfu": counts["perf/mfu"],
             "peak_gflop_s": metrics["perf/peak_tflops"] * 1000,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "peak_rss_mb": peak_rss_mb(),
             "split": split,
         }
 
@@ -148,7 +148,6 @@ def run_workers(args) -> dict:
 
     from pixelrl.models import build_tiny_sd3
     from pixelrl.workers.local_ray import start_local_ray
-    from common import train_and_measure
 
     if args.family != "sd3":
         raise SystemExit("--workers runs the SD3 family only")
@@ -188,7 +187,7 @@ def run_workers(args) -> dict:
         "gflop_per_iter": last["perf/tflop"] * 1000 * args.workers,
         "achieved_gflop_s": last["perf/tflop"] * 1000 * args.workers / r["step_s"], "mfu": last["perf/mfu"],
         "peak_gflop_s": last["perf/peak_tflops"] * 1000 * args.workers,
-        "peak_rss_mb": last["perf/peak_memory_gb"] * 1000,
+        "peak_rss_mb": mib(last["perf/peak_memory_gb"]),
         "split": {"seconds": {"sampling": phases["gen"], "reward": phases.get("reward", 0.0),
                               "reference_forward": phases.get("ref", 0.0), "update": phases["update_actor"]},
                   "calls": {}},

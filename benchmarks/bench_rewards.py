@@ -16,12 +16,15 @@ model's forward adds its own FLOPs on top. `remote` goes through `pixelrl serve-
 from __future__ import annotations
 
 import argparse
-import resource
 import statistics
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import peak_rss_mb  # noqa: E402
 
 
 def _inputs(batch: int):
@@ -138,7 +141,7 @@ def main() -> None:
             median = statistics.median(seconds)
             print(f"| {name} | {what} | {args.batch / median:.0f} | {median * 1000:.1f} |", flush=True)
         server.close()
-    print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+    print(f"peak RSS {peak_rss_mb():.0f} MB")
 
 
 if __name__ == "__main__":

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import mib  # noqa: E402
 
 BASE = ["data.train_batch_size=16", "actor.ppo_mini_batch_size=64", "actor.ppo_micro_batch_size=64"]
 BIG = ["data.train_batch_size=32", "actor.ppo_mini_batch_size=128", "actor.ppo_micro_batch_size=64"]
@@ -69,8 +72,8 @@ def run_one(overrides: list[str], steps: int) -> dict:
         "score_s": mean["timing/score_s"], "train_s": mean["timing/train_s"],
         "forwards/step": f"{cfg.vlm.max_new_tokens} gen + {scoring} x {batches} score + {update_passes * critic} train",
         "backwards/step": update_passes * critic,
-        # Ray workers are other processes: the driver's peak says nothing about them
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 if workers == 1 else float("nan"),
+        # each worker's own peak (its perf/peak_memory_gb), the mean over workers
+        "peak_rss_mb": mib(rows[-1]["perf/peak_memory_gb"]),
     }
 
 

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -46,6 +45,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from common import peak_rss_mb  # noqa: E402
 MODELS = {  # build_tiny_sd3 arguments
     "tiny": {},
     "compute": {"num_layers": 8, "heads": 4, "head_dim": 64},
@@ -117,7 +118,7 @@ def run_reference(args) -> dict:
     import torch
 
     torch.set_num_threads(SETTING["threads"] // args.processes)
-    if args.processes > 1:  # accelerate takes a torchrun launch on a machine without GPUs for MULTI_CPU only then
+    if args.processes > 1:  # without it, accelerate on a machine without GPUs ignores torchrun's world size
         os.environ["ACCELERATE_USE_CPU"] = "true"
     checkout = Path(args.flow_grpo).resolve()
     sys.path[:0] = [str(checkout), str(checkout / "scripts")]
@@ -224,7 +225,7 @@ def run_reference(args) -> dict:
     return {
         "side": "flow_grpo", "iter_img_s": images * args.iters / total, "s_per_iter": total / args.iters,
         "split": meter.per_iteration(snapshots[args.warmup], snapshots[-1], args.iters),
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": peak_rss_mb(),
     }
 
 

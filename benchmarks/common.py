@@ -8,6 +8,19 @@ from pathlib import Path
 import numpy as np
 
 
+def mib(gb: float) -> float:
+    """A `perf/peak_memory_gb` figure in the MiB the benchmark tables print as "MB"."""
+    return gb * 1e9 / 2 ** 20
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set in MiB (pixelrl's own measure, which does not inherit
+    the parent's resident set as getrusage's ru_maxrss does)."""
+    from pixelrl.engine.flops import peak_memory_gb
+
+    return mib(peak_memory_gb("cpu"))
+
+
 def train_and_measure(config: str | None, model: Path, out: Path, experiment: str, overrides: list[str],
                       warmup: int = 1) -> dict:
     """Run the trainer (`config` None: the default config); return mean seconds per step and per
