@@ -31,6 +31,7 @@ METHODS = {  # name -> (config, label)
 # the demo added its extra-object penalty (kept so the table reproduces; pass a reward.functions
 # override to measure with today's).
 MEASURED_REWARD = "reward.functions=[{name: shapes_geneval, weight: 1.0, options: {strict_weight: 0.5}}]"
+MEASURED_LAYOUT = ["trainer.backend=local", "trainer.n_workers=1"]  # one process on both cores, as the table ran
 
 
 def train(method: str, out: Path, budget: float, save_every_s: float, overrides: list[str]) -> Path:
@@ -45,7 +46,7 @@ def train(method: str, out: Path, budget: float, save_every_s: float, overrides:
     cfg = load_config(config, [f"trainer.default_local_dir={out}", f"trainer.experiment_name={method}",
                                f"trainer.time_budget_s={budget}", "trainer.total_training_steps=100000",
                                f"trainer.save_freq={save_freq}", "trainer.test_freq=-1", "trainer.logger=[jsonl]",
-                               "trainer.resume_mode=disable", MEASURED_REWARD, *overrides])
+                               "trainer.resume_mode=disable", MEASURED_REWARD, *MEASURED_LAYOUT, *overrides])
     run = run_dir_of(cfg)
     if (run / "done.json").is_file():
         return run

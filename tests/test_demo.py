@@ -48,7 +48,9 @@ def test_a_hacked_gain_fails_the_exact_category_and_diversity_criteria():
 def test_the_demo_runs_end_to_end_and_writes_its_summary(tmp_path, capsys):
     from pixelrl.demo import run_demo
 
-    summary = run_demo([f"trainer.default_local_dir={tmp_path}", "trainer.total_training_steps=2",
+    # one in-process worker instead of the config's two Ray workers: this tests the demo's report
+    summary = run_demo([f"trainer.default_local_dir={tmp_path}", "trainer.backend=local",
+                        "trainer.n_workers=1", "trainer.total_training_steps=2",
                         "data.train_batch_size=2", "rollout.n=4", "actor.ppo_micro_batch_size=8",
                         "trainer.save_freq=2"], per_category=2)
     printed = capsys.readouterr().out
