@@ -138,14 +138,34 @@ def tiny_vlm_path(tmp_path_factory):
 
 
 def vlm_config(path, tmp_path, *overrides):
-    """The shapes-QA GRPO config shrunk for tests (4 questions x 4 answers, 12 held-out items)."""
+    """The shapes-QA GRPO config shrunk for tests (4 questions x 4 answers, 12 held-out items, in-process)."""
     from pixelrl.core.config_loading import load_config
 
     return load_config("vlm_grpo_shapes_qa", [
         f"model.path={path}", f"trainer.default_local_dir={tmp_path}", "data.train_batch_size=4", "rollout.n=4",
         "actor.ppo_mini_batch_size=8", "actor.ppo_micro_batch_size=4", "vlm.val_items=12",
         "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[jsonl]",
-        *overrides])
+        "trainer.backend=local", "trainer.n_workers=1", *overrides])
+
+
+def vlm_run_killed_after_checkpoint(cfg, monkeypatch, step: int) -> None:
+    """Run the vision-language trainer on `cfg` and kill it (from the driver, so Ray workers die
+    too) right after it has written its step-`step` checkpoint: an interruption mid-run that,
+    unlike a shorter run, keeps the run's lr schedule."""
+    import pixelrl.trainers.vlm_ppo as vlm_ppo
+
+    save = vlm_ppo.save_checkpoint
+
+    def save_then_die(root, at, *args, **kwargs):
+        folder = save(root, at, *args, **kwargs)
+        if at == step:
+            raise RuntimeError(f"killed after the step-{step} checkpoint")
+        return folder
+
+    with monkeypatch.context() as patch:
+        patch.setattr(vlm_ppo, "save_checkpoint", save_then_die)
+        with pytest.raises(RuntimeError, match="killed after"):
+            vlm_ppo.VLMPPOTrainer(cfg).fit()
 
 
 def experience_with_reward_inputs(cfg, count: int = 4):

@@ -191,7 +191,7 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("VLM: GRPO with one answer per question", [*VLM, "rollout.n=1"], "rollout.n"),
     ("VLM: critic warm-up without a critic", [*VLM, "vlm.freezing_actor_steps=3"], "vlm.freezing_actor_steps"),
     ("VLM: mini-batch not dividing the batch", [*VLM, "actor.ppo_mini_batch_size=5"], "actor.ppo_mini_batch_size"),
-    ("VLM: two in-process workers", [*VLM, "trainer.n_workers=2"], "trainer.n_workers"),
+    ("VLM: two in-process workers", [*VLM, "trainer.backend=local"], "trainer.n_workers"),
     ("VLM: questions not splitting over workers", [*VLM, "trainer.backend=ray", "trainer.n_workers=3"],
      "data.train_batch_size"),
     ("VLM: asynchronous mode", [*VLM, "trainer.mode=one_step_off"], "trainer.mode"),

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import vlm_config
+from conftest import vlm_config, vlm_run_killed_after_checkpoint
 
 from pixelrl.algos import token_ppo as T
 from pixelrl.core.config_loading import to_yaml
@@ -129,14 +129,16 @@ def _state(engine):
      "vlm.kl_target=0.01", "vlm.kl_horizon=100"),
     ("model.lora_rank=4", "model.lora_alpha=8", "vlm.kl_coef=0.1", "vlm.kl_in_reward=true", "vlm.ptx_coef=0.1"),
 ])
-def test_four_steps_equal_two_plus_two_bitwise(tiny_vlm_path, tmp_path, extra):
+def test_four_steps_equal_two_plus_two_bitwise(tiny_vlm_path, tmp_path, extra, monkeypatch):
+    """A run killed after its step-2 checkpoint and resumed ends bitwise where an uninterrupted run
+    ends, with the config's cosine lr (a schedule over the whole run)."""
     from pixelrl.trainers.vlm_ppo import VLMPPOTrainer
 
     common = ("trainer.total_training_steps=4", "trainer.save_freq=2", "actor.lr=1e-3", "vlm.critic_lr=1e-3",
               *extra)
     whole = VLMPPOTrainer(vlm_config(tiny_vlm_path, tmp_path / "a", *common)).fit()
-    first = VLMPPOTrainer(vlm_config(tiny_vlm_path, tmp_path / "b", *common, "trainer.total_training_steps=2")).fit()
-    assert len(first["history"]) == 2
+    assert whole["engine"].cfg.actor.lr_schedule == "cosine"
+    vlm_run_killed_after_checkpoint(vlm_config(tiny_vlm_path, tmp_path / "b", *common), monkeypatch, 2)
     resumed = VLMPPOTrainer(vlm_config(tiny_vlm_path, tmp_path / "b", *common)).fit()
     assert len(resumed["history"]) == 2
     a, b = _state(whole["engine"]), _state(resumed["engine"])
@@ -278,7 +280,8 @@ def test_demo_vlm_prints_the_validated_accuracies_before_and_after(tiny_vlm_path
     assert main(["demo-vlm", f"model.path={tiny_vlm_path}", f"trainer.default_local_dir={tmp_path}",
                  "data.train_batch_size=4", "rollout.n=2", "actor.ppo_mini_batch_size=8",
                  "actor.ppo_micro_batch_size=8", "vlm.val_items=12", "trainer.total_training_steps=1",
-                 "trainer.test_freq=1", "trainer.save_freq=-1", "trainer.logger=[jsonl]"]) == 0
+                 "trainer.test_freq=1", "trainer.save_freq=-1", "trainer.logger=[jsonl]",
+                 "trainer.backend=local", "trainer.n_workers=1"]) == 0
     out = capsys.readouterr().out.splitlines()
     rows = {line.split()[0]: [float(x) for x in line.split()[1:]] for line in out
             if line.split() and line.split()[0] in ("colour", "count", "position", "overall")}
