@@ -25,9 +25,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from common import mib  # noqa: E402
 
-LOCAL = ["trainer.backend=local", "trainer.n_workers=1"]  # one process, 2 threads (RAY overrides it)
-BASE = ["data.train_batch_size=16", "actor.ppo_mini_batch_size=64", "actor.ppo_micro_batch_size=64", *LOCAL]
-BIG = ["data.train_batch_size=32", "actor.ppo_mini_batch_size=128", "actor.ppo_micro_batch_size=64", *LOCAL]
+# One process with 2 threads (RAY overrides it), and PPO's old log-probs from a scoring forward as
+# verl and LightRFT take them (the shipped config reuses the sampler's; one row measures that)
+MEASURED = ["trainer.backend=local", "trainer.n_workers=1", "vlm.recompute_old_logp=true"]
+BASE = ["data.train_batch_size=16", "actor.ppo_mini_batch_size=64", "actor.ppo_micro_batch_size=64", *MEASURED]
+BIG = ["data.train_batch_size=32", "actor.ppo_mini_batch_size=128", "actor.ppo_micro_batch_size=64", *MEASURED]
 RAY = ["trainer.backend=ray", "trainer.n_workers=2", "trainer.num_cpus_per_worker=1"]
 CONFIGS = {
     "GRPO 16x8": BASE,
