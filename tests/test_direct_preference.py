@@ -110,7 +110,9 @@ def test_direct_preference_resume_is_exact_with_the_old_adapter(config, tmp_path
 
 
 LEARNING_RUNS = {  # loss: (lr, steps, extra config, required fixed-seed eval gain in -kB)
-    "diffusion_dpo": (1e-1, 12, {}, 0.05),
+    # DPO at 1e-1 is unstable on this tiny model (gradient norms of 10-80 from step 5 on): it gained
+    # +0.06 on one CPU and nothing on another; at 3e-2 the training reward climbs steadily (+0.10)
+    "diffusion_dpo": (3e-2, 12, {}, 0.05),
     "diffusion_nft": (1e-1, 12, {"algorithm__rollout_policy": "old", "rollout__noise_level": 0.0}, 0.05),
     "awm": (1e-1, 12, {"algorithm__old_policy_schedule": "awm"}, 0.04),
 }
