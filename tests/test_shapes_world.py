@@ -139,6 +139,59 @@ def test_extra_object_penalty_by_hand():
     assert out["shapes_exact"].tolist() == [1, 0, 0, 0] and out["shapes_strict"].tolist() == [1, 1, 1, 1]
 
 
+def test_surplus_penalty_charges_objects_beyond_the_count_not_failed_attempts():
+    """"a circle and a square", strict 0.25, exact 0.5 (partial 0.25), penalty q = 0.2 per surplus
+    object: a clean render scores 1.0; one unrequested triangle added (3 objects for 2 asked) 0.25 +
+    0.25 - 0.2 = 0.3; a triangle drawn instead of the square (2 objects, partial 1/2) 0.25 * 0.5 =
+    0.125, the same as leaving the square out. The per-unrequested-object penalty p = 0.2 charges that
+    failed attempt (0.125 - 0.2 = -0.075), so it pays less than the omission."""
+    spec = {"category": "two_object", "relation": None,
+            "objects": [{"shape": "circle", "colour": None, "count": 1}, {"shape": "square", "colour": None, "count": 1}]}
+    circle_only = {**spec, "objects": spec["objects"][:1]}
+    triangle_instead = {**spec, "objects": [spec["objects"][0], {"shape": "triangle", "colour": None, "count": 1}]}
+    images = torch.from_numpy(np.stack([render(spec, 5), render(_with_extra(spec, "triangle", "cyan"), 5),
+                                        render(triangle_instead, 5), render(circle_only, 5)]))
+    weights = dict(strict_weight=0.25, exact_weight=0.5)
+    out = get_reward("shapes_geneval", **weights, surplus_object_penalty=0.2)(images, [""] * 4, [spec] * 4)
+    torch.testing.assert_close(out["shapes_geneval"], torch.tensor([1.0, 0.3, 0.125, 0.125]))
+    assert out["shapes_surplus_objects"].tolist() == [0, 1, 0, 0]
+    assert out["shapes_extra_objects"].tolist() == [0, 1, 1, 0]
+    out = get_reward("shapes_geneval", **weights, extra_object_penalty=0.2)(images, [""] * 4, [spec] * 4)
+    torch.testing.assert_close(out["shapes_geneval"], torch.tensor([1.0, 0.3, -0.075, 0.125]))
+
+
+def test_failure_modes_of_rendered_scenes():
+    """Each failure mode on a render made to have it, scored against "a circle and a square" (and
+    "a circle to the left of a square"), and their per-category fractions in `geneval_scores`."""
+    from pixelrl.engine.evaluate import format_failures, geneval_scores
+    from pixelrl.rewards.shapes import score_scene
+
+    circle, square = {"shape": "circle", "colour": None, "count": 1}, {"shape": "square", "colour": None, "count": 1}
+    triangle = {"shape": "triangle", "colour": None, "count": 1}
+    two = {"category": "two_object", "relation": None, "objects": [circle, square]}
+    drawn = {
+        "exact": two,
+        "extra": _with_extra(two, "triangle", "cyan"),
+        "too_few": {**two, "objects": [circle]},
+        "too_many": {**two, "objects": [circle, {**triangle, "count": 2}]},
+        "repeated_shape": {**two, "objects": [{**circle, "count": 2}]},
+        "wrong_object": {**two, "objects": [circle, triangle]},
+    }
+    for mode, spec in drawn.items():
+        assert score_scene(render(spec, 5), two)["failure"] == mode, mode
+    left_of = {"category": "position", "objects": [circle, square], "relation": {"type": "left_of", "a": 0, "b": 1}}
+    right_of = {**left_of, "relation": {"type": "right_of", "a": 0, "b": 1}}
+    assert score_scene(render(right_of, 5), left_of)["failure"] == "relation"
+    assert score_scene(render(left_of, 5), left_of)["failure"] == "exact"
+
+    images = torch.from_numpy(np.stack([render(drawn[m], 5) for m in ("exact", "too_few", "too_few", "repeated_shape")]))
+    result = geneval_scores(images, [{"prompt": "a circle and a square", "seed": k, "category": "two_object",
+                                      "metadata": two} for k in range(4)])
+    assert result["failures"]["two_object"] == {"exact": 0.25, "extra": 0.0, "too_few": 0.5, "too_many": 0.0,
+                                                "repeated_shape": 0.25, "wrong_object": 0.0, "relation": 0.0}
+    assert "| two_object | 0.25 -> 0.25 | 0.00 -> 0.00 | 0.50 -> 0.50 |" in format_failures(result, result)
+
+
 def test_exact_weight_pays_full_marks_only_for_a_scene_with_nothing_extra():
     """"a circle and a square", exact_weight 0.5, penalty 0.1, strict_weight 0: a clean render
     scores 0.5 * 1 + 0.5 * 1 = 1.0; one unrequested triangle 0.5 * 1 + 0.5 * 0 - 0.1 = 0.4 (the
@@ -162,6 +215,7 @@ def test_shapes_reward_options_are_checked_with_the_config():
     from pixelrl.core.errors import ConfigError
 
     for options, field in (("{extra_object_penalty: -1}", "extra_object_penalty"),
+                           ("{surplus_object_penalty: -0.5}", "surplus_object_penalty"),
                            ("{strict_weight: 2}", "strict_weight"),
                            ("{strict_weight: 0.6, exact_weight: 0.5}", r"exact_weight.*\[0, 0\.4\]")):
         with pytest.raises(ConfigError, match=field):

@@ -158,7 +158,8 @@ def cmd_eval(args) -> int:
     import torch
 
     from pixelrl.data.shapes import evaluation_items
-    from pixelrl.engine.evaluate import bootstrap_overall, diversity, evaluate_geneval, format_table, load_for_eval
+    from pixelrl.engine.evaluate import (bootstrap_overall, diversity, evaluate_geneval, format_failures, format_table,
+                                         load_for_eval)
 
     check_output_file(args.out, "--out", (".json",))
     torch.set_num_threads(max(1, os.cpu_count() or 1))
@@ -177,6 +178,8 @@ def cmd_eval(args) -> int:
     print(f"partial-credit overall {result['overall_partial']:.3f} [{low:.3f}, {high:.3f}]; unrequested objects "
           f"per image {result['extra_objects']:.2f}; diversity {result['diversity']}  ([a, b]: 95% bootstrap "
           "interval over items)")
+    print("what went wrong (fraction of each category's images):")
+    print(format_failures(result))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))

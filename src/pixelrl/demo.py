@@ -149,7 +149,8 @@ def run_demo(overrides: list[str], per_category: int = 64, config_name: str = "s
     from pixelrl.core.config_loading import load_config
     from pixelrl.core.errors import ConfigError
     from pixelrl.data.shapes import evaluation_items
-    from pixelrl.engine.evaluate import bootstrap_overall, diversity, evaluate_geneval, format_table, load_for_eval
+    from pixelrl.engine.evaluate import (bootstrap_overall, diversity, evaluate_geneval, format_failures, format_table,
+                                         load_for_eval)
     from pixelrl.trainers.checkpointing import find_resume_folder
     from pixelrl.trainers.policy_gradient import PolicyGradientTrainer, run_dir_of
 
@@ -184,11 +185,13 @@ def run_demo(overrides: list[str], per_category: int = 64, config_name: str = "s
     report = demo_report(base, trained, div_before, div_after)
     for line in report["lines"]:
         print(line)
+    print("what went wrong (fraction of each category's images, base -> trained):")
+    print(format_failures(base, trained))
     _before_after_grid(base["images"], trained["images"], items, run_dir / "before_after.png")
     _plot_rewards(result["history"], run_dir / "reward_curve.png")
     if plot_validation_curves(run_dir / "metrics.jsonl", run_dir / "validation_curve.png"):
         print(f"wrote {run_dir / 'validation_curve.png'}")
-    keys = ("strict", "exact", "partial", "overall", "overall_exact", "overall_partial", "extra_objects")
+    keys = ("strict", "exact", "partial", "overall", "overall_exact", "overall_partial", "extra_objects", "failures")
     summary = {
         "before": {k: base[k] for k in keys}, "after": {k: trained[k] for k in keys},
         "paired_strict_interval": report["strict_gain_interval"], "criteria": report["criteria"],

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from pixelrl.models.base import DiffusionModel
-from pixelrl.rewards.shapes import CATEGORIES, score_scene
+from pixelrl.rewards.shapes import CATEGORIES, FAILURE_MODES, score_scene
 from pixelrl.sampling.rollout import SamplingSettings, rollout
 from pixelrl.sampling.windows import Window
 
@@ -40,7 +40,8 @@ def fixed_seed_reward(engine, reward, prompts: list[str], seeds: list[int]) -> f
 def geneval_scores(images: torch.Tensor, items: list[dict]) -> dict:
     """Strict 0/1, exact-scene 0/1 and partial-credit scores per category; `overall` is the mean
     of the category strict scores (GenEval's convention), `overall_exact` the same for exact
-    scenes; `extra_objects` is the mean number of unrequested objects per image."""
+    scenes; `extra_objects` is the mean number of unrequested objects per image; `failures` the
+    fraction of each category's images in each of the detector's FAILURE_MODES."""
     scores: dict[str, dict[str, list[float]]] = {k: defaultdict(list) for k in ("strict", "exact", "partial")}
     per_item = []
     for image, item in zip(images.numpy(), items):
@@ -49,9 +50,12 @@ def geneval_scores(images: torch.Tensor, items: list[dict]) -> dict:
             scores[key][item["category"]].append(float(scene[key]))
         per_item.append({"prompt": item["prompt"], "seed": item.get("seed"), "category": item["category"],
                          "strict": bool(scene["strict"]), "exact": bool(scene["exact"]),
-                         "partial": scene["partial"], "extra_objects": scene["extra_objects"]})
+                         "partial": scene["partial"], "extra_objects": scene["extra_objects"],
+                         "failure": scene["failure"]})
     categories = [c for c in CATEGORIES if c in scores["strict"]]
     tables = {key: {c: float(np.mean(scores[key][c])) for c in categories} for key in scores}
+    failures = {c: {mode: float(np.mean([r["failure"] == mode for r in per_item if r["category"] == c]))
+                    for mode in FAILURE_MODES} for c in categories}
     return {
         "strict": tables["strict"],
         "exact": tables["exact"],
@@ -60,6 +64,7 @@ def geneval_scores(images: torch.Tensor, items: list[dict]) -> dict:
         "overall_exact": float(np.mean(list(tables["exact"].values()))),
         "overall_partial": float(np.mean(list(tables["partial"].values()))),
         "extra_objects": float(np.mean([r["extra_objects"] for r in per_item])),
+        "failures": failures,
         "num_images": len(items),
         "items": per_item,
     }
@@ -122,6 +127,19 @@ def format_table(result: dict, title: str = "", score: str = "strict") -> str:
     rule = "|---" * (len(cats) + 2) + "|"
     row = f"| {title} | {cell} | " + " | ".join(f"{result[score][c]:.3f}" for c in cats) + " |"
     return "\n".join([head, rule, row])
+
+
+def format_failures(before: dict, after: dict | None = None) -> str:
+    """A markdown table of what went wrong, per category: the fraction of its images in each
+    failure mode (`failures` of `geneval_scores`), as `before -> after` when two results are given."""
+    cats = list(before["failures"])
+    head = "| category | " + " | ".join(FAILURE_MODES) + " |"
+    rows = [head, "|---" * (len(FAILURE_MODES) + 1) + "|"]
+    for c in cats:
+        cells = [f"{before['failures'][c][m]:.2f}" + (f" -> {after['failures'][c][m]:.2f}" if after else "")
+                 for m in FAILURE_MODES]
+        rows.append(f"| {c} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
 
 
 def load_for_eval(model_path: str | None = None, checkpoint: str | None = None):

@@ -179,6 +179,9 @@ def score_scene(image: np.ndarray, spec: dict) -> dict:
 
     - `extra_objects`: detected objects that fill no requested slot: a requested object's
       surplus copies, objects of other shapes or colours, `unknown` blobs;
+    - `surplus_objects`: detected objects beyond the number the prompt asks for (the sum of
+      its counts), whatever they are: a wrong shape drawn in place of a requested one is an
+      extra object but not a surplus one;
     - `exact`: strict, and nothing else in the image (`extra_objects` == 0). GenEval's
       "at least" checks pass a scene with added objects; this does not.
     """
@@ -213,17 +216,52 @@ def score_scene(image: np.ndarray, spec: dict) -> dict:
         assigned.update(id(d) for d in free[:obj["count"]])
     extra = len(detections) - len(assigned)
     strict = all(v == 1.0 for v in subs.values())
+    asked = sum(obj["count"] for obj in spec["objects"])
+    surplus = max(0, len(detections) - asked)
     return {"partial": float(np.mean(list(subs.values()))), "strict": strict, "subs": subs,
-            "extra_objects": extra, "exact": strict and extra == 0}
+            "extra_objects": extra, "surplus_objects": surplus, "exact": strict and extra == 0,
+            "failure": failure_mode(spec, detections, subs, strict, extra)}
+
+
+FAILURE_MODES = ("exact", "extra", "too_few", "too_many", "repeated_shape", "wrong_object", "relation")
+
+
+def failure_mode(spec: dict, detections: list[Detection], subs: dict[str, float], strict: bool, extra: int) -> str:
+    """What went wrong in one image, one of FAILURE_MODES:
+
+    - `exact`: nothing; `extra`: strict, with unrequested objects besides;
+    - `too_few` / `too_many`: fewer / more objects than the prompt asks for (the sum of its counts);
+    - with as many objects as asked: `relation` (the right objects, the relation fails),
+      `repeated_shape` (only requested shapes, but one drawn in place of another: "a circle and a
+      square" drawn as two circles), `wrong_object` (anything else: a blob, another shape, a wrong
+      colour).
+    """
+    if strict:
+        return "exact" if extra == 0 else "extra"
+    asked = sum(obj["count"] for obj in spec["objects"])
+    if len(detections) != asked:
+        return "too_few" if len(detections) < asked else "too_many"
+    if all(v == 1.0 for k, v in subs.items() if k != "position"):
+        return "relation"
+    requested = {obj["shape"] for obj in spec["objects"]}
+    drawn = {d.shape for d in detections}
+    if drawn < requested:
+        return "repeated_shape"
+    return "wrong_object"
 
 
 @register_reward("shapes_geneval")
-def shapes_geneval(strict_weight: float = 0.0, extra_object_penalty: float = 0.0, exact_weight: float = 0.0):
+def shapes_geneval(strict_weight: float = 0.0, extra_object_penalty: float = 0.0, exact_weight: float = 0.0,
+                   surplus_object_penalty: float = 0.0):
     """Training reward: (1 - w - e) * partial credit + w * strict + e * exact - p * (unrequested
-    objects). Also returns `shapes_strict`, `shapes_exact` (0/1) and `shapes_extra_objects` for
-    logging and evaluation. The penalty p and the exact-scene weight e guard against the
-    policy's cheapest hack of GenEval-style checks: drawing more objects than asked (p charges
-    each extra object; e pays the full-marks bonus only for a scene with nothing extra)."""
+    objects) - q * (surplus objects). Also returns `shapes_strict`, `shapes_exact` (0/1),
+    `shapes_extra_objects` and `shapes_surplus_objects` for logging and evaluation. The penalties
+    and the exact-scene weight e guard against the policy's cheapest hack of GenEval-style checks:
+    drawing more objects than asked. p charges each object that fills no requested slot, so a
+    failed attempt at a requested object (a blob, a wrong shape) costs more than leaving it out,
+    and the policy learns to leave objects out; q charges only objects beyond the number asked
+    for, which the hack needs and an attempt does not; e pays the full-marks bonus only for a
+    scene with nothing extra."""
     def reward(images, prompts, metadata):
         arrays = images.detach().cpu().numpy()
         rows = []
@@ -233,10 +271,11 @@ def shapes_geneval(strict_weight: float = 0.0, extra_object_penalty: float = 0.0
             rows.append(score_scene(array, meta))
         column = lambda key: torch.tensor([float(r[key]) for r in rows])  # noqa: E731
         partial, strict, extra = column("partial"), column("strict"), column("extra_objects")
-        exact = column("exact")
+        exact, surplus = column("exact"), column("surplus_objects")
         score = ((1 - strict_weight - exact_weight) * partial + strict_weight * strict + exact_weight * exact
-                 - extra_object_penalty * extra)
-        return {"shapes_geneval": score, "shapes_strict": strict, "shapes_exact": exact, "shapes_extra_objects": extra}
+                 - extra_object_penalty * extra - surplus_object_penalty * surplus)
+        return {"shapes_geneval": score, "shapes_strict": strict, "shapes_exact": exact, "shapes_extra_objects": extra,
+                "shapes_surplus_objects": surplus}
 
     return reward
 
@@ -246,6 +285,8 @@ def _check_shapes_geneval(options: dict, field: str) -> None:
                         "a number in [0, 1]: the weight of the strict 0/1 score")
     check_number_option(options, field, "extra_object_penalty", 0.0, lambda v: 0 <= v < float("inf"),
                         "a number >= 0: reward subtracted per unrequested object (0 = off; 0.1-0.3 guards)")
+    check_number_option(options, field, "surplus_object_penalty", 0.0, lambda v: 0 <= v < float("inf"),
+                        "a number >= 0: reward subtracted per object beyond the number the prompt asks for (0 = off)")
     strict_weight = options.get("strict_weight", 0.0)
     check_number_option(options, field, "exact_weight", 0.0, lambda v: 0 <= v <= 1 - strict_weight,
                         f"a number in [0, 1 - strict_weight] = [0, {1 - strict_weight:g}]: the weight of the "
