@@ -126,6 +126,7 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("OCR confidence above 1", [*SHAPES, "reward.functions=[{name: ocr, options: {min_confidence: 2}}]"],
      "options.min_confidence"),
     ("reward GPUs for in-process rewards", [*SHAPES, "reward.num_gpus=1"], "reward.num_gpus"),
+    ("two in-process workers", [*SHAPES, "trainer.backend=local"], "trainer.n_workers"),
     ("reward GPUs on a machine without one",
      [*SHAPES, "trainer.backend=ray", "reward.placement=pool", "reward.num_gpus=1"], "reward.num_gpus"),
     ("negative reward GPUs", [*SHAPES, "reward.num_gpus=-1"], "reward.num_gpus"),

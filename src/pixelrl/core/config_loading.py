@@ -138,6 +138,15 @@ def _choice(field: str, value, options) -> None:
         raise ConfigError(field, value, f"choose one of {list(options)}")
 
 
+def _check_backend(t) -> None:
+    """The local backend runs one worker in this process: a larger trainer.n_workers would be
+    ignored there while the batch checks (and the user) count on it."""
+    _choice("trainer.backend", t.backend, ("ray", "local"))
+    if t.backend == "local" and t.n_workers != 1:
+        raise ConfigError("trainer.n_workers", t.n_workers, "trainer.backend=local runs one in-process worker: "
+                          "set trainer.n_workers=1, or trainer.backend=ray for data parallelism")
+
+
 def _positive(field: str, value, allow_zero: bool = False, allow_inf: bool = False) -> None:
     if value != value or (value == float("inf") and not allow_inf):  # NaN, inf
         raise ConfigError(field, value, "must be a finite number")
@@ -261,7 +270,7 @@ def validate(cfg: PixelRLConfig) -> None:
     if cfg.algorithm.rollout_policy == "old" and "v_old" not in LOSSES.get(cfg.diffusion_loss.name).step_keys:
         raise ConfigError("algorithm.rollout_policy", "old", f"{cfg.diffusion_loss.name} keeps no old adapter")
     _choice("trainer.strategy", t.strategy, ("ddp", "fsdp2"))
-    _choice("trainer.backend", t.backend, ("ray", "local"))
+    _check_backend(t)
     _choice("reward.placement", cfg.reward.placement, ("colocated", "pool"))
     _choice("reward.on_error", cfg.reward.on_error, ("stop", "skip"))
     _positive("reward.max_consecutive_errors", cfg.reward.max_consecutive_errors)

@@ -11,7 +11,7 @@ from pixelrl.core.errors import ConfigError
 def validate_vlm(cfg: PixelRLConfig) -> None:
     from pixelrl.algos.token_ppo import AGGREGATIONS, KL_ESTIMATORS
     from pixelrl.core.assets import resolve
-    from pixelrl.core.config_loading import _choice, _positive
+    from pixelrl.core.config_loading import _check_backend, _choice, _positive
     from pixelrl.engine.vlm_engine import SEQUENCE_ESTIMATORS, TOKEN_ESTIMATORS
 
     v, r, a, t, d, m = cfg.vlm, cfg.rollout, cfg.actor, cfg.trainer, cfg.data, cfg.model
@@ -26,7 +26,7 @@ def validate_vlm(cfg: PixelRLConfig) -> None:
     _choice("vlm.policy_loss", v.policy_loss, ("ppo", "gspo", "cpg"))
     _choice("vlm.aggregation", v.aggregation, AGGREGATIONS)
     _choice("vlm.kl_estimator", v.kl_estimator, KL_ESTIMATORS)
-    _choice("trainer.backend", t.backend, ("ray", "local"))
+    _check_backend(t)
     _choice("trainer.strategy", t.strategy, ("ddp", "fsdp2"))
     _positive("trainer.n_workers", t.n_workers)
     _positive("trainer.num_cpus_per_worker", t.num_cpus_per_worker)
@@ -49,9 +49,6 @@ def validate_vlm(cfg: PixelRLConfig) -> None:
                           t.mode if t.mode != "sync" else r.n_workers,
                           "the vision-language trainer samples on its actor workers, on-policy: use trainer.mode=sync "
                           "and rollout.n_workers=0")
-    if t.backend == "local" and t.n_workers != 1:
-        raise ConfigError("trainer.n_workers", t.n_workers, "trainer.backend=local runs one in-process worker: "
-                          "set trainer.n_workers=1, or trainer.backend=ray for data parallelism")
     for field, value in (("data.train_batch_size", d.train_batch_size), ("vlm.val_items", v.val_items)):
         if value % t.n_workers:
             raise ConfigError(field, value, f"each of the trainer.n_workers={t.n_workers} workers takes an equal "
