@@ -158,6 +158,11 @@ def test_surplus_penalty_charges_objects_beyond_the_count_not_failed_attempts():
     assert out["shapes_extra_objects"].tolist() == [0, 1, 1, 0]
     out = get_reward("shapes_geneval", **weights, extra_object_penalty=0.2)(images, [""] * 4, [spec] * 4)
     torch.testing.assert_close(out["shapes_geneval"], torch.tensor([1.0, 0.3, -0.075, 0.125]))
+    # object_count_weight k = 0.25 adds k * (1 - |n - 2| / 2): 1.25; 0.3 + 0.125 = 0.425 (three
+    # objects); 0.125 + 0.25 = 0.375 (the failed attempt); 0.125 + 0.125 = 0.25 (the omission)
+    out = get_reward("shapes_geneval", **weights, surplus_object_penalty=0.2, object_count_weight=0.25)(
+        images, [""] * 4, [spec] * 4)
+    torch.testing.assert_close(out["shapes_geneval"], torch.tensor([1.25, 0.425, 0.375, 0.25]))
 
 
 def test_failure_modes_of_rendered_scenes():
@@ -216,6 +221,7 @@ def test_shapes_reward_options_are_checked_with_the_config():
 
     for options, field in (("{extra_object_penalty: -1}", "extra_object_penalty"),
                            ("{surplus_object_penalty: -0.5}", "surplus_object_penalty"),
+                           ("{object_count_weight: -1}", "object_count_weight"),
                            ("{strict_weight: 2}", "strict_weight"),
                            ("{strict_weight: 0.6, exact_weight: 0.5}", r"exact_weight.*\[0, 0\.4\]")):
         with pytest.raises(ConfigError, match=field):

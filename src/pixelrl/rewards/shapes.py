@@ -182,6 +182,8 @@ def score_scene(image: np.ndarray, spec: dict) -> dict:
     - `surplus_objects`: detected objects beyond the number the prompt asks for (the sum of
       its counts), whatever they are: a wrong shape drawn in place of a requested one is an
       extra object but not a surplus one;
+    - `object_count`: how close the number of detected objects n is to that number N,
+      max(0, 1 - |n - N| / N), whatever the objects are;
     - `exact`: strict, and nothing else in the image (`extra_objects` == 0). GenEval's
       "at least" checks pass a scene with added objects; this does not.
     """
@@ -219,7 +221,8 @@ def score_scene(image: np.ndarray, spec: dict) -> dict:
     asked = sum(obj["count"] for obj in spec["objects"])
     surplus = max(0, len(detections) - asked)
     return {"partial": float(np.mean(list(subs.values()))), "strict": strict, "subs": subs,
-            "extra_objects": extra, "surplus_objects": surplus, "exact": strict and extra == 0,
+            "extra_objects": extra, "surplus_objects": surplus,
+            "object_count": max(0.0, 1.0 - abs(len(detections) - asked) / asked), "exact": strict and extra == 0,
             "failure": failure_mode(spec, detections, subs, strict, extra)}
 
 
@@ -252,16 +255,17 @@ def failure_mode(spec: dict, detections: list[Detection], subs: dict[str, float]
 
 @register_reward("shapes_geneval")
 def shapes_geneval(strict_weight: float = 0.0, extra_object_penalty: float = 0.0, exact_weight: float = 0.0,
-                   surplus_object_penalty: float = 0.0):
+                   surplus_object_penalty: float = 0.0, object_count_weight: float = 0.0):
     """Training reward: (1 - w - e) * partial credit + w * strict + e * exact - p * (unrequested
-    objects) - q * (surplus objects). Also returns `shapes_strict`, `shapes_exact` (0/1),
+    objects) - q * (surplus objects) + k * object count score. Also returns `shapes_strict`, `shapes_exact` (0/1),
     `shapes_extra_objects` and `shapes_surplus_objects` for logging and evaluation. The penalties
     and the exact-scene weight e guard against the policy's cheapest hack of GenEval-style checks:
     drawing more objects than asked. p charges each object that fills no requested slot, so a
     failed attempt at a requested object (a blob, a wrong shape) costs more than leaving it out,
     and the policy learns to leave objects out; q charges only objects beyond the number asked
     for, which the hack needs and an attempt does not; e pays the full-marks bonus only for a
-    scene with nothing extra."""
+    scene with nothing extra. k pays for drawing as many objects as asked, right or wrong, so
+    that a failed attempt at a second object earns more than leaving it out."""
     def reward(images, prompts, metadata):
         arrays = images.detach().cpu().numpy()
         rows = []
@@ -273,7 +277,8 @@ def shapes_geneval(strict_weight: float = 0.0, extra_object_penalty: float = 0.0
         partial, strict, extra = column("partial"), column("strict"), column("extra_objects")
         exact, surplus = column("exact"), column("surplus_objects")
         score = ((1 - strict_weight - exact_weight) * partial + strict_weight * strict + exact_weight * exact
-                 - extra_object_penalty * extra - surplus_object_penalty * surplus)
+                 - extra_object_penalty * extra - surplus_object_penalty * surplus
+                 + object_count_weight * column("object_count"))
         return {"shapes_geneval": score, "shapes_strict": strict, "shapes_exact": exact, "shapes_extra_objects": extra,
                 "shapes_surplus_objects": surplus}
 
@@ -287,6 +292,8 @@ def _check_shapes_geneval(options: dict, field: str) -> None:
                         "a number >= 0: reward subtracted per unrequested object (0 = off; 0.1-0.3 guards)")
     check_number_option(options, field, "surplus_object_penalty", 0.0, lambda v: 0 <= v < float("inf"),
                         "a number >= 0: reward subtracted per object beyond the number the prompt asks for (0 = off)")
+    check_number_option(options, field, "object_count_weight", 0.0, lambda v: 0 <= v < float("inf"),
+                        "a number >= 0: reward for drawing as many objects as the prompt asks for (0 = off)")
     strict_weight = options.get("strict_weight", 0.0)
     check_number_option(options, field, "exact_weight", 0.0, lambda v: 0 <= v <= 1 - strict_weight,
                         f"a number in [0, 1 - strict_weight] = [0, {1 - strict_weight:g}]: the weight of the "
