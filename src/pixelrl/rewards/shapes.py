@@ -223,17 +223,19 @@ def score_scene(image: np.ndarray, spec: dict) -> dict:
     return {"partial": float(np.mean(list(subs.values()))), "strict": strict, "subs": subs,
             "extra_objects": extra, "surplus_objects": surplus,
             "object_count": max(0.0, 1.0 - abs(len(detections) - asked) / asked), "exact": strict and extra == 0,
-            "failure": failure_mode(spec, detections, subs, strict, extra)}
+            "failure": failure_mode(spec, detections, subs, strict, extra, asked)}
 
 
 FAILURE_MODES = ("exact", "extra", "too_few", "too_many", "repeated_shape", "wrong_object", "relation")
 
 
-def failure_mode(spec: dict, detections: list[Detection], subs: dict[str, float], strict: bool, extra: int) -> str:
+def failure_mode(spec: dict, detections: list[Detection], subs: dict[str, float], strict: bool, extra: int,
+                 asked: int) -> str:
     """What went wrong in one image, one of FAILURE_MODES:
 
     - `exact`: nothing; `extra`: strict, with unrequested objects besides;
-    - `too_few` / `too_many`: fewer / more objects than the prompt asks for (the sum of its counts);
+    - `too_few` / `too_many`: fewer / more objects than the prompt asks for (`asked`, the sum of
+      its counts);
     - with as many objects as asked: `relation` (the right objects, the relation fails),
       `repeated_shape` (only requested shapes, but one drawn in place of another: "a circle and a
       square" drawn as two circles), `wrong_object` (anything else: a blob, another shape, a wrong
@@ -241,7 +243,6 @@ def failure_mode(spec: dict, detections: list[Detection], subs: dict[str, float]
     """
     if strict:
         return "exact" if extra == 0 else "extra"
-    asked = sum(obj["count"] for obj in spec["objects"])
     if len(detections) != asked:
         return "too_few" if len(detections) < asked else "too_many"
     if all(v == 1.0 for k, v in subs.items() if k != "position"):
@@ -257,15 +258,15 @@ def failure_mode(spec: dict, detections: list[Detection], subs: dict[str, float]
 def shapes_geneval(strict_weight: float = 0.0, extra_object_penalty: float = 0.0, exact_weight: float = 0.0,
                    surplus_object_penalty: float = 0.0, object_count_weight: float = 0.0):
     """Training reward: (1 - w - e) * partial credit + w * strict + e * exact - p * (unrequested
-    objects) - q * (surplus objects) + k * object count score. Also returns `shapes_strict`, `shapes_exact` (0/1),
-    `shapes_extra_objects` and `shapes_surplus_objects` for logging and evaluation. The penalties
-    and the exact-scene weight e guard against the policy's cheapest hack of GenEval-style checks:
-    drawing more objects than asked. p charges each object that fills no requested slot, so a
-    failed attempt at a requested object (a blob, a wrong shape) costs more than leaving it out,
-    and the policy learns to leave objects out; q charges only objects beyond the number asked
-    for, which the hack needs and an attempt does not; e pays the full-marks bonus only for a
-    scene with nothing extra. k pays for drawing as many objects as asked, right or wrong, so
-    that a failed attempt at a second object earns more than leaving it out."""
+    objects) - q * (surplus objects) + k * (object count score). Also returns `shapes_strict`,
+    `shapes_exact` (0/1), `shapes_extra_objects` and `shapes_surplus_objects` for logging and
+    evaluation. The penalties and the exact-scene weight e guard against the policy's cheapest
+    hack of GenEval-style checks: drawing more objects than asked. p charges each object that
+    fills no requested slot, so a failed attempt at a requested object (a blob, a wrong shape)
+    costs more than leaving it out; q charges only objects beyond the number asked for, which the
+    hack needs and an attempt does not; e pays the full-marks bonus only for a scene with nothing
+    extra. k pays for drawing as many objects as asked, right or wrong, so that a failed attempt
+    at a second object can earn more than leaving it out (docs/shapes.md measures each)."""
     def reward(images, prompts, metadata):
         arrays = images.detach().cpu().numpy()
         rows = []
