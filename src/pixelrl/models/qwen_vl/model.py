@@ -22,6 +22,7 @@ from torch import nn
 
 from pixelrl.core.errors import ConfigError
 from pixelrl.models.base import load_part, resolve_dtype
+from pixelrl.models.qwen_vl.shared_images import encode_each_image_once
 
 
 @dataclass
@@ -84,6 +85,7 @@ class QwenVLModel:
         self.model = load_part(self.path, "model weights", lambda: AutoModelForImageTextToText.from_pretrained(
             self.path, dtype=self.dtype, use_safetensors=True)).to(self.device)
         self.model.eval()
+        encode_each_image_once(self.model)  # the n responses to a question share its image
         cfg = self.model.config
         self.image_token = self.tokenizer.convert_ids_to_tokens(cfg.image_token_id)
         self.eos_id = self.tokenizer.eos_token_id
@@ -245,6 +247,7 @@ class ValueModel(nn.Module):
         # the policy's backbone without its language-model head (which is tied to the embeddings)
         self.backbone = AutoModelForImageTextToText.from_pretrained(policy.path, dtype=policy.dtype, use_safetensors=True).model
         self.backbone.to(policy.device)
+        encode_each_image_once(self.backbone)
         hidden = self.backbone.config.text_config.hidden_size
         self.head = nn.Linear(hidden, 1).to(policy.device, policy.dtype)
         nn.init.normal_(self.head.weight, std=1.0 / (hidden + 1))

@@ -1,0 +1,61 @@
+"""Each distinct image of a Qwen2-VL batch is encoded once (models/qwen_vl/shared_images.py)."""
+
+import copy
+
+import numpy as np
+import torch
+
+from pixelrl.data import shapes_qa
+from pixelrl.models.qwen_vl import QwenVLModel
+
+
+def _group_batch(model: QwenVLModel, n: int = 4):
+    """Three questions x n identical rows, shuffled as a mini-batch is, with answers."""
+    items = shapes_qa.items("train", 0, 3)
+    prompts = model.prompts([it["image"] for it in items for _ in range(n)],
+                            [it["question"] for it in items for _ in range(n)])
+    batch = model.with_responses(prompts, [it["answer"] for it in items for _ in range(n)])
+    return batch.select(torch.randperm(len(batch), generator=torch.Generator().manual_seed(0)))
+
+
+def _patches_encoded(model: QwenVLModel, batch) -> int:
+    seen = []
+    handle = model.model.model.visual.patch_embed.register_forward_hook(lambda m, a, out: seen.append(len(out)))
+    try:
+        model.token_logprobs(batch)
+    finally:
+        handle.remove()
+    return sum(seen)
+
+
+def test_the_vision_tower_encodes_each_distinct_image_once(tiny_vlm_path):
+    model = QwenVLModel(tiny_vlm_path)
+    batch = _group_batch(model)
+    per_image = int(batch.image_grid_thw[0].prod())
+    assert _patches_encoded(model, batch) == 3 * per_image  # 12 rows, 3 distinct images
+    # one pixel changed by one grey level makes a distinct image, encoded on its own
+    items = shapes_qa.items("train", 0, 1)
+    changed = items[0]["image"].copy()
+    changed[0, 0, 0] = np.uint8((int(changed[0, 0, 0]) + 1) % 256)
+    prompts = model.prompts([items[0]["image"], changed, items[0]["image"]], [items[0]["question"]] * 3)
+    assert _patches_encoded(model, model.with_responses(prompts, ["red"] * 3)) == 2 * per_image
+
+
+def test_shared_encodings_give_the_log_probs_and_gradients_of_separate_ones(tiny_vlm_path):
+    model = QwenVLModel(tiny_vlm_path)
+    plain = copy.deepcopy(model.model)
+    plain.model.visual._forward_pre_hooks.clear()
+    plain.model.visual._forward_hooks.clear()
+    batch = _group_batch(model)
+    grads = []
+    for module in (model.model, plain):
+        module.zero_grad()
+        logp = model.token_logprobs(batch, module=module)
+        (logp * torch.linspace(-1, 1, logp.numel()).view_as(logp)).sum().backward()
+        grads.append({name: p.grad.clone() for name, p in module.named_parameters()})
+        grads.append(logp.detach())
+    torch.testing.assert_close(grads[1], grads[3], rtol=0, atol=0)  # the forward is the same computation
+    vision = [name for name in grads[0] if ".visual." in name]
+    assert vision and all(grads[0][name].abs().sum() > 0 for name in vision)
+    for name in grads[0]:  # the backward sums the rows' gradients in another order
+        torch.testing.assert_close(grads[0][name], grads[2][name], rtol=1e-4, atol=1e-6)
