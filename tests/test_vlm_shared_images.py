@@ -59,3 +59,46 @@ def test_shared_encodings_give_the_log_probs_and_gradients_of_separate_ones(tiny
     assert vision and all(grads[0][name].abs().sum() > 0 for name in vision)
     for name in grads[0]:  # the backward sums the rows' gradients in another order
         torch.testing.assert_close(grads[0][name], grads[2][name], rtol=1e-4, atol=1e-6)
+
+
+def _sampled_groups(model: QwenVLModel):
+    """Four prompts x 3 sampled responses of varied length, shuffled; two of the prompts share an
+    image (different questions) and two a question (different images)."""
+    items = shapes_qa.items("train", 0, 3) + shapes_qa.items("train", 3, 1)
+    images = [items[0]["image"], items[0]["image"], items[2]["image"], items[3]["image"]]
+    questions = [items[0]["question"], items[1]["question"], items[2]["question"], items[2]["question"]]
+    prompts = model.prompts([im for im in images for _ in range(3)], [q for q in questions for _ in range(3)])
+    out = model.generate(prompts, seed=5, temperature=1.0, max_new_tokens=5)
+    assert len(set(out.response_mask.sum(1).tolist())) > 1, "the responses should differ in length"
+    return out.select(torch.randperm(len(out), generator=torch.Generator().manual_seed(1)))
+
+
+def test_responses_packed_behind_their_prompt_score_as_separate_rows(tiny_vlm_path):
+    model = QwenVLModel(tiny_vlm_path)
+    batch = _sampled_groups(model)
+    packed = model.packed_inputs(batch)
+    assert packed.inputs["input_ids"].shape[0] == 4  # one packed sequence per distinct prompt
+    results = []
+    for pack in (True, False):
+        model.model.zero_grad()
+        if not pack:
+            model.packed_inputs = lambda b: None
+        logp = model.token_logprobs(batch)
+        (logp * torch.linspace(-1, 1, logp.numel()).view_as(logp)).sum().backward()
+        results.append((logp.detach(), {n: p.grad.clone() for n, p in model.model.named_parameters()}))
+    (packed_logp, packed_grads), (plain_logp, plain_grads) = results
+    assert (packed_logp[batch.response_mask == 0] == 0).all()
+    torch.testing.assert_close(packed_logp, plain_logp, rtol=0, atol=2e-5)
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(packed_grads[name], grad, rtol=1e-4, atol=1e-5)
+
+
+def test_critic_values_are_the_same_packed(tiny_vlm_path):
+    from pixelrl.models.qwen_vl.model import ValueModel
+
+    model = QwenVLModel(tiny_vlm_path)
+    critic = ValueModel(model)
+    batch = _sampled_groups(model)
+    packed = critic(batch)
+    model.packed_inputs = lambda b: None
+    torch.testing.assert_close(packed, critic(batch), rtol=0, atol=2e-5)

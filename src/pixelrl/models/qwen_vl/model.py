@@ -23,6 +23,7 @@ from torch import nn
 from pixelrl.core.errors import ConfigError
 from pixelrl.models.base import load_part, resolve_dtype
 from pixelrl.models.qwen_vl.shared_images import encode_each_image_once
+from pixelrl.models.qwen_vl.shared_prompts import PackedBatch, pack_by_prompt
 
 
 @dataclass
@@ -193,8 +194,20 @@ class QwenVLModel:
         return logp, entropy
 
     # --- scoring -------------------------------------------------------------------------
+    def packed_inputs(self, batch: TokenBatch) -> PackedBatch | None:
+        """`batch` with the responses to each distinct prompt packed behind one copy of it
+        (models/qwen_vl/shared_prompts.py), or None when no two rows share a prompt or the
+        attention kernel takes no 4-D mask (flash attention)."""
+        if self.model.model.language_model.config._attn_implementation not in ("sdpa", "eager"):
+            return None
+        return pack_by_prompt(batch, self.model.model.get_rope_index, image_token_id=self.model.config.image_token_id,
+                              pad_id=self.pad_id, dtype=self.dtype)
+
     def response_logits(self, module: nn.Module, batch: TokenBatch) -> torch.Tensor:
         """Logits at the columns that predict each response token: [B, R, V]."""
+        packed = self.packed_inputs(batch)
+        if packed is not None:
+            return packed.gather(module(**packed.inputs, use_cache=False).logits)
         out = module(**self.model_inputs(batch), use_cache=False)
         P, R = batch.prompt_length, batch.input_ids.shape[1] - batch.prompt_length
         return out.logits[:, P - 1:P - 1 + R]
@@ -255,7 +268,11 @@ class ValueModel(nn.Module):
         self._policy = [policy]  # a list: not a submodule (its weights are not the critic's)
 
     def forward(self, batch: TokenBatch) -> torch.Tensor:
-        out = self.backbone(**self._policy[0].model_inputs(batch), use_cache=False)
-        P, R = batch.prompt_length, batch.input_ids.shape[1] - batch.prompt_length
-        hidden = out.last_hidden_state[:, P - 1:P - 1 + R]
+        packed = self._policy[0].packed_inputs(batch)
+        if packed is not None:
+            hidden = packed.gather(self.backbone(**packed.inputs, use_cache=False).last_hidden_state)
+        else:
+            out = self.backbone(**self._policy[0].model_inputs(batch), use_cache=False)
+            P, R = batch.prompt_length, batch.input_ids.shape[1] - batch.prompt_length
+            hidden = out.last_hidden_state[:, P - 1:P - 1 + R]
         return self.head(hidden).squeeze(-1).float() * batch.response_mask

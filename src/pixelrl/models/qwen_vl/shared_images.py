@@ -54,9 +54,10 @@ class _EncodeOnce:
         return output
 
 
-def _plan(pixels: torch.Tensor, grid: torch.Tensor):
-    """(rows of the first occurrence of each distinct image, index of each row's distinct image),
-    or None when every image is distinct."""
+def group_equal(pixels: torch.Tensor, grid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows of the first occurrence of each distinct image, index of each row's distinct image)
+    for a batch of images packed as Qwen2-VL packs them (`pixels` [sum of patches, patch dim],
+    `grid` [images, 3])."""
     sizes = grid.prod(-1)
     # per patch a fixed projection, per image its sum and its patch-position-weighted sum
     probe = torch.linspace(1.0, 2.0, pixels.shape[-1], device=pixels.device, dtype=torch.float64)
@@ -79,10 +80,14 @@ def _plan(pixels: torch.Tensor, grid: torch.Tensor):
             unique_rows.append(row)
             seen.setdefault(key, []).append(match)
         image_of_row.append(match)
-    if len(unique_rows) == len(keys):
-        return None
     device = grid.device
     return torch.tensor(unique_rows, device=device), torch.tensor(image_of_row, device=device)
+
+
+def _plan(pixels: torch.Tensor, grid: torch.Tensor):
+    """`group_equal`'s answer, or None when every image is distinct."""
+    unique_rows, image_of_row = group_equal(pixels, grid)
+    return None if len(unique_rows) == len(image_of_row) else (unique_rows, image_of_row)
 
 
 def _rows_index(per_image: torch.Tensor, image_of_row: torch.Tensor) -> torch.Tensor:
