@@ -102,3 +102,38 @@ def test_critic_values_are_the_same_packed(tiny_vlm_path):
     packed = critic(batch)
     model.packed_inputs = lambda b: None
     torch.testing.assert_close(packed, critic(batch), rtol=0, atol=2e-5)
+
+
+def test_sampling_shares_the_prefill_of_a_prompt_and_samples_the_same(tiny_vlm_path, monkeypatch):
+    from pixelrl.models.qwen_vl import model as adapter
+
+    model = QwenVLModel(tiny_vlm_path)
+    items = shapes_qa.items("train", 0, 3)
+    prompts = model.prompts([it["image"] for it in items for _ in range(4)],
+                            [it["question"] for it in items for _ in range(4)])
+    prefills = []
+    handle = model.model.model.language_model.register_forward_hook(
+        lambda m, a, out: prefills.append(out.last_hidden_state.shape[:2]))
+    shared = model.generate(prompts, seed=2, temperature=1.0, max_new_tokens=4)
+    assert prefills[0] == (3, prompts.prompt_length)  # one prefill row per distinct prompt
+    monkeypatch.setattr(adapter, "group_by_prompt", lambda b: (list(range(len(b))), list(range(len(b))), [0] * len(b)))
+    prefills.clear()
+    separate = model.generate(prompts, seed=2, temperature=1.0, max_new_tokens=4)
+    handle.remove()
+    assert prefills[0] == (12, prompts.prompt_length)
+    assert torch.equal(shared.input_ids, separate.input_ids)
+    torch.testing.assert_close(shared.extra["rollout_logp"], separate.extra["rollout_logp"], rtol=0, atol=2e-5)
+
+
+def test_top_p_samples_from_the_nucleus_only(tiny_vlm_path):
+    model = QwenVLModel(tiny_vlm_path)
+    probs = torch.zeros(model.model.config.text_config.vocab_size)
+    probs[[7, 8, 9, 10]] = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs.log().expand(4000, -1)
+    torch.manual_seed(0)
+    # the mass before token 9 (0.8) reaches 0.7: tokens 7 and 8 stay, renormalised to 5 : 3
+    counts = torch.bincount(model._sample(logits, 1.0, 0.7), minlength=11)
+    assert counts[9:].sum() == 0 and abs(counts[7] / 4000 - 0.625) < 0.03
+    # the mass before token 8 is 0.5: at top_p 0.5 only token 7 stays
+    assert (model._sample(logits, 1.0, 0.5) == 7).all()
+    assert set(model._sample(logits, 1.0, 1.0).tolist()) == {7, 8, 9, 10}

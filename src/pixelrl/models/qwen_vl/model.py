@@ -23,7 +23,7 @@ from torch import nn
 from pixelrl.core.errors import ConfigError
 from pixelrl.models.base import load_part, resolve_dtype
 from pixelrl.models.qwen_vl.shared_images import encode_each_image_once
-from pixelrl.models.qwen_vl.shared_prompts import PackedBatch, pack_by_prompt
+from pixelrl.models.qwen_vl.shared_prompts import PackedBatch, group_by_prompt, pack_by_prompt, prompt_positions
 
 
 @dataclass
@@ -161,24 +161,72 @@ class QwenVLModel:
 
         Returns the full sequences with `response_mask`, `extra["rollout_logp"]`: the log-prob
         of each sampled token under the sampling distribution (temperature applied, before top-p),
-        and `extra["rollout_entropy"]`: that distribution's entropy, as `token_logprobs` gives them."""
+        and `extra["rollout_entropy"]`: that distribution's entropy, as `token_logprobs` gives them.
+
+        The loop is pixelrl's own rather than transformers' `generate`, so that the rows sharing a
+        prompt share its prefill, and so that a checkpoint's generation_config.json (Qwen2-VL ships
+        top_k 1, temperature 0.01) cannot change the distribution the log-probs describe."""
         module = module or self.model
+        B = len(prompts)
+        # the prompt is computed once for the rows that share it (the n samples of a question),
+        # and its key/value cache copied to each of them
+        unique_rows, group_of_row, _ = group_by_prompt(prompts)
+        group = torch.tensor(group_of_row, device=self.device)
+        unique = prompts.select(unique_rows)
+        _, next_position = prompt_positions(unique, self.model.model.get_rope_index, self.model.config.image_token_id)
+        next_position = next_position[group]
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            # every sampling option explicit: a checkpoint's generation_config.json (Qwen2-VL ships
-            # top_k=1, temperature 0.01) must not change the distribution the log-probs describe
-            sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 \
-                else dict(do_sample=False, temperature=None, top_p=None, top_k=None)
-            out = module.generate(
-                **self.model_inputs(prompts), **sampling, max_new_tokens=max_new_tokens, eos_token_id=self.eos_id,
-                pad_token_id=self.pad_id, suppress_tokens=self.suppressed_ids, output_logits=True,
-                return_dict_in_generate=True, synced_gpus=self.synced_generation)
-        responses = out.sequences[:, prompts.prompt_length:]
+            out = module(**self.model_inputs(unique), use_cache=True)
+            cache = out.past_key_values
+            cache.batch_select_indices(group)
+            logits = out.logits[:, -1].float()[group]
+            attention = prompts.attention_mask
+            finished = torch.zeros(B, dtype=torch.bool, device=self.device)
+            tokens, step_logits = [], []
+            for t in range(max_new_tokens):
+                step_logits.append(logits)
+                token = self._sample(logits, temperature, top_p).masked_fill(finished, self.pad_id)
+                tokens.append(token)
+                finished |= token == self.eos_id
+                if t == max_new_tokens - 1 or not self._any_running(finished):
+                    break
+                attention = torch.cat([attention, torch.ones_like(attention[:, :1])], 1)
+                out = module(input_ids=token.unsqueeze(1), attention_mask=attention, past_key_values=cache,
+                             position_ids=(next_position + t).view(1, B, 1).expand(3, B, 1), use_cache=True)
+                logits = out.logits[:, -1].float()
+        responses = torch.stack(tokens, 1)
         mask = response_mask_from(responses, self.eos_id)
-        logp, entropy = self._logp_and_entropy(torch.stack(out.logits, 1), responses, mask, temperature)
-        return replace(prompts, input_ids=out.sequences,
+        logp, entropy = self._logp_and_entropy(torch.stack(step_logits, 1), responses, mask, temperature)
+        return replace(prompts, input_ids=torch.cat([prompts.input_ids, responses], 1),
                        attention_mask=torch.cat([prompts.attention_mask, mask.long()], 1),
                        response_mask=mask, extra={"rollout_logp": logp, "rollout_entropy": entropy})
+
+    def _sample(self, logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+        """One token per row: greedy at temperature 0, else from softmax(logits / temperature)
+        cut to its top-p nucleus (the smallest set of most likely tokens holding top_p of the
+        mass); vision placeholders never."""
+        logits = self._suppress(logits)
+        if temperature <= 0:
+            return logits.argmax(-1)
+        logits = logits / temperature
+        if top_p < 1.0:
+            ordered, order = torch.sort(logits, descending=True)
+            probs = ordered.softmax(-1)
+            outside = (probs.cumsum(-1) - probs) >= top_p  # the mass before it already reaches top_p
+            cut = torch.zeros_like(outside).scatter(-1, order, outside)
+            logits = logits.masked_fill(cut, float("-inf"))
+        return torch.multinomial(logits.softmax(-1), 1).squeeze(1)
+
+    def _any_running(self, finished: torch.Tensor) -> bool:
+        """Whether any row still samples; under FSDP2 on any rank, since every rank must run the
+        same forwards (their parameters are gathered collectively)."""
+        running = torch.tensor([float(not bool(finished.all()))])
+        if self.synced_generation:
+            import torch.distributed as dist
+
+            dist.all_reduce(running, op=dist.ReduceOp.MAX)
+        return bool(running.item() > 0)
 
     def _logp_and_entropy(self, logits: torch.Tensor, responses: torch.Tensor, mask: torch.Tensor,
                           temperature: float, with_entropy: bool = True):

@@ -37,21 +37,25 @@ class PackedBatch:
         return out[self.group_of_row.unsqueeze(1), self.columns]
 
 
-def pack_by_prompt(batch, rope_index, *, image_token_id: int, pad_id: int, dtype: torch.dtype) -> PackedBatch | None:
-    """The packed inputs of a `TokenBatch` with responses, or None when no two rows share a
-    prompt. `rope_index(input_ids, mm_token_type_ids, image_grid_thw, attention_mask)` is the
-    model's multimodal position function (Qwen2VLModel.get_rope_index); `dtype` the model's, for
-    the additive attention mask."""
+def prompt_positions(prompts, rope_index, image_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The multimodal rotary positions [3, B, P] of left-padded prompts, and [B] the position of
+    the first response token (one past the prompt's last, the same on every axis: it is text)."""
+    P = prompts.prompt_length
+    ids, mask = prompts.input_ids[:, :P], prompts.attention_mask[:, :P]
+    positions, _ = rope_index(ids, mm_token_type_ids=(ids == image_token_id).long(),
+                              image_grid_thw=prompts.image_grid_thw, attention_mask=mask)
+    return positions, positions[:, :, P - 1].amax(0) + 1
+
+
+def group_by_prompt(batch) -> tuple[list[int], list[int], list[int]]:
+    """Rows grouped by prompt (tokens, padding and image pixels): (the first row of each distinct
+    prompt, each row's group, each row's place within its group)."""
     P = batch.prompt_length
-    R = batch.input_ids.shape[1] - P
-    rows = len(batch)
-    prompt_ids, prompt_mask = batch.input_ids[:, :P], batch.attention_mask[:, :P]
-    # a row's prompt: its tokens, its padding and its image; images compared by value
     _, image_of_row = group_equal(batch.pixel_values, batch.image_grid_thw)
     keys = [(tuple(ids), tuple(mask), int(image)) for ids, mask, image in
-            zip(prompt_ids.tolist(), prompt_mask.tolist(), image_of_row.tolist())]
+            zip(batch.input_ids[:, :P].tolist(), batch.attention_mask[:, :P].tolist(), image_of_row.tolist())]
     first: dict[tuple, int] = {}
-    group_of_row, slot_of_row, unique_rows, sizes = [], [], [], []
+    unique_rows, group_of_row, slot_of_row, sizes = [], [], [], []
     for row, key in enumerate(keys):
         if key not in first:
             first[key] = len(unique_rows)
@@ -61,10 +65,22 @@ def pack_by_prompt(batch, rope_index, *, image_token_id: int, pad_id: int, dtype
         group_of_row.append(g)
         slot_of_row.append(sizes[g])
         sizes[g] += 1
+    return unique_rows, group_of_row, slot_of_row
+
+
+def pack_by_prompt(batch, rope_index, *, image_token_id: int, pad_id: int, dtype: torch.dtype) -> PackedBatch | None:
+    """The packed inputs of a `TokenBatch` with responses, or None when no two rows share a
+    prompt. `rope_index(input_ids, mm_token_type_ids=, image_grid_thw=, attention_mask=)` is the
+    model's multimodal position function (Qwen2VLModel.get_rope_index); `dtype` the model's, for
+    the additive attention mask."""
+    P = batch.prompt_length
+    R = batch.input_ids.shape[1] - P
+    rows = len(batch)
+    unique_rows, group_of_row, slot_of_row = group_by_prompt(batch)
     if len(unique_rows) == rows:
         return None
     device = batch.input_ids.device
-    G, K = len(unique_rows), max(sizes)
+    G, K = len(unique_rows), max(slot_of_row) + 1
     L = P + K * R
     group = torch.tensor(group_of_row, device=device)
     slot = torch.tensor(slot_of_row, device=device)
@@ -92,14 +108,10 @@ def pack_by_prompt(batch, rope_index, *, image_token_id: int, pad_id: int, dtype
     mask.masked_fill_(~allowed.unsqueeze(1), torch.finfo(dtype).min)
 
     # positions: the prompt's own; response token t at (last prompt position + 1 + t) on every axis
-    image_tokens = torch.zeros_like(prompts.input_ids[:, :P])
-    image_tokens[prompts.input_ids[:, :P] == image_token_id] = 1
-    prompt_pos, _ = rope_index(prompts.input_ids[:, :P], image_tokens, prompts.image_grid_thw,
-                               prompts.attention_mask[:, :P])
+    prompt_pos, after = prompt_positions(prompts, rope_index, image_token_id)
     position_ids = torch.zeros(3, G, L, dtype=prompt_pos.dtype, device=device)
     position_ids[:, :, :P] = prompt_pos
-    after = prompt_pos[:, :, P - 1:].amax(0, keepdim=True) + 1  # [1, G, 1]
-    position_ids[:, :, P:] = after + ((col[P:] - P) % R)
+    position_ids[:, :, P:] = after.view(1, G, 1) + ((col[P:] - P) % R)
 
     # response token 0 is predicted by the prompt's last column, token t > 0 by its block's t - 1
     columns = torch.cat([torch.full((rows, 1), P - 1, device=device), block[:, :-1]], 1)
