@@ -10,7 +10,7 @@ counted from the schedule: generation runs one forward per new token over the ba
 runs the old-policy forward (+ reference, + critic); each micro-batch of an update runs one
 forward and one backward of the actor (+ the critic).
 
-    python benchmarks/bench_vlm.py            # ~6 min on 2 cores
+    python benchmarks/bench_vlm.py            # ~1-2 min on 2 cores
     python benchmarks/bench_vlm.py --only "GRPO 32x8" "GRPO 32x8, old log-probs from sampling"
 """
 

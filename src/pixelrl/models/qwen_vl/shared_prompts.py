@@ -12,7 +12,8 @@ the logits are those of the unpacked forward (to float rounding). The prompt is 
 its gradient is the sum of the responses' gradients through it, as in separate rows.
 
 Rows are grouped by content (prompt tokens, attention mask and image pixels), because training
-shuffles them into mini-batches.
+shuffles them into mini-batches. Sampling uses the same grouping and positions to run one prefill
+per distinct prompt (`QwenVLModel.generate`).
 """
 
 from __future__ import annotations
@@ -84,8 +85,7 @@ def pack_by_prompt(batch, rope_index, *, image_token_id: int, pad_id: int, dtype
     L = P + K * R
     group = torch.tensor(group_of_row, device=device)
     slot = torch.tensor(slot_of_row, device=device)
-    unique = torch.tensor(unique_rows, device=device)
-    prompts = batch.select(unique.cpu())
+    prompts = batch.select(unique_rows)
 
     # tokens: the prompt, then each row's response in its group's slot
     input_ids = torch.full((G, L), pad_id, dtype=batch.input_ids.dtype, device=device)
