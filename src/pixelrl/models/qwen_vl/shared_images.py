@@ -59,15 +59,14 @@ def group_equal(pixels: torch.Tensor, grid: torch.Tensor) -> tuple[torch.Tensor,
     for a batch of images packed as Qwen2-VL packs them (`pixels` [sum of patches, patch dim],
     `grid` [images, 3])."""
     sizes = grid.prod(-1)
-    # per patch a fixed projection, per image its sum and its patch-position-weighted sum
-    probe = torch.linspace(1.0, 2.0, pixels.shape[-1], device=pixels.device, dtype=torch.float64)
-    per_patch = pixels.to(torch.float64) @ probe
-    owner = torch.repeat_interleave(torch.arange(len(sizes), device=pixels.device), sizes)
-    starts = torch.cumsum(sizes, 0) - sizes
-    position = torch.arange(len(per_patch), device=pixels.device) - starts[owner] + 1
-    fingerprint = torch.zeros(len(sizes), 2, dtype=torch.float64, device=pixels.device)
-    fingerprint[:, 0].index_add_(0, owner, per_patch)
-    fingerprint[:, 1].index_add_(0, owner, per_patch * position.to(torch.float64))
+    # per patch a fixed projection, per image its sum and its patch-position-weighted sum, each
+    # image reduced on its own (no atomics: equal images give equal sums on every device, so they
+    # are found; torch.equal below settles any collision of unequal ones)
+    probe = torch.linspace(1.0, 2.0, pixels.shape[-1], device=pixels.device, dtype=torch.float32)
+    per_patch = pixels.to(torch.float32) @ probe
+    fingerprint = torch.stack([
+        torch.stack([part.sum(), (part * torch.arange(1, len(part) + 1, device=part.device)).sum()])
+        for part in torch.split(per_patch, sizes.tolist())])
     chunks = torch.split(pixels, sizes.tolist())
     keys = [(tuple(g), *f) for g, f in zip(grid.tolist(), fingerprint.tolist())]
     seen: dict[tuple, list[int]] = {}
