@@ -228,6 +228,20 @@ def test_answer_rewards():
         WeightedReward.from_functions([{"name": "answer_format", "options": {"pattern": "("}}])
 
 
+def test_count_closeness_by_hand():
+    from pixelrl.core.errors import ConfigError
+    from pixelrl.rewards import WeightedReward
+
+    reward = WeightedReward.from_functions([{"name": "count_closeness", "options": {"scale": 4}}])
+    answers = ["three", "3", "Zero.", "four", "red", "two", "ten"]
+    truth = ["three", "one", "two", "zero", "two", "red", "7"]
+    out = reward(answers, ["q"] * 7, [{"answer": a} for a in truth])
+    # 1 - |answered - true| / 4, floored at 0; nothing for a non-number on either side
+    assert out["count_closeness"].tolist() == [1.0, 0.5, 0.5, 0.0, 0.0, 0.0, 0.25]
+    with pytest.raises(ConfigError, match="scale"):
+        WeightedReward.from_functions([{"name": "count_closeness", "options": {"scale": 0}}])
+
+
 def test_console_shows_reward_and_held_out_accuracy(tiny_vlm_path, tmp_path):
     from pixelrl.trainers.vlm_ppo import VLMPPOTrainer
 

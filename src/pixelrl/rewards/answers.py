@@ -10,7 +10,7 @@ import re
 
 import torch
 
-from pixelrl.rewards.registry import register_reward
+from pixelrl.rewards.registry import check_number_option, register_reward
 
 
 def normalise_answer(text: str) -> str:
@@ -25,6 +25,40 @@ def answer_match(key: str = "answer"):
         return {"answer_match": torch.tensor([float(normalise_answer(r) == normalise_answer(str(m[key])))
                                               for r, m in zip(responses, metadata)])}
     return fn
+
+
+NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+
+
+def parse_count(text: str) -> int | None:
+    """A non-negative whole number written as digits or as an English word up to ten, else None."""
+    word = normalise_answer(text)
+    if word.isdigit():
+        return int(word)
+    return NUMBER_WORDS.index(word) if word in NUMBER_WORDS else None
+
+
+@register_reward("count_closeness")
+def count_closeness(key: str = "answer", scale: float = 2.0):
+    """Partial credit for a count: max(0, 1 - |answered - true| / scale) when `metadata[key]` is a
+    count (`parse_count`), 0 when the response is not a number; 0 on questions whose answer is not a
+    count, so it moves nothing there (every answer in a group gets the same). With scale 2 an answer
+    one off earns 0.5: a denser signal than exact match while the model cannot count yet."""
+    def fn(responses, prompts, metadata):
+        values = []
+        for response, m in zip(responses, metadata):
+            truth, answered = parse_count(str(m[key])), parse_count(response)
+            values.append(0.0 if truth is None or answered is None else max(0.0, 1.0 - abs(answered - truth) / scale))
+        return {"count_closeness": torch.tensor(values)}
+    return fn
+
+
+def _check_count_closeness(options: dict, field: str) -> None:
+    check_number_option(options, field, "scale", 2.0, lambda v: v > 0,
+                        "the count distance at which the credit reaches 0: a positive number")
+
+
+count_closeness.check_options = _check_count_closeness
 
 
 @register_reward("answer_format")
