@@ -221,7 +221,7 @@ class QwenVLModel:
     def _any_running(self, finished: torch.Tensor) -> bool:
         """Whether any row still samples; under FSDP2 on any rank, since every rank must run the
         same forwards (their parameters are gathered collectively)."""
-        running = torch.tensor([float(not bool(finished.all()))])
+        running = torch.tensor([float(not bool(finished.all()))], device=finished.device)  # NCCL reduces device tensors
         if self.synced_generation:
             import torch.distributed as dist
 

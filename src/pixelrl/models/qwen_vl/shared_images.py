@@ -9,8 +9,8 @@ rows' gradients into the one encoding: the same gradient as n separate encodings
 vision cost in sampling (the prefill), scoring and training alike.
 
 Images are matched by content, never by position, because training shuffles rows into
-mini-batches: a fingerprint per image (two weighted sums of its patches, computed on the device in
-one pass) proposes matches and `torch.equal` confirms each one, so two images share an encoding
+mini-batches: a fingerprint per image (two weighted sums of its patches, computed on the device,
+each image reduced on its own so that equal images give equal sums) proposes matches and `torch.equal` confirms each one, so two images share an encoding
 only when every pixel value is equal.
 """
 
