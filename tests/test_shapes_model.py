@@ -120,3 +120,23 @@ def test_pretraining_resumes_bitwise(tmp_path):
     with pytest.raises(ConfigError, match="`lr`"):
         pretrain_shapes(tmp_path / "split", steps=6, **{**kwargs, "lr": 1e-3})
     assert (tmp_path / "split" / "state" / "weights.safetensors").read_bytes() == before
+
+
+def test_cosine_pretraining_decays_to_zero_and_fixes_its_length(tmp_path):
+    """lr_schedule="cosine": the learning rate reaches 0 at the last step (the constant schedule
+    keeps it), and the step budget is part of the recipe, so the folder refuses a longer run."""
+    import torch
+
+    from pixelrl.shapes.pretrain import pretrain_shapes
+
+    arch = dict(resolution=32, with_vae=False, text_hidden=16, text_layers=1, text_max_length=16,
+                num_layers=1, heads=2, head_dim=16, patch_size=4, shift=3.0)
+    kwargs = dict(batch_size=4, lr=3e-3, warmup=1, eval_every=4, eval_per_category=1, arch=arch, log=lambda line: None)
+    last_lr = {}
+    for schedule in ("constant", "cosine"):
+        pretrain_shapes(tmp_path / schedule, steps=4, lr_schedule=schedule, **kwargs)
+        saved = torch.load(tmp_path / schedule / "state" / "optimizer.pt", weights_only=True)
+        last_lr[schedule] = saved["optimizer"]["param_groups"][0]["lr"]
+    assert last_lr["constant"] == pytest.approx(3e-3) and last_lr["cosine"] == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ConfigError, match="`steps`.*started with steps = 4"):
+        pretrain_shapes(tmp_path / "cosine", steps=6, lr_schedule="cosine", **kwargs)

@@ -199,11 +199,13 @@ def _load_state(out: Path, model: SD3Model, ema_model: SD3Model, learner: Learne
 def pretrain_shapes(out_dir: str | Path, *, steps: int = 6000, seed: int = 0, batch_size: int = 64,
                     lr: float = 1e-3, warmup: int = 200, ema_decay: float = 0.999, eval_every: int = 1500,
                     eval_per_category: int | None = None, arch: dict | None = None, world: str = "scenes",
-                    log=print) -> Path:
+                    lr_schedule: str = "constant", log=print) -> Path:
     """Train for `steps` optimizer steps (a step budget, so a seed reproduces the run);
     evaluate on the validation items and save the EMA weights every `eval_every` steps, with the
     state to resume from. Called again on the same folder (with a larger `steps` to go further),
-    it continues from the last saved step exactly as if it had not stopped.
+    it continues from the last saved step exactly as if it had not stopped. `lr_schedule`
+    "cosine" decays the learning rate to 0 at `steps` (so the step budget is part of the recipe
+    and a cosine run cannot be extended); "constant" keeps it after the warm-up.
     Returns the folder of the final EMA pipeline."""
     if world not in WORLDS:
         raise ValueError(f"world {world!r}: one of {sorted(WORLDS)}")
@@ -211,8 +213,11 @@ def pretrain_shapes(out_dir: str | Path, *, steps: int = 6000, seed: int = 0, ba
     per_item = eval_per_category or default_per_item
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _check_same_run(out, {"world": world, "seed": seed, "batch_size": batch_size, "lr": lr, "warmup": warmup,
-                          "ema_decay": ema_decay, "arch": arch or SHAPES_ARCH})
+    settings = {"world": world, "seed": seed, "batch_size": batch_size, "lr": lr, "warmup": warmup,
+                "ema_decay": ema_decay, "arch": arch or SHAPES_ARCH}
+    if lr_schedule != "constant":  # runs started before the option existed were constant
+        settings.update(lr_schedule=lr_schedule, steps=steps)
+    _check_same_run(out, settings)
     init = out / "init"
     if not (init / "model_index.json").is_file():
         build_tiny_sd3(init, words=world_vocabulary(), seed=seed, **(arch or SHAPES_ARCH))
@@ -227,7 +232,8 @@ def pretrain_shapes(out_dir: str | Path, *, steps: int = 6000, seed: int = 0, ba
         m.train()
     n_params = {type(m).__name__: sum(p.numel() for p in m.parameters()) for m in _trainable_modules(model)}
     log(f"parameters: {n_params}")
-    learner = Learner(lambda: params, lr=lr, weight_decay=0.0, warmup_steps=warmup, max_grad_norm=1.0)
+    learner = Learner(lambda: params, lr=lr, weight_decay=0.0, warmup_steps=warmup, max_grad_norm=1.0,
+                      schedule=lr_schedule, total_steps=steps)
     stream = stream_class(seed)
     gen = torch.Generator().manual_seed(seed)
     step, minutes = 0, 0.0
