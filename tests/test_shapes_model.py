@@ -138,5 +138,5 @@ def test_cosine_pretraining_decays_to_zero_and_fixes_its_length(tmp_path):
         saved = torch.load(tmp_path / schedule / "state" / "optimizer.pt", weights_only=True)
         last_lr[schedule] = saved["optimizer"]["param_groups"][0]["lr"]
     assert last_lr["constant"] == pytest.approx(3e-3) and last_lr["cosine"] == pytest.approx(0.0, abs=1e-12)
-    with pytest.raises(ConfigError, match="`steps`.*started with steps = 4"):
+    with pytest.raises(ConfigError, match="--steps.*started with steps = 4"):
         pretrain_shapes(tmp_path / "cosine", steps=6, lr_schedule="cosine", **kwargs)

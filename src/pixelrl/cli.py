@@ -274,11 +274,17 @@ def cmd_make_preferences(args) -> int:
 def cmd_pretrain_shapes(args) -> int:
     import torch
 
-    from pixelrl.shapes.pretrain import pretrain_shapes
+    from pixelrl.shapes.pretrain import SHAPES_ARCH, pretrain_shapes
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
+    arch = dict(SHAPES_ARCH)
+    if args.text_width:
+        arch["text_hidden"] = args.text_width
+    if args.text_layers:
+        arch["text_layers"] = args.text_layers
     final = pretrain_shapes(args.out, steps=args.steps, seed=args.seed, eval_every=args.eval_every,
-                            world=args.world, log=lambda line: print(line, flush=True))
+                            world=args.world, arch=arch, lr_schedule=args.lr_schedule,
+                            log=lambda line: print(line, flush=True))
     print(f"final EMA pipeline: {final}")
     return 0
 
@@ -482,6 +488,12 @@ def main(argv: list[str] | None = None) -> int:
     pre.add_argument("--eval-every", type=positive_int, default=1500)
     pre.add_argument("--world", choices=["scenes", "text"], default="scenes",
                      help='scenes: GenEval-style prompts (builtin:shapes); text: a sign that says "sun", for the ocr reward')
+    pre.add_argument("--lr-schedule", choices=["constant", "cosine"], default="constant",
+                     help="cosine: decay the learning rate to 0 at --steps (a cosine run cannot be extended)")
+    pre.add_argument("--text-width", type=positive_int, default=None,
+                     help="width of each of the two CLIP text encoders (default: the first shipped model's, 64)")
+    pre.add_argument("--text-layers", type=positive_int, default=None,
+                     help="layers of each CLIP text encoder (default: the first shipped model's, 2)")
     pre.set_defaults(func=cmd_pretrain_shapes)
     prefs = sub.add_parser("make-preferences", help="sample a model, score, and write (chosen, rejected) pairs")
     prefs.add_argument("out", help="folder for preferences.jsonl and images/")

@@ -148,7 +148,8 @@ def _check_same_run(out: Path, settings: dict) -> None:
     saved = json.loads(record.read_text())
     for key, value in settings.items():
         if json.loads(json.dumps(value)) != saved.get(key):
-            flag = {"world": "--world", "seed": "--seed"}.get(key, key)
+            flag = {"world": "--world", "seed": "--seed", "lr_schedule": "--lr-schedule", "steps": "--steps",
+                    "arch": "arch (--text-width, --text-layers)"}.get(key, key)
             raise ConfigError(flag, value, f"{out} holds a run started with {key} = {saved.get(key)!r}; "
                               "use that to resume it, or a new folder for a new run")
 
