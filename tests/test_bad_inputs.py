@@ -53,6 +53,8 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("pretrain-shapes with 0-wide text encoders", ["pretrain-shapes", "{tmp}/s", "--text-width", "0"], "--text-width"),
     ("pretrain-shapes continuing a run with wider text encoders",
      ["pretrain-shapes", "{pretrain_run}", "--text-width", "128"], "--text-width"),
+    ("pretrain-shapes on a cosine shorter than its warm-up",
+     ["pretrain-shapes", "{tmp}/s", "--steps", "100", "--lr-schedule", "cosine"], "--steps"),
     ("pretrain-shapes continuing a constant-rate run on a cosine",
      ["pretrain-shapes", "{pretrain_run}", "--lr-schedule", "cosine"], "--lr-schedule"),
     ("eval --task text on the train split", ["eval", "--task", "text", "--split", "train"], "--split"),

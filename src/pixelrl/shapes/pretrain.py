@@ -24,7 +24,7 @@ from pixelrl.core.errors import ConfigError
 from pixelrl.data import shapes_text
 from pixelrl.data.shapes import evaluation_items, prompt_splits, render, vocabulary
 from pixelrl.engine.evaluate import evaluate_geneval, evaluate_text, format_table
-from pixelrl.engine.learner import Learner
+from pixelrl.engine.learner import LR_SCHEDULES, Learner
 from pixelrl.models.base import DiffusionModel
 from pixelrl.models.loader import DECLARED_OPTIONS_FILE
 from pixelrl.models.sd3 import SD3Model, build_tiny_sd3
@@ -210,6 +210,12 @@ def pretrain_shapes(out_dir: str | Path, *, steps: int = 6000, seed: int = 0, ba
     Returns the folder of the final EMA pipeline."""
     if world not in WORLDS:
         raise ValueError(f"world {world!r}: one of {sorted(WORLDS)}")
+    # checked before the folder is created: the Learner would raise only after run.json pinned the recipe
+    if lr_schedule not in LR_SCHEDULES:
+        raise ConfigError("--lr-schedule", lr_schedule, f"one of {list(LR_SCHEDULES)}")
+    if lr_schedule == "cosine" and steps <= warmup:
+        raise ConfigError("--steps", steps, f"a cosine schedule decays after the {warmup} warm-up steps; "
+                          "give more steps than that, or --lr-schedule constant")
     world_vocabulary, stream_class, validate, default_per_item = WORLDS[world]
     per_item = eval_per_category or default_per_item
     out = Path(out_dir)
