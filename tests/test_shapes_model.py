@@ -8,6 +8,10 @@ from pixelrl.core.assets import BUILTIN, resolve
 from pixelrl.core.errors import ConfigError
 from pixelrl.data.shapes import prompt_splits
 
+# a one-block denoiser and one-layer text encoders: the pretraining loop's bookkeeping in seconds
+TINY_ARCH = dict(resolution=32, with_vae=False, text_hidden=16, text_layers=1, text_max_length=16,
+                 num_layers=1, heads=2, head_dim=16, patch_size=4, shift=3.0)
+
 
 def test_shipped_prompt_files_match_the_generator():
     for split, rows in prompt_splits().items():
@@ -35,10 +39,8 @@ def test_pretraining_lowers_the_flow_matching_loss_and_writes_a_loadable_pipelin
     from pixelrl.engine.evaluate import generate
     from pixelrl.models import SD3Model
 
-    arch = dict(resolution=32, with_vae=False, text_hidden=16, text_layers=1, text_max_length=16,
-                num_layers=1, heads=2, head_dim=16, patch_size=4, shift=3.0)
     final = pretrain_shapes(tmp_path / "pre", steps=60, batch_size=16, lr=3e-3, warmup=5, eval_every=60,
-                            eval_per_category=1, arch=arch, log=lambda line: None)
+                            eval_per_category=1, arch=TINY_ARCH, log=lambda line: None)
     records = [json.loads(line) for line in (tmp_path / "pre" / "pretrain_log.jsonl").read_text().splitlines()]
     evals = [r for r in records if "val_strict" in r]
     assert evals and set(evals[-1]["val_strict"]) == {"single_object", "two_object", "counting", "colors",
@@ -92,9 +94,7 @@ def test_pretraining_resumes_bitwise(tmp_path):
 
     from pixelrl.shapes.pretrain import pretrain_shapes
 
-    arch = dict(resolution=32, with_vae=False, text_hidden=16, text_layers=1, text_max_length=16,
-                num_layers=1, heads=2, head_dim=16, patch_size=4, shift=3.0)
-    kwargs = dict(batch_size=4, lr=3e-3, warmup=3, eval_every=2, eval_per_category=1, arch=arch, log=lambda line: None)
+    kwargs = dict(batch_size=4, lr=3e-3, warmup=3, eval_every=2, eval_per_category=1, arch=TINY_ARCH, log=lambda line: None)
     pretrain_shapes(tmp_path / "whole", steps=4, **kwargs)
     pretrain_shapes(tmp_path / "split", steps=2, **kwargs)
     halfway = load_file(tmp_path / "split" / "state" / "weights.safetensors")
@@ -129,9 +129,7 @@ def test_cosine_pretraining_decays_to_zero_and_fixes_its_length(tmp_path):
 
     from pixelrl.shapes.pretrain import pretrain_shapes
 
-    arch = dict(resolution=32, with_vae=False, text_hidden=16, text_layers=1, text_max_length=16,
-                num_layers=1, heads=2, head_dim=16, patch_size=4, shift=3.0)
-    kwargs = dict(batch_size=4, lr=3e-3, warmup=1, eval_every=4, eval_per_category=1, arch=arch, log=lambda line: None)
+    kwargs = dict(batch_size=4, lr=3e-3, warmup=1, eval_every=4, eval_per_category=1, arch=TINY_ARCH, log=lambda line: None)
     last_lr = {}
     for schedule in ("constant", "cosine"):
         pretrain_shapes(tmp_path / schedule, steps=4, lr_schedule=schedule, **kwargs)

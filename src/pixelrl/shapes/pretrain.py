@@ -218,16 +218,17 @@ def pretrain_shapes(out_dir: str | Path, *, steps: int = 6000, seed: int = 0, ba
                           "give more steps than that, or --lr-schedule constant")
     world_vocabulary, stream_class, validate, default_per_item = WORLDS[world]
     per_item = eval_per_category or default_per_item
+    arch = arch or SHAPES_ARCH
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     settings = {"world": world, "seed": seed, "batch_size": batch_size, "lr": lr, "warmup": warmup,
-                "ema_decay": ema_decay, "arch": arch or SHAPES_ARCH}
+                "ema_decay": ema_decay, "arch": arch}
     if lr_schedule != "constant":  # runs started before the option existed were constant
         settings.update(lr_schedule=lr_schedule, steps=steps)
     _check_same_run(out, settings)
     init = out / "init"
     if not (init / "model_index.json").is_file():
-        build_tiny_sd3(init, words=world_vocabulary(), seed=seed, **(arch or SHAPES_ARCH))
+        build_tiny_sd3(init, words=world_vocabulary(), seed=seed, **arch)
     torch.manual_seed(seed)
     model = SD3Model(init, max_sequence_length=0)
     ema_model = SD3Model(init, max_sequence_length=0)
