@@ -1,0 +1,51 @@
+"""`pixelrl` command line.
+
+    pixelrl train [--config-name NAME] [key=value ...]   train (Ray, or trainer.backend=local)
+    pixelrl export CHECKPOINT OUT [--adapter-only]      a diffusers pipeline (or adapter) folder
+    pixelrl eval [--model PATH | --checkpoint DIR]      GenEval-style table on the shapes test set (--task text: OCR)
+    pixelrl generate --prompt "..." [--model PATH]      an image grid (PNG)
+    pixelrl pretrain-shapes OUT [--steps N] [--world text]  pretrain a shapes model from scratch
+    pixelrl make-preferences OUT [--prompts FILE]       offline DPO pairs from a model's scored samples
+    pixelrl demo [key=value ...]                        Flow-GRPO on the shipped shapes model, before/after
+    pixelrl demo-jpeg                                   15-second Flow-GRPO run on a tiny random model
+    pixelrl build-tiny PATH [--family F]                a tiny random SD3 / FLUX / Qwen-Image / Wan pipeline
+    pixelrl pretrain-vlm OUT [--steps N]                pretrain the shapes-QA vision-language model
+    pixelrl demo-vlm [key=value ...]                    GRPO on the shipped shapes-QA VLM, accuracy before/after
+    pixelrl plot RUN [--keys PATTERN ...]               a run's metrics as a PNG, one panel per key
+    pixelrl serve-reward --reward NAME [--host H]       a reward behind HTTP for `remote` rewards elsewhere
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pixelrl.cli import rewards, shapes, training, vlm
+from pixelrl.core.quiet import quiet_libraries
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pixelrl", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for commands in (training, shapes, vlm, rewards):
+        commands.add_parsers(sub)
+    args = parser.parse_args(argv)
+    quiet_libraries()
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*set_vital.*")  # torchdata's own deprecation notice
+    from pixelrl.core.errors import PixelRLError
+
+    try:
+        return args.func(args)
+    except PixelRLError as err:
+        print(f"pixelrl: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("pixelrl: interrupted; the last complete checkpoint is intact", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

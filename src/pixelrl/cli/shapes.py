@@ -1,0 +1,205 @@
+"""The shapes world: `demo`, `eval`, `generate`, `pretrain-shapes`, `make-preferences`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pixelrl.cli.arguments import non_negative_float, non_negative_int, positive_int
+from pixelrl.cli.rewards import reward_options
+from pixelrl.core.paths import check_output_file, image_suffixes
+
+
+def cmd_demo(args) -> int:
+    import torch
+
+    from pixelrl.demo import run_demo
+
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    run_demo(args.overrides, per_category=args.per_category, config_name=args.config_name)
+    return 0
+
+
+def cmd_eval(args) -> int:
+    import json
+
+    import torch
+
+    from pixelrl.data.shapes import evaluation_items
+    from pixelrl.engine.evaluate import (bootstrap_overall, diversity, evaluate_geneval, format_failures, format_table,
+                                         load_for_eval)
+
+    check_output_file(args.out, "--out", (".json",))
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    if args.task == "text":
+        return _eval_text(args)
+    model = load_for_eval(args.model, args.checkpoint)
+    items = evaluation_items(args.split, per_category=args.per_category or 64, seed=args.seed)
+    result = evaluate_geneval(model, items, num_steps=args.steps, guidance_scale=args.cfg)
+    result["diversity"] = diversity(result.pop("images"), items)
+    result.update(split=args.split, num_steps=args.steps, guidance_scale=args.cfg,
+                  model=args.checkpoint or args.model or "builtin:shapes")
+    for score in ("strict", "exact"):
+        result[f"{score}_interval"] = bootstrap_overall(result["items"], score)
+        print(format_table(result, Path(result["model"]).name, score))
+    low, high = bootstrap_overall(result["items"], "partial")
+    print(f"partial-credit overall {result['overall_partial']:.3f} [{low:.3f}, {high:.3f}]; unrequested objects "
+          f"per image {result['extra_objects']:.2f}; diversity {result['diversity']}  ([a, b]: 95% bootstrap "
+          "interval over items)")
+    print("what went wrong (fraction of each category's images):")
+    print(format_failures(result))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+def _eval_text(args) -> int:
+    """`pixelrl eval --task text`: the OCR reward on the text world's items, with 95% intervals."""
+    import json
+
+    from pixelrl.core.errors import ConfigError
+    from pixelrl.data import shapes_text
+    from pixelrl.engine.evaluate import bootstrap_overall, evaluate_text, load_for_eval
+
+    if args.split == "train":
+        raise ConfigError("--split", args.split, "val or test for --task text (every word trains; the splits are seeds)")
+    model_path = args.model or (None if args.checkpoint else "builtin:shapes_text")
+    model = load_for_eval(model_path, args.checkpoint)
+    items = shapes_text.evaluation_items(args.split, per_word=args.per_category, seed=args.seed)
+    result = evaluate_text(model, items, num_steps=args.steps, guidance_scale=args.cfg)
+    result.pop("images")
+    name = Path(args.checkpoint).name if args.checkpoint else model_path
+    cells = []
+    for key in ("ocr", "exact"):
+        low, high = bootstrap_overall(result["items"], key)
+        cells.append(f"{result[key]:.3f} [{low:.3f}, {high:.3f}]")
+    print("| model | ocr | exactly readable |\n|---|---|---|\n" + f"| {name} | " + " | ".join(cells) + " |")
+    print(f"{len(items)} images ({len(items) // len(shapes_text.WORDS)} per word, {args.split} split); "
+          "[a, b]: 95% bootstrap interval over items")
+    result.update(split=args.split, num_steps=args.steps, guidance_scale=args.cfg, model=name)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_generate(args) -> int:
+    from PIL import Image
+
+    from pixelrl.engine.evaluate import generate, load_for_eval
+    from pixelrl.trainers.tracking import image_grid
+
+    check_output_file(args.out, "--out", image_suffixes())
+    model = load_for_eval(args.model, args.checkpoint)
+    images = generate(model, [args.prompt] * args.n, list(range(args.seed, args.seed + args.n)),
+                      num_steps=args.steps, guidance_scale=args.cfg)
+    grid = image_grid(images.numpy(), ncols=min(8, args.n), scale=4)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(grid).save(args.out)
+    print(f"wrote {args.n} images of {args.prompt!r} to {args.out}")
+    return 0
+
+
+def cmd_make_preferences(args) -> int:
+    import torch
+
+    from pixelrl.data.prompts import PromptDataset
+    from pixelrl.engine.evaluate import load_for_eval
+    from pixelrl.engine.preference_data import make_preferences
+    from pixelrl.workers.group import RewardGroup
+
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    options = reward_options(args)
+    rows = PromptDataset.from_files([args.prompts]).rows
+    rewards = RewardGroup([{"name": args.reward, "weight": 1.0, "options": options}], backend="local")
+    summary = make_preferences(load_for_eval(args.model, args.checkpoint), rows, rewards, Path(args.out), n=args.n,
+                               seed=args.seed, num_steps=args.steps, guidance_scale=args.cfg,
+                               resolution=args.resolution, score_key=args.score, margin=args.margin,
+                               max_pairs_per_prompt=args.pairs_per_prompt)
+    print(f"{summary['pairs']} pairs from {summary['prompts_with_pairs']} of {summary['prompts']} prompts "
+          f"({summary['images']} images); wrote {Path(args.out) / 'preferences.jsonl'}")
+    return 0
+
+
+def cmd_pretrain_shapes(args) -> int:
+    import torch
+
+    from pixelrl.shapes.pretrain import SHAPES_ARCH, pretrain_shapes
+
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    arch = dict(SHAPES_ARCH)
+    if args.text_width:
+        arch["text_hidden"] = args.text_width
+    if args.text_layers:
+        arch["text_layers"] = args.text_layers
+    final = pretrain_shapes(args.out, steps=args.steps, seed=args.seed, eval_every=args.eval_every,
+                            world=args.world, arch=arch, lr_schedule=args.lr_schedule,
+                            log=lambda line: print(line, flush=True))
+    print(f"final EMA pipeline: {final}")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    demo = sub.add_parser("demo", help="Flow-GRPO on the shipped shapes model with a before/after evaluation")
+    demo.add_argument("--config-name", default="shapes_flow_grpo",
+                      help="a shapes config (shapes_flow_grpo_long: the 100-minute long run)")
+    demo.add_argument("overrides", nargs="*", help="key=value overrides of the config")
+    demo.add_argument("--per-category", type=positive_int, default=64, help="held-out evaluation items per category")
+    demo.set_defaults(func=cmd_demo)
+    for name, helptext in (("eval", "GenEval-style per-category table on the shapes test set"),
+                           ("generate", "write an image grid for a prompt")):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("--model", default=None,
+                       help="pipeline folder (default: builtin:shapes, with --task text builtin:shapes_text)")
+        p.add_argument("--checkpoint", default=None, help="a global_step_N folder of a training run")
+        p.add_argument("--steps", type=positive_int, default=10)
+        p.add_argument("--cfg", type=non_negative_float, default=4.0, help="guidance scale")
+        p.add_argument("--seed", type=non_negative_int, default=0)
+        if name == "eval":
+            p.add_argument("--split", default="test", choices=["train", "val", "test"])
+            p.add_argument("--per-category", type=positive_int, default=None,
+                           help="items per category (per word with --task text); default 64 (8)")
+            p.add_argument("--task", choices=["scenes", "text"], default="scenes",
+                           help="scenes: GenEval-style tables; text: the OCR reward on the text world (a sign that says \"sun\")")
+            p.add_argument("--out", default="runs/eval/results.json")
+            p.set_defaults(func=cmd_eval)
+        else:
+            p.add_argument("--prompt", required=True)
+            p.add_argument("--n", type=positive_int, default=8)
+            p.add_argument("--out", default="runs/generate/grid.png")
+            p.set_defaults(func=cmd_generate)
+    pre = sub.add_parser("pretrain-shapes", help="pretrain the shapes model (flow matching on renders); "
+                         "run again on the same folder to resume from its last evaluation")
+    pre.add_argument("out")
+    pre.add_argument("--steps", type=positive_int, default=6000)
+    pre.add_argument("--seed", type=non_negative_int, default=0)
+    pre.add_argument("--eval-every", type=positive_int, default=1500)
+    pre.add_argument("--world", choices=["scenes", "text"], default="scenes",
+                     help='scenes: GenEval-style prompts (builtin:shapes); text: a sign that says "sun", for the ocr reward')
+    pre.add_argument("--lr-schedule", choices=["constant", "cosine"], default="constant",
+                     help="cosine: decay the learning rate to 0 at --steps (a cosine run cannot be extended)")
+    pre.add_argument("--text-width", type=positive_int, default=None,
+                     help="width of each of the two CLIP text encoders (default: the first shipped model's, 64)")
+    pre.add_argument("--text-layers", type=positive_int, default=None,
+                     help="layers of each CLIP text encoder (default: the first shipped model's, 2)")
+    pre.set_defaults(func=cmd_pretrain_shapes)
+    prefs = sub.add_parser("make-preferences", help="sample a model, score, and write (chosen, rejected) pairs")
+    prefs.add_argument("out", help="folder for preferences.jsonl and images/")
+    prefs.add_argument("--model", default=None, help="pipeline folder (default: builtin:shapes)")
+    prefs.add_argument("--checkpoint", default=None, help="a global_step_N folder of a training run")
+    prefs.add_argument("--prompts", default="builtin:shapes/train_balanced", help="a prompt file (.jsonl/.parquet/.txt)")
+    prefs.add_argument("--n", type=positive_int, default=8, help="images per prompt")
+    prefs.add_argument("--steps", type=positive_int, default=10)
+    prefs.add_argument("--cfg", type=non_negative_float, default=1.0, help="guidance scale")
+    prefs.add_argument("--resolution", type=positive_int, default=32)
+    prefs.add_argument("--seed", type=non_negative_int, default=0)
+    prefs.add_argument("--reward", default="shapes_geneval")
+    prefs.add_argument("--plugin", action="append", help="a module or .py file registering your reward (repeatable)")
+    prefs.add_argument("--reward-options", default="{}", help="the reward's options as JSON")
+    prefs.add_argument("--score", default="shapes_strict", help="the reward output that ranks images")
+    prefs.add_argument("--margin", type=non_negative_float, default=1.0, help="least score difference of a pair")
+    prefs.add_argument("--pairs-per-prompt", type=positive_int, default=2)
+    prefs.set_defaults(func=cmd_make_preferences)

@@ -1,0 +1,177 @@
+"""Training and its artefacts: `train`, `plot`, `export`, `demo-jpeg`, `build-tiny`."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from pixelrl.cli.arguments import non_negative_int, positive_int
+from pixelrl.core.paths import check_no_links_out, check_output_dir, check_output_file, image_suffixes
+
+
+def cmd_train(args) -> int:
+    from pixelrl.core.config_loading import load_config
+    from pixelrl.trainers.policy_gradient import PolicyGradientTrainer
+
+    cfg = load_config(args.config_name, args.overrides)
+    if cfg.algorithm.trainer_type == "vlm_ppo":
+        from pixelrl.trainers.vlm_ppo import VLMPPOTrainer
+
+        history = VLMPPOTrainer(cfg).fit()["history"]
+        if history:
+            print(f"done: {len(history)} steps, reward/overall {history[0]['reward/overall']:.4f} -> "
+                  f"{history[-1]['reward/overall']:.4f}")
+        else:
+            print("done: no steps left to train (the latest checkpoint is at trainer.total_training_steps)")
+        return 0
+    result = PolicyGradientTrainer(cfg).fit()
+    history = result["history"]
+    if history:
+        first, last = history[0], history[-1]
+        # offline DPO generates nothing during training: report its implicit accuracy instead
+        key = "critic/rewards/mean" if "critic/rewards/mean" in first else "actor/implicit_acc"
+        print(f"done: {len(history)} steps, {key} {first[key]:.4f} -> {last[key]:.4f}; run folder {result['run_dir']}")
+    return 0
+
+
+def cmd_plot(args) -> int:
+    from pixelrl.core.errors import ConfigError
+    from pixelrl.trainers.tracking import plot_metrics
+
+    run = Path(args.run)
+    metrics = run / "metrics.jsonl" if run.is_dir() else run
+    if not metrics.is_file():
+        raise ConfigError("<run>", args.run, "a run folder holding metrics.jsonl (trainer.logger includes jsonl), "
+                          "or the metrics.jsonl file itself")
+    check_output_file(args.out, "--out", image_suffixes())
+    keys = plot_metrics(metrics, args.keys, args.out, x=args.x)
+    print(f"wrote {args.out}: {', '.join(keys)}")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from pixelrl.core.assets import resolve
+    from pixelrl.core.config_loading import from_yaml_text
+    from pixelrl.core.errors import ConfigError
+    from pixelrl.models.export import export_checkpoint
+
+    ckpt = Path(args.checkpoint)
+    if (ckpt / "checkpoints").is_dir():
+        steps = sorted((p.name for p in (ckpt / "checkpoints").glob("global_step_*") if p.is_dir()),
+                       key=lambda name: int(name.rsplit("_", 1)[1]) if name.rsplit("_", 1)[1].isdigit() else -1)
+        raise ConfigError("<checkpoint>", str(ckpt), "is a run folder: give one of its checkpoints, e.g. "
+                          f"{ckpt / 'checkpoints' / (steps[-1] if steps else 'global_step_N')}")
+    if not (ckpt / "config.yaml").is_file() or not (ckpt / "actor").is_dir():
+        raise ConfigError("<checkpoint>", str(ckpt), "give a complete global_step_N checkpoint folder (it holds "
+                          "config.yaml and actor/)")
+    check_no_links_out(ckpt, "<checkpoint>")
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError("<out>", str(out), "exists and is " + ("a file" if not out.is_dir() else "not empty")
+                          + ": export into a new or empty folder")
+    check_output_dir(out, "<out>")
+    saved = from_yaml_text((ckpt / "config.yaml").read_text()).model
+    base = args.base_model or saved.path
+    if not Path(resolve(str(base))).is_dir():
+        raise ConfigError("--base-model", str(base), "the base model folder does not exist here (a run's relative "
+                          "model.path is relative to where it trained): pass --base-model PATH")
+    out = export_checkpoint(ckpt / "actor", base, out, model_type=saved.type, adapter_only=args.adapter_only)
+    print(f"exported {'adapter' if args.adapter_only else 'pipeline'} to {out}")
+    return 0
+
+
+def cmd_demo_jpeg(args) -> int:
+    """`configs/flow_grpo_tiny.yaml` through the regular trainer in one process, on a tiny random
+    model built on first use, with a fixed-seed evaluation before and after."""
+    import torch
+
+    from pixelrl.core.config_loading import load_config
+    from pixelrl.engine import PolicyEngine
+    from pixelrl.engine.checkpoint import load_engine
+    from pixelrl.engine.evaluate import fixed_seed_reward
+    from pixelrl.models import build_tiny_sd3
+    from pixelrl.rewards import WeightedReward
+    from pixelrl.trainers.policy_gradient import PolicyGradientTrainer
+
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    run_dir = Path(args.run_dir)
+    model_dir = run_dir / "tiny_sd3"
+    if not (model_dir / "model_index.json").is_file():
+        build_tiny_sd3(model_dir, resolution=32, with_vae=False, with_t5=False, seed=args.seed)
+    cfg = load_config("flow_grpo_tiny", [f"model.path={model_dir}", f"seed={args.seed}", "trainer.backend=local",
+                                         f"trainer.total_training_steps={args.steps}", "trainer.resume_mode=disable",
+                                         f"trainer.default_local_dir={run_dir}", "trainer.logger=[console,jsonl]"])
+    engine, reward = PolicyEngine.from_config(cfg), WeightedReward.from_functions(cfg.reward.functions)
+    eval_prompts = list(cfg.data.prompts) * 2
+    eval_seeds = list(range(10_000, 10_000 + len(eval_prompts)))
+    print(f"pixelrl demo: Flow-GRPO on a tiny random SD3 model ({model_dir}), reward = JPEG compressibility "
+          f"(-kB at quality 95), {cfg.data.train_batch_size} prompts x {cfg.rollout.n} images per step")
+    before = fixed_seed_reward(engine, reward, eval_prompts, eval_seeds)
+    print(f"fixed-seed eval reward before: {before:.4f}")
+    start = time.time()
+    result = PolicyGradientTrainer(cfg).fit()
+    load_engine(engine, str(Path(result["run_dir"]) / "checkpoints" / f"global_step_{args.steps}" / "actor"))
+    after = fixed_seed_reward(engine, reward, eval_prompts, eval_seeds)
+    print(f"fixed-seed eval reward after:  {after:.4f}  (change {after - before:+.4f}) "
+          f"in {time.time() - start:.0f} s")
+    return 0
+
+
+def cmd_build_tiny(args) -> int:
+    from pixelrl.core.errors import ConfigError
+
+    if args.family != "sd3" and (args.no_vae or args.no_t5):
+        raise ConfigError("--family", args.family, "only SD3 folders can leave out the VAE or T5: drop --no-vae / --no-t5")
+    if args.family == "flux":
+        from pixelrl.models.flux import build_tiny_flux
+
+        path = build_tiny_flux(args.path, resolution=args.resolution, seed=args.seed)
+    elif args.family == "wan":
+        from pixelrl.models.wan import build_tiny_wan
+
+        path = build_tiny_wan(args.path, seed=args.seed)
+    elif args.family == "qwen_image":
+        from pixelrl.models.qwen_image import build_tiny_qwen_image
+
+        path = build_tiny_qwen_image(args.path, resolution=args.resolution, seed=args.seed)
+    else:
+        from pixelrl.models import build_tiny_sd3
+
+        path = build_tiny_sd3(args.path, resolution=args.resolution, with_vae=not args.no_vae,
+                              with_t5=not args.no_t5, seed=args.seed)
+    print(f"wrote a tiny {args.family} pipeline to {path}")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    train = sub.add_parser("train", help="train with a config and dotted overrides")
+    train.add_argument("--config-name", default=None, help="a config in configs/ or a YAML path")
+    train.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rollout.n=8")
+    train.set_defaults(func=cmd_train)
+    plot = sub.add_parser("plot", help="plot a run's metrics (one panel per matching key) to a PNG")
+    plot.add_argument("run", help="a run folder (with metrics.jsonl) or a metrics.jsonl file")
+    plot.add_argument("--keys", nargs="+", default=["val-core/*", "val/*", "critic/rewards/mean", "reward/overall"],
+                      help="metric names or shell patterns, e.g. 'val-core/*/gold/*'")
+    plot.add_argument("--out", default="metrics.png")
+    plot.add_argument("--x", choices=("step", "minutes", "images"), default="step")
+    plot.set_defaults(func=cmd_plot)
+    export = sub.add_parser("export", help="export a checkpoint for diffusers")
+    export.add_argument("checkpoint", help="a <run>/checkpoints/global_step_N folder")
+    export.add_argument("out")
+    export.add_argument("--adapter-only", action="store_true", help="write only the LoRA adapter")
+    export.add_argument("--base-model", default=None, help="base pipeline folder (default: the run's model.path)")
+    export.set_defaults(func=cmd_export)
+    jpeg = sub.add_parser("demo-jpeg", help="short Flow-GRPO run on a tiny random model with the JPEG reward")
+    jpeg.add_argument("--steps", type=positive_int, default=20)
+    jpeg.add_argument("--seed", type=non_negative_int, default=0)
+    jpeg.add_argument("--run-dir", default="runs/demo")
+    jpeg.set_defaults(func=cmd_demo_jpeg)
+    tiny = sub.add_parser("build-tiny", help="write a tiny random pipeline folder (SD3, FLUX, Qwen-Image or Wan)")
+    tiny.add_argument("path")
+    tiny.add_argument("--family", choices=["sd3", "flux", "qwen_image", "wan"], default="sd3", help="the model family (model.type)")
+    tiny.add_argument("--resolution", type=positive_int, default=32)
+    tiny.add_argument("--no-vae", action="store_true", help="pixel space (diffusers then needs vae=None)")
+    tiny.add_argument("--no-t5", action="store_true", help="CLIP only (diffusers then needs text_encoder_3=None)")
+    tiny.add_argument("--seed", type=non_negative_int, default=0)
+    tiny.set_defaults(func=cmd_build_tiny)
