@@ -21,8 +21,6 @@ def cmd_demo(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    import json
-
     import torch
 
     from pixelrl.data.shapes import evaluation_items
@@ -48,17 +46,20 @@ def cmd_eval(args) -> int:
           "interval over items)")
     print("what went wrong (fraction of each category's images):")
     print(format_failures(result))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    return _write_result(result, args.out)
+
+
+def _write_result(result: dict, out: str) -> int:
+    import json
+
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=1))
     print(f"wrote {out}")
     return 0
 
 
 def _eval_text(args) -> int:
     """`pixelrl eval --task text`: the OCR reward on the text world's items, with 95% intervals."""
-    import json
-
     from pixelrl.core.errors import ConfigError
     from pixelrl.data import shapes_text
     from pixelrl.engine.evaluate import bootstrap_overall, evaluate_text, load_for_eval
@@ -79,11 +80,7 @@ def _eval_text(args) -> int:
     print(f"{len(items)} images ({len(items) // len(shapes_text.WORDS)} per word, {args.split} split); "
           "[a, b]: 95% bootstrap interval over items")
     result.update(split=args.split, num_steps=args.steps, guidance_scale=args.cfg, model=name)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {out}")
-    return 0
+    return _write_result(result, args.out)
 
 
 def cmd_generate(args) -> int:
