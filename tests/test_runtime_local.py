@@ -140,3 +140,19 @@ def _check_gold_and_diversity(run, last):
     assert logged != pytest.approx(last["val-core/animals/reward/mean@2"], abs=1e-3)  # not the training reward
     expected = diversity(images[animals], [rows[i] for i in animals])["pairwise_l1"]
     assert last["val-core/animals/diversity@2"] == pytest.approx(expected, abs=1e-6) and expected > 0
+
+
+def test_cosine_lr_decays_over_a_diffusion_runs_optimizer_steps(tmp_path, tiny_pixel_path):
+    """4 prompts x 4 images in mini-batches of 8: 2 optimizer steps per training step, 6 over 3
+    steps; the logged lr after each step follows half a cosine from 1e-2 to the floor 1e-3 at the
+    last optimizer step (k = 2, 4, 6 of 6), and a cosine shorter than the warm-up is refused."""
+    import math
+
+    code, run = train_cli(tmp_path, tiny_pixel_path, *LOCAL, "trainer.total_training_steps=3",
+                          "actor.lr_schedule=cosine", "actor.min_lr_ratio=0.1", "actor.ppo_mini_batch_size=8")
+    assert code == 0
+    lrs = [row["actor/lr"] for row in read_metrics(run)]
+    assert lrs == pytest.approx([1e-3 + 9e-3 * (1 + math.cos(math.pi * k / 6)) / 2 for k in (2, 4, 6)])
+    code, _ = train_cli(tmp_path / "short", tiny_pixel_path, *LOCAL, "trainer.total_training_steps=3",
+                        "actor.lr_schedule=cosine", "actor.warmup_steps=3")
+    assert code == 2  # 3 optimizer steps do not outlast 3 warm-up steps

@@ -67,8 +67,8 @@ class ActorConfig:
     weight_decay: float = 1e-4
     adam_eps: float = 1e-8
     warmup_steps: int = 0
-    # after warm-up: constant, or cosine (half a cosine from lr down to min_lr_ratio x lr at the
-    # run's last optimizer step, verl's lr_scheduler_type: cosine); cosine: vision-language trainer
+    # after warm-up: constant (the diffusion references), or cosine (half a cosine from lr down to
+    # min_lr_ratio x lr at the run's last optimizer step, verl's lr_scheduler_type: cosine)
     lr_schedule: str = "constant"
     min_lr_ratio: float = 0.0
     max_grad_norm: float = 1.0

@@ -198,10 +198,6 @@ def validate(cfg: PixelRLConfig) -> None:
         _check_rewards_and_loggers(cfg)
         _check_output_locations(cfg)
         return
-    if cfg.actor.lr_schedule != "constant":
-        raise ConfigError("actor.lr_schedule", cfg.actor.lr_schedule, "the diffusion trainers keep a constant lr after "
-                          "warm-up, as the reference implementations do; cosine decay is for "
-                          "algorithm.trainer_type=vlm_ppo: remove it")
     _choice("model.type", m.type, MODEL_TYPES.names())
     _choice("model.dtype", m.dtype, sorted(DTYPES))
     _choice("model.lora_init", m.lora_init, LORA_INITS)
@@ -314,6 +310,7 @@ def validate(cfg: PixelRLConfig) -> None:
         raise ConfigError("actor.ppo_mini_batch_size", a.ppo_mini_batch_size,
                           f"must divide the {samples} images of a step and be a multiple of trainer.n_workers "
                           f"({t.n_workers}); 0 means the whole batch")
+    check_lr_schedule(cfg)
     if m.compile and t.strategy == "fsdp2":
         raise ConfigError("model.compile", True, "compiling the denoiser is supported on one process and with "
                           "DDP, not with FSDP2's sharded blocks (untested there): use trainer.strategy=ddp or "
@@ -356,6 +353,26 @@ def _check_output_locations(cfg: PixelRLConfig) -> None:
                               ("trainer.validation_data_dir", t.validation_data_dir)):
         if value:
             check_output_dir(value, field_name)
+
+
+def check_lr_schedule(cfg: PixelRLConfig, frozen_steps: int = 0) -> None:
+    """`actor.lr_schedule` and `actor.min_lr_ratio`; a cosine decays over the actor's optimizer
+    steps of the whole run (after `frozen_steps` training steps without an actor update), which
+    must outlast the warm-up."""
+    from pixelrl.core.config import optimizer_steps_per_rollout
+    from pixelrl.engine.learner import LR_SCHEDULES
+
+    a, t = cfg.actor, cfg.trainer
+    _choice("actor.lr_schedule", a.lr_schedule, LR_SCHEDULES)
+    if not 0 <= a.min_lr_ratio <= 1:
+        raise ConfigError("actor.min_lr_ratio", a.min_lr_ratio, "must be in [0, 1] (the final lr over actor.lr)")
+    actor_steps = optimizer_steps_per_rollout(cfg) * (t.total_training_steps - frozen_steps)
+    if a.lr_schedule == "cosine" and actor_steps <= a.warmup_steps:
+        raise ConfigError("trainer.total_training_steps", t.total_training_steps,
+                          f"a cosine lr decays over the actor's optimizer steps ({actor_steps} in this run: "
+                          f"{optimizer_steps_per_rollout(cfg)} per training step"
+                          + (f", none in the {frozen_steps} of vlm.freezing_actor_steps" if frozen_steps else "")
+                          + f"), which must outnumber actor.warmup_steps ({a.warmup_steps}): train longer")
 
 
 def _check_rewards_and_loggers(cfg: PixelRLConfig) -> None:

@@ -11,7 +11,7 @@ from pixelrl.core.errors import ConfigError
 def validate_vlm(cfg: PixelRLConfig) -> None:
     from pixelrl.algos.token_ppo import AGGREGATIONS, KL_ESTIMATORS
     from pixelrl.core.assets import resolve
-    from pixelrl.core.config_loading import _check_backend, _choice, _positive
+    from pixelrl.core.config_loading import _check_backend, _choice, _positive, check_lr_schedule
     from pixelrl.engine.vlm_engine import SEQUENCE_ESTIMATORS, TOKEN_ESTIMATORS
 
     v, r, a, t, d, m = cfg.vlm, cfg.rollout, cfg.actor, cfg.trainer, cfg.data, cfg.model
@@ -68,14 +68,6 @@ def validate_vlm(cfg: PixelRLConfig) -> None:
                          ("vlm.freezing_actor_steps", v.freezing_actor_steps),
                          ("trainer.time_budget_s", t.time_budget_s)):
         _positive(field, value, allow_zero=True)
-    from pixelrl.engine.learner import LR_SCHEDULES
-
-    _choice("actor.lr_schedule", a.lr_schedule, LR_SCHEDULES)
-    if not 0 <= a.min_lr_ratio <= 1:
-        raise ConfigError("actor.min_lr_ratio", a.min_lr_ratio, "must be in [0, 1] (the final lr over actor.lr)")
-    if a.lr_schedule == "cosine" and t.total_training_steps - v.freezing_actor_steps <= 0:
-        raise ConfigError("trainer.total_training_steps", t.total_training_steps, "a cosine lr decays over the "
-                          "actor's steps: set it above vlm.freezing_actor_steps")
     if v.top_p > 1:
         raise ConfigError("vlm.top_p", v.top_p, "must be in (0, 1]")
     if not 0 <= v.entropy_mask_ratio <= 1:
@@ -108,3 +100,4 @@ def validate_vlm(cfg: PixelRLConfig) -> None:
         raise ConfigError("actor.ppo_mini_batch_size", a.ppo_mini_batch_size,
                           f"must divide the {samples} responses of a step and be a multiple of trainer.n_workers "
                           f"({t.n_workers}); 0 = the whole batch")
+    check_lr_schedule(cfg, frozen_steps=v.freezing_actor_steps)

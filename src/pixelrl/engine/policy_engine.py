@@ -17,7 +17,7 @@ from pixelrl.engine.flops import FlopMeter, matmul_peak_flops, peak_memory_gb
 from pixelrl.engine.learner import Learner
 from pixelrl.engine.objectives import OBJECTIVE_CLASSES, side_by_side, step_groups
 from pixelrl.core.batch import Batch
-from pixelrl.core.config import PixelRLConfig
+from pixelrl.core.config import PixelRLConfig, optimizer_steps_per_rollout
 from pixelrl.core.errors import ConfigError
 from pixelrl.models.base import DiffusionModel
 from pixelrl.algos.forward_process import old_policy_decay
@@ -80,7 +80,11 @@ class PolicyEngine:
             for denoiser in filter(None, [model.transformer, self._frozen_reference]):
                 self.flop_meter.compile_forward(denoiser)
         # The optimizer side (AdamW, warm-up, clipping, non-finite policy, DDP grad-sync hook).
-        self.learner = Learner.from_actor_config(model.trainable_parameters, cfg.actor) if trains else None
+        # A cosine lr decays over the run's optimizer steps (a time budget that stops it early leaves
+        # the lr where it got to).
+        total_steps = optimizer_steps_per_rollout(cfg) * cfg.trainer.total_training_steps
+        self.learner = Learner.from_actor_config(model.trainable_parameters, cfg.actor,
+                                                 total_steps=total_steps) if trains else None
         # Counts optimizer steps; a batch remembers the version that sampled it, so the engine
         # knows when the current weights ARE the rollout policy.
         self.policy_version = 0
