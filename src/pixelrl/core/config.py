@@ -285,3 +285,9 @@ def mini_batches_per_epoch(cfg: "PixelRLConfig") -> int:
 def optimizer_steps_per_rollout(cfg: "PixelRLConfig") -> int:
     """Optimizer steps taken on one rollout batch (the reference update schedule)."""
     return cfg.actor.ppo_epochs * mini_batches_per_epoch(cfg)
+
+
+def actor_optimizer_steps(cfg: "PixelRLConfig", frozen_steps: int = 0) -> int:
+    """Optimizer steps the actor takes over the whole run (what a cosine lr decays over), when the
+    first `frozen_steps` training steps update no actor (the vision-language critic warm-up)."""
+    return optimizer_steps_per_rollout(cfg) * (cfg.trainer.total_training_steps - frozen_steps)

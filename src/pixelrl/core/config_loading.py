@@ -359,14 +359,14 @@ def check_lr_schedule(cfg: PixelRLConfig, frozen_steps: int = 0) -> None:
     """`actor.lr_schedule` and `actor.min_lr_ratio`; a cosine decays over the actor's optimizer
     steps of the whole run (after `frozen_steps` training steps without an actor update), which
     must outlast the warm-up."""
-    from pixelrl.core.config import optimizer_steps_per_rollout
+    from pixelrl.core.config import actor_optimizer_steps, optimizer_steps_per_rollout
     from pixelrl.engine.learner import LR_SCHEDULES
 
     a, t = cfg.actor, cfg.trainer
     _choice("actor.lr_schedule", a.lr_schedule, LR_SCHEDULES)
     if not 0 <= a.min_lr_ratio <= 1:
         raise ConfigError("actor.min_lr_ratio", a.min_lr_ratio, "must be in [0, 1] (the final lr over actor.lr)")
-    actor_steps = optimizer_steps_per_rollout(cfg) * (t.total_training_steps - frozen_steps)
+    actor_steps = actor_optimizer_steps(cfg, frozen_steps)
     if a.lr_schedule == "cosine" and actor_steps <= a.warmup_steps:
         raise ConfigError("trainer.total_training_steps", t.total_training_steps,
                           f"a cosine lr decays over the actor's optimizer steps ({actor_steps} in this run: "

@@ -17,7 +17,7 @@ from pixelrl.engine.flops import FlopMeter, matmul_peak_flops, peak_memory_gb
 from pixelrl.engine.learner import Learner
 from pixelrl.engine.objectives import OBJECTIVE_CLASSES, side_by_side, step_groups
 from pixelrl.core.batch import Batch
-from pixelrl.core.config import PixelRLConfig, optimizer_steps_per_rollout
+from pixelrl.core.config import PixelRLConfig, actor_optimizer_steps
 from pixelrl.core.errors import ConfigError
 from pixelrl.models.base import DiffusionModel
 from pixelrl.algos.forward_process import old_policy_decay
@@ -82,9 +82,8 @@ class PolicyEngine:
         # The optimizer side (AdamW, warm-up, clipping, non-finite policy, DDP grad-sync hook).
         # A cosine lr decays over the run's optimizer steps (a time budget that stops it early leaves
         # the lr where it got to).
-        total_steps = optimizer_steps_per_rollout(cfg) * cfg.trainer.total_training_steps
         self.learner = Learner.from_actor_config(model.trainable_parameters, cfg.actor,
-                                                 total_steps=total_steps) if trains else None
+                                                 total_steps=actor_optimizer_steps(cfg)) if trains else None
         # Counts optimizer steps; a batch remembers the version that sampled it, so the engine
         # knows when the current weights ARE the rollout policy.
         self.policy_version = 0

@@ -20,7 +20,7 @@ import torch
 
 from pixelrl.algos import token_ppo as T
 from pixelrl.core.assets import resolve
-from pixelrl.core.config import optimizer_steps_per_rollout
+from pixelrl.core.config import actor_optimizer_steps
 from pixelrl.core.seeding import derive_seed
 from pixelrl.engine.distributed import (all_reduce_sum, copy_full_into, full_tensor, optimizer_state,
                                         set_optimizer_state)
@@ -68,8 +68,8 @@ class VLMEngine:
             if v.kl_coef > 0:  # full fine-tuning: the reference is a frozen copy of the start
                 self.reference_module = copy.deepcopy(self.policy.model).requires_grad_(False).eval()
         self.trainable = [p for p in self.policy.model.parameters() if p.requires_grad]
-        actor_steps = optimizer_steps_per_rollout(cfg) * (cfg.trainer.total_training_steps - v.freezing_actor_steps)
-        self.actor_learner = Learner.from_actor_config(lambda: self.trainable, cfg.actor, total_steps=actor_steps)
+        self.actor_learner = Learner.from_actor_config(lambda: self.trainable, cfg.actor,
+                                                       total_steps=actor_optimizer_steps(cfg, v.freezing_actor_steps))
         self.critic = None
         if v.estimator == "gae":
             self.critic = ValueModel(self.policy)
