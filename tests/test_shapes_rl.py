@@ -8,19 +8,42 @@ import torch
 from pixelrl.core.assets import BUILTIN
 
 
-def test_shipped_weights_load_and_generate_recognisable_shapes():
+@pytest.mark.parametrize("name", ["shapes", "shapes_v2"])
+def test_shipped_weights_load_and_generate_recognisable_shapes(name):
     from pixelrl.data.shapes import evaluation_items
     from pixelrl.engine.evaluate import evaluate_geneval, load_for_eval
 
-    card = (BUILTIN["shapes"] / "README.md").read_text()
+    card = (BUILTIN[name] / "README.md").read_text()
     assert "pixelrl pretrain-shapes" in card
-    total = sum(f.stat().st_size for f in BUILTIN["shapes"].rglob("*") if f.is_file())
+    total = sum(f.stat().st_size for f in BUILTIN[name].rglob("*") if f.is_file())
     assert total < 30 * 2**20
-    model = load_for_eval("builtin:shapes")
+    model = load_for_eval(f"builtin:{name}")
     items = [it for it in evaluation_items("test", per_category=8) if it["category"] in ("colors", "single_object")]
     result = evaluate_geneval(model, items, num_steps=10, guidance_scale=4.0)
     assert result["images"].shape == (16, 32, 32, 3)
     assert result["strict"]["colors"] >= 0.5  # the base model draws a requested coloured shape
+
+
+def test_the_demo_trains_the_retrained_model_and_pays_only_exact_scenes():
+    """What `make demo` runs: `builtin:shapes_v2`, paid 1 for exactly the requested scene and 0 for
+    an image that passes GenEval's "at least" check with an unrequested object in it."""
+    from pixelrl.core.config_loading import load_config
+    from pixelrl.data.shapes import evaluation_items, render
+    from pixelrl.demo import DEMO_CONFIG
+    from pixelrl.rewards import get_reward
+
+    cfg = load_config(DEMO_CONFIG, [])
+    assert cfg.model.path == "builtin:shapes_v2"
+    (spec,) = cfg.reward.functions
+    reward = get_reward(spec["name"], **spec["options"])
+    items = [it for it in evaluation_items("test", per_category=2) if it["category"] in ("two_object", "position")]
+    extra = [{**it["metadata"], "objects": [*it["metadata"]["objects"], {"shape": "triangle", "colour": "purple",
+                                                                        "count": 1}]} for it in items]
+    images = torch.stack([torch.from_numpy(render(m, 3)) for m in [it["metadata"] for it in items] + extra])
+    out = reward(images, [it["prompt"] for it in items] * 2, [it["metadata"] for it in items] * 2)
+    n = len(items)
+    assert torch.equal(out[spec["name"]], torch.tensor([1.0] * n + [0.0] * n)), out
+    assert out["shapes_strict"][n:].sum() >= n - 1  # the strict check lets most of the extras through
 
 
 # the reward these step counts were calibrated on, whatever the configs' own (this tests the methods,

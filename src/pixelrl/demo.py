@@ -1,8 +1,8 @@
-"""`pixelrl demo`: Flow-GRPO on the shipped shapes model, with a before/after evaluation.
+"""`pixelrl demo`: Flow-GRPO on a shipped shapes model, with a before/after evaluation.
 
-1. Evaluate the shipped base model on the held-out shapes test set (strict GenEval-style
+1. Evaluate the config's base model on the held-out shapes test set (strict GenEval-style
    score per category, 64 fixed (prompt, seed) items per category).
-2. Train with `configs/shapes_flow_grpo.yaml` through the regular trainer.
+2. Train with the config (`configs/shapes_demo.yaml` by default) through the regular trainer.
 3. Evaluate the trained policy on the same items; print both tables, the diversity of images
    per prompt, and write a before/after grid and the reward curve into the run folder.
 """
@@ -145,7 +145,10 @@ def demo_report(base: dict, trained: dict, div_before: dict, div_after: dict) ->
     return {"lines": lines, "criteria": criteria, "strict_gain_interval": strict_ci, "exact_gain_interval": exact_ci}
 
 
-def run_demo(overrides: list[str], per_category: int = 64, config_name: str = "shapes_flow_grpo") -> dict:
+DEMO_CONFIG = "shapes_demo"
+
+
+def run_demo(overrides: list[str], per_category: int = 64, config_name: str = DEMO_CONFIG) -> dict:
     from pixelrl.core.config_loading import load_config
     from pixelrl.core.errors import ConfigError
     from pixelrl.data.shapes import evaluation_items
