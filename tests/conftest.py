@@ -185,3 +185,8 @@ def experience_with_reward_inputs(cfg, count: int = 4):
     engine.reward = spy
     exp, metrics = engine.make_experience(task_items(cfg, "train", 0, count), 1)
     return engine, exp, metrics, captured
+
+
+def with_extra_object(spec: dict, shape: str, colour: str, count: int = 1) -> dict:
+    """A shapes scene spec with `count` more objects that the prompt did not ask for."""
+    return {**spec, "objects": [*spec["objects"], {"shape": shape, "colour": colour, "count": count}]}

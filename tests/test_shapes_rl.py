@@ -27,6 +27,7 @@ def test_shipped_weights_load_and_generate_recognisable_shapes(name):
 def test_the_demo_trains_the_retrained_model_and_pays_only_exact_scenes():
     """What `make demo` runs: `builtin:shapes_v2`, paid 1 for exactly the requested scene and 0 for
     an image that passes GenEval's "at least" check with an unrequested object in it."""
+    from conftest import with_extra_object
     from pixelrl.core.config_loading import load_config
     from pixelrl.data.shapes import evaluation_items, render
     from pixelrl.demo import DEMO_CONFIG
@@ -37,8 +38,7 @@ def test_the_demo_trains_the_retrained_model_and_pays_only_exact_scenes():
     (spec,) = cfg.reward.functions
     reward = get_reward(spec["name"], **spec["options"])
     items = [it for it in evaluation_items("test", per_category=2) if it["category"] in ("two_object", "position")]
-    extra = [{**it["metadata"], "objects": [*it["metadata"]["objects"], {"shape": "triangle", "colour": "purple",
-                                                                        "count": 1}]} for it in items]
+    extra = [with_extra_object(it["metadata"], "triangle", "purple") for it in items]
     images = torch.stack([torch.from_numpy(render(m, 3)) for m in [it["metadata"] for it in items] + extra])
     out = reward(images, [it["prompt"] for it in items] * 2, [it["metadata"] for it in items] * 2)
     n = len(items)

@@ -8,6 +8,7 @@ from PIL import Image, ImageFilter
 from pixelrl.data.shapes import all_prompts, evaluation_items, prompt_splits, render, vocabulary
 from pixelrl.rewards import get_reward
 from pixelrl.rewards.shapes import CATEGORIES, detect, score_image
+from conftest import with_extra_object
 
 ITEMS = [item for items in all_prompts().values() for item in items]
 
@@ -98,11 +99,6 @@ def test_shapes_geneval_reward_signature():
     assert torch.equal(out["shapes_strict"], torch.ones(3)) and torch.equal(out["shapes_geneval"], torch.ones(3))
 
 
-def _with_extra(spec: dict, shape: str, colour: str, count: int = 1) -> dict:
-    """The same scene with `count` more objects that the prompt did not ask for."""
-    return {**spec, "objects": [*spec["objects"], {"shape": shape, "colour": colour, "count": count}]}
-
-
 def test_exact_scene_score_on_clean_renders_and_with_an_unrequested_object():
     from pixelrl.rewards.shapes import score_scene
 
@@ -115,7 +111,7 @@ def test_exact_scene_score_on_clean_renders_and_with_an_unrequested_object():
         item = ITEMS[(k * 11) % len(ITEMS)]
         if item["category"] == "counting":
             continue  # a pasted copy would change the count: strict fails too; see below
-        image = render(_with_extra(item["metadata"], "triangle", "purple"), k)
+        image = render(with_extra_object(item["metadata"], "triangle", "purple"), k)
         scene = score_scene(image, item["metadata"])
         pasted_strict.append(scene["strict"])
         pasted_exact.append(scene["exact"])
@@ -130,8 +126,8 @@ def test_extra_object_penalty_by_hand():
     unrequested second circle (a surplus copy) 0.8 as well."""
     spec = {"category": "two_object", "relation": None,
             "objects": [{"shape": "circle", "colour": None, "count": 1}, {"shape": "square", "colour": None, "count": 1}]}
-    images = [render(spec, 5), render(_with_extra(spec, "triangle", "cyan"), 5),
-              render(_with_extra(spec, "triangle", "cyan", 2), 5), render(_with_extra(spec, "circle", "yellow"), 5)]
+    images = [render(spec, 5), render(with_extra_object(spec, "triangle", "cyan"), 5),
+              render(with_extra_object(spec, "triangle", "cyan", 2), 5), render(with_extra_object(spec, "circle", "yellow"), 5)]
     reward = get_reward("shapes_geneval", strict_weight=0.5, extra_object_penalty=0.2)
     out = reward(torch.from_numpy(np.stack(images)), ["a circle and a square"] * 4, [spec] * 4)
     torch.testing.assert_close(out["shapes_geneval"], torch.tensor([1.0, 0.8, 0.6, 0.8]))
@@ -149,7 +145,7 @@ def test_surplus_penalty_charges_objects_beyond_the_count_not_failed_attempts():
             "objects": [{"shape": "circle", "colour": None, "count": 1}, {"shape": "square", "colour": None, "count": 1}]}
     circle_only = {**spec, "objects": spec["objects"][:1]}
     triangle_instead = {**spec, "objects": [spec["objects"][0], {"shape": "triangle", "colour": None, "count": 1}]}
-    images = torch.from_numpy(np.stack([render(spec, 5), render(_with_extra(spec, "triangle", "cyan"), 5),
+    images = torch.from_numpy(np.stack([render(spec, 5), render(with_extra_object(spec, "triangle", "cyan"), 5),
                                         render(triangle_instead, 5), render(circle_only, 5)]))
     weights = dict(strict_weight=0.25, exact_weight=0.5)
     out = get_reward("shapes_geneval", **weights, surplus_object_penalty=0.2)(images, [""] * 4, [spec] * 4)
@@ -176,7 +172,7 @@ def test_failure_modes_of_rendered_scenes():
     two = {"category": "two_object", "relation": None, "objects": [circle, square]}
     drawn = {
         "exact": two,
-        "extra": _with_extra(two, "triangle", "cyan"),
+        "extra": with_extra_object(two, "triangle", "cyan"),
         "too_few": {**two, "objects": [circle]},
         "too_many": {**two, "objects": [circle, {**triangle, "count": 2}]},
         "repeated_shape": {**two, "objects": [{**circle, "count": 2}]},
@@ -206,8 +202,8 @@ def test_exact_weight_pays_full_marks_only_for_a_scene_with_nothing_extra():
     spec = {"category": "two_object", "relation": None,
             "objects": [{"shape": "circle", "colour": None, "count": 1}, {"shape": "square", "colour": None, "count": 1}]}
     circle_only = {**spec, "objects": spec["objects"][:1]}
-    images = torch.from_numpy(np.stack([render(spec, 5), render(_with_extra(spec, "triangle", "cyan"), 5),
-                                        render(_with_extra(spec, "triangle", "cyan", 2), 5), render(circle_only, 5)]))
+    images = torch.from_numpy(np.stack([render(spec, 5), render(with_extra_object(spec, "triangle", "cyan"), 5),
+                                        render(with_extra_object(spec, "triangle", "cyan", 2), 5), render(circle_only, 5)]))
     out = get_reward("shapes_geneval", exact_weight=0.5, extra_object_penalty=0.1)(images, [""] * 4, [spec] * 4)
     torch.testing.assert_close(out["shapes_geneval"], torch.tensor([1.0, 0.4, 0.3, 0.25]))
     out = get_reward("shapes_geneval", strict_weight=0.25, exact_weight=0.5, extra_object_penalty=0.1)(
