@@ -210,6 +210,12 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("VLM: gold image rewards", [*VLM, "val_kwargs.rewards=[{name: answer_match}]"], "val_kwargs.rewards"),
     ("VLM: a compiled denoiser", [*VLM, "model.compile=true"], "model.compile"),
     ("VLM: model folder without a processor", [*VLM, "model.path={tmp}"], "model.path"),
+    ("VLM: question files without data.train_files", [*VLM, "vlm.task=files"], "data.train_files"),
+    ("VLM: train files given to the built-in task", [*VLM, "data.train_files=[{file}]"], "vlm.task=files"),
+    ("VLM: a question file that does not exist", [*VLM, "vlm.task=files", "data.train_files=[{tmp}/qa.jsonl]"],
+     "check data.train_files"),
+    ("VLM: a question file of an unknown type", [*VLM, "vlm.task=files", "data.train_files=[{file}]"],
+     "unsupported type"),
 ]
 
 

@@ -228,6 +228,25 @@ def test_answer_rewards():
         WeightedReward.from_functions([{"name": "answer_format", "options": {"pattern": "("}}])
 
 
+def test_answer_match_extracts_a_boxed_or_tagged_answer():
+    from pixelrl.core.errors import ConfigError
+    from pixelrl.rewards import WeightedReward
+
+    responses = [r"<think>2 + 1 = 3, not \boxed{2}</think> so \boxed{3}.", r"\boxed{\frac{1}{2}}", r"\boxed{3",
+                 "<answer> Red </answer> <answer>blue</answer>", "blue", "<answer>blue"]
+    truth = [{"answer": "3"}, {"answer": r"\frac{1}{2}"}, {"answer": "3"}, {"answer": "blue"}, {"answer": "blue"},
+             {"answer": "blue"}]
+    boxed = WeightedReward.from_functions([{"name": "answer_match", "options": {"extract": "boxed"}}])
+    tag = WeightedReward.from_functions([{"name": "answer_match", "options": {"extract": "tag"}}])
+    whole = WeightedReward.from_functions([{"name": "answer_match"}])
+    # the last box counts (nested braces kept), an unclosed box or a missing tag is no answer
+    assert boxed(responses, ["q"] * 6, truth)["answer_match"].tolist() == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    assert tag(responses, ["q"] * 6, truth)["answer_match"].tolist() == [0.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+    assert whole(responses, ["q"] * 6, truth)["answer_match"].tolist() == [0.0, 0.0, 0.0, 0.0, 1.0, 0.0]
+    with pytest.raises(ConfigError, match=r"options\.extract"):
+        WeightedReward.from_functions([{"name": "answer_match", "options": {"extract": "last_line"}}])
+
+
 def test_count_closeness_by_hand():
     from pixelrl.core.errors import ConfigError
     from pixelrl.rewards import WeightedReward

@@ -223,7 +223,8 @@ class VLMConfig:
     """algorithm.trainer_type = vlm_ppo: PPO / GRPO for a vision-language policy (token sequences).
     Samples per prompt are rollout.n; prompts per step data.train_batch_size; the optimizer is actor.*."""
 
-    task: str = "shapes_qa"  # the (image, question, answer) source; shapes_qa is built in
+    # the (image, question, answer) source: shapes_qa (built in) or files (data.train_files / val_files)
+    task: str = "shapes_qa"
     max_new_tokens: int = 8
     temperature: float = 1.0
     top_p: float = 1.0

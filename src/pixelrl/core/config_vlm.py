@@ -21,7 +21,14 @@ def validate_vlm(cfg: PixelRLConfig) -> None:
         if not (path / name).is_file():
             raise ConfigError("model.path", m.path, f"no {name} there: point it at a local Qwen2-VL folder "
                               "(config.json, *.safetensors, tokenizer files, preprocessor_config.json)")
-    _choice("vlm.task", v.task, ("shapes_qa",))
+    _choice("vlm.task", v.task, ("shapes_qa", "files"))
+    if v.task == "files" and not d.train_files:
+        raise ConfigError("data.train_files", [], "vlm.task=files reads its questions from data.train_files: list "
+                          ".jsonl or .parquet files with a question, `answer` and `image` per row")
+    if v.task == "shapes_qa" and (d.train_files or d.val_files or d.prompts):
+        field = "data.train_files" if d.train_files else "data.val_files" if d.val_files else "data.prompts"
+        raise ConfigError(field, list(getattr(d, field.split(".")[1])), "vlm.task=shapes_qa draws its questions "
+                          "from the built-in task: remove it, or set vlm.task=files to train on these files")
     _choice("vlm.estimator", v.estimator, SEQUENCE_ESTIMATORS + TOKEN_ESTIMATORS)
     _choice("vlm.policy_loss", v.policy_loss, ("ppo", "gspo", "cpg"))
     _choice("vlm.aggregation", v.aggregation, AGGREGATIONS)

@@ -19,20 +19,24 @@ from pixelrl.data import shapes_qa
 from pixelrl.engine.learner import Learner
 from pixelrl.models.qwen_vl import QwenVLModel
 from pixelrl.models.qwen_vl.tiny import SHAPES_QA_ARCH, build_tiny_qwen_vl
-from pixelrl.rewards.answers import normalise_answer
+from pixelrl.rewards.answers import extract_answer, normalise_answer
 
 
 @torch.no_grad()
 def answer_correctness(model: QwenVLModel, items: list[dict], *, batch_size: int = 64, max_new_tokens: int = 4,
-                       module: torch.nn.Module | None = None) -> list[tuple[str, str, float]]:
-    """(question type, right answer, 1.0 if the greedy answer is right) for each shapes-QA item."""
+                       module: torch.nn.Module | None = None, extract: str = "whole") -> list[tuple[str, str, float]]:
+    """(question type, right answer, 1.0 if the greedy answer is right) for each item; the answer is
+    read from the response as `answer_match` reads it (`extract_answer`)."""
     out = []
     for start in range(0, len(items), batch_size):
         chunk = items[start:start + batch_size]
         prompts = model.prompts([it["image"] for it in chunk], [it["question"] for it in chunk])
         answers = model.decode(model.generate(prompts, seed=0, temperature=0.0, max_new_tokens=max_new_tokens,
                                               module=module))
-        out += [(it["type"], it["answer"], float(normalise_answer(a) == it["answer"])) for it, a in zip(chunk, answers)]
+        for it, response in zip(chunk, answers):
+            answer = extract_answer(response, extract)
+            right = answer is not None and normalise_answer(answer) == normalise_answer(str(it["answer"]))
+            out.append((it["type"], it["answer"], float(right)))
     return out
 
 
@@ -44,11 +48,12 @@ def summarise_correctness(results: list[tuple[str, str, float]]) -> dict:
     of a type: that policy scores exactly 1/K (K answers) however the held-out answers happen to
     be distributed, where its plain accuracy is the share of its answer (0.57 for "yes" on the
     first 300 test questions)."""
+    # types in shapes-QA's order, then any others (a question file's own types) as they come
     correct: dict[str, list[float]] = {t: [] for t in shapes_qa.QUESTION_TYPES}
     by_answer: dict[str, dict[str, list[float]]] = {t: {} for t in shapes_qa.QUESTION_TYPES}
     for kind, answer, ok in results:
-        correct[kind].append(ok)
-        by_answer[kind].setdefault(answer, []).append(ok)
+        correct.setdefault(kind, []).append(ok)
+        by_answer.setdefault(kind, {}).setdefault(answer, []).append(ok)
     per_type = {t: sum(v) / len(v) for t, v in correct.items() if v}
     balanced = {t: sum(sum(v) / len(v) for v in groups.values()) / len(groups)
                 for t, groups in by_answer.items() if groups}

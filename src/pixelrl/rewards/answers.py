@@ -18,13 +18,51 @@ def normalise_answer(text: str) -> str:
     return " ".join(text.lower().strip().strip(".!?,;:").split())
 
 
+def extract_answer(text: str, extract: str = "whole") -> str | None:
+    """The part of a response that is its answer: `whole` the response itself; `boxed` the content
+    of the last \\boxed{...} (nested braces kept); `tag` the content of the last <answer>...</answer>.
+    None when the response has no such part (a reasoning model that never states its answer)."""
+    if extract == "whole":
+        return text
+    if extract == "tag":
+        found = re.findall(r"<answer>(.*?)</answer>", text, flags=re.DOTALL)
+        return found[-1] if found else None
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, begin = 0, start + len("\\boxed{")
+    for i in range(begin, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth < 0:
+            return text[begin:i]
+    return None  # an unclosed box is no answer
+
+
+EXTRACTORS = ("whole", "boxed", "tag")
+
+
 @register_reward("answer_match")
-def answer_match(key: str = "answer"):
-    """1 when the normalised response equals the normalised `metadata[key]`, else 0."""
+def answer_match(key: str = "answer", extract: str = "whole"):
+    """1 when the normalised answer (`extract_answer(response, extract)`) equals the normalised
+    `metadata[key]`, else 0 (also when the response has no answer to extract)."""
     def fn(responses, prompts, metadata):
-        return {"answer_match": torch.tensor([float(normalise_answer(r) == normalise_answer(str(m[key])))
-                                              for r, m in zip(responses, metadata)])}
+        values = []
+        for response, m in zip(responses, metadata):
+            answer = extract_answer(response, extract)
+            values.append(float(answer is not None and normalise_answer(answer) == normalise_answer(str(m[key]))))
+        return {"answer_match": torch.tensor(values)}
     return fn
+
+
+def _check_answer_match(options: dict, field: str) -> None:
+    from pixelrl.core.errors import ConfigError
+
+    if options.get("extract", "whole") not in EXTRACTORS:
+        raise ConfigError(f"{field}.extract", options.get("extract"), f"choose one of {list(EXTRACTORS)} (boxed: "
+                          "the last \\boxed{...}; tag: the last <answer>...</answer>)")
+
+
+answer_match.check_options = _check_answer_match
 
 
 NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")

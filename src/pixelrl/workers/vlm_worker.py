@@ -64,7 +64,8 @@ class VLMWorker(RankProcess):
 
         items = self._share(task_items(self.cfg, "test", 0, self.cfg.vlm.val_items))
         with self.engine.ema_weights() if self.cfg.vlm.validate_ema else contextlib.nullcontext():
-            return answer_correctness(self.engine.policy, items, max_new_tokens=self.cfg.vlm.max_new_tokens)
+            return answer_correctness(self.engine.policy, items, max_new_tokens=self.cfg.vlm.max_new_tokens,
+                                      extract=validation_extract(self.cfg))
 
     def trainable_state(self) -> dict:
         """This rank's full trainable weights (and critic) as numpy arrays, to check ranks agree."""
@@ -82,3 +83,12 @@ class VLMWorker(RankProcess):
     def load(self, folder: str) -> dict:
         self.engine.load(folder)
         return {"rank": self.rank}
+
+
+def validation_extract(cfg) -> str:
+    """Validation reads the answer out of a response as the run's `answer_match` reward does (its
+    `extract` option), so held-out accuracy and the training reward judge the same thing."""
+    for spec in cfg.reward.functions:
+        if spec.get("name") == "answer_match":
+            return (spec.get("options") or {}).get("extract", "whole")
+    return "whole"

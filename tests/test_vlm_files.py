@@ -1,0 +1,149 @@
+"""The vision-language trainer on question files (`vlm.task: files`): the built-in task written to
+files trains and validates exactly as the built-in task, and bad files stop the run by name."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import vlm_config
+
+from pixelrl.core.errors import ConfigError
+from pixelrl.data import qa_files, shapes_qa
+from pixelrl.data.prompts import DatasetError
+
+
+def _files_overrides(train, val):
+    return ("vlm.task=files", f"data.train_files=[{train}]", f"data.val_files=[{val}]", "data.prompt_key=question",
+            "data.shuffle=false")
+
+
+def test_the_built_in_task_written_to_files_trains_and_validates_the_same(tmp_path):
+    """Two steps and a validation of the shipped model on shapes-QA, then on the same questions read
+    from PNG + jsonl files (in the order the built-in task draws them): every metric equal."""
+    from pixelrl.trainers.vlm_ppo import VLMPPOTrainer, task_items
+
+    common = ("model.path=builtin:shapes_qa_vlm", "trainer.total_training_steps=2", "trainer.test_freq=0",
+              "trainer.val_before_train=true")
+    built_in = vlm_config("builtin:shapes_qa_vlm", tmp_path / "a", *common)
+    train = qa_files.write_qa_file(task_items(built_in, "train", 0, 8), tmp_path / "train.jsonl", "question")
+    val = qa_files.write_qa_file(task_items(built_in, "test", 0, 12), tmp_path / "val.jsonl", "question")
+    from_files = vlm_config("builtin:shapes_qa_vlm", tmp_path / "b", *common, *_files_overrides(train, val))
+
+    drawn = task_items(from_files, "train", 0, 8) + task_items(from_files, "test", 0, 12)
+    assert [it["file"] for it in drawn] == [str(train)] * 8 + [str(val)] * 12
+
+    a, b = VLMPPOTrainer(built_in).fit(), VLMPPOTrainer(from_files).fit()
+    assert [r["val/accuracy"] for r in a["val"]] == [r["val/accuracy"] for r in b["val"]]
+    assert a["val"][0]["val/accuracy"] > 0  # the shipped model answers some of them right
+    assert set(a["val"][0]) == set(b["val"][0]) and {"val/accuracy_colour", "val/accuracy_count"} <= set(a["val"][0])
+    for row_a, row_b in zip(a["history"], b["history"], strict=True):
+        for key in ("reward/answer_match", "actor/pg_loss", "actor/grad_norm", *a["val"][0]):
+            assert row_a.get(key) == row_b.get(key), key
+
+
+def test_training_walks_every_row_once_per_epoch_in_a_fresh_order(monkeypatch):
+    rows = tuple({"question": f"q{i}", "answer": "a", "type": "t", "metadata": {}, "image": None,
+                  "file": "f", "row": i} for i in range(5))
+    first, second = qa_files.train_order(5, 0, seed=1, shuffle=True), qa_files.train_order(5, 1, seed=1, shuffle=True)
+    assert sorted(first) == sorted(second) == list(range(5)) and first != second
+    assert qa_files.train_order(5, 0, seed=1, shuffle=True) == first  # a pure function: resume draws the same
+    assert qa_files.train_order(5, 0, seed=2, shuffle=True) != first
+    assert qa_files.train_order(5, 3, seed=1, shuffle=False) == list(range(5))
+    # items 3..7 of the stream cross from epoch 0 into epoch 1
+    monkeypatch.setattr(qa_files, "load_item", lambda row: row)
+    drawn = [r["row"] for r in qa_files.train_items(rows, 3, 5, seed=1, shuffle=True)]
+    assert drawn == [first[3], first[4], second[0], second[1], second[2]]
+
+
+def _image_file(tmp_path, name="a.png"):
+    from PIL import Image
+
+    Image.fromarray(np.zeros((20, 30, 3), dtype=np.uint8)).save(tmp_path / name)
+    return name
+
+
+def _write(tmp_path, rows, name="qa.jsonl"):
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_rows_are_read_with_their_image_metadata_and_type(tmp_path):
+    image = _image_file(tmp_path)
+    path = _write(tmp_path, [{"question": "what ?", "answer": 3, "image": image, "metadata": {"source": "x"}},
+                             {"question": "which ?", "answer": "blue", "image": image, "type": "colour"}])
+    rows = qa_files.read_qa_file(path, "question")
+    assert [(r["question"], r["answer"], r["type"]) for r in rows] == [("what ?", "3", "qa"), ("which ?", "blue", "colour")]
+    item = qa_files.load_item(rows[0])
+    assert item["image"].shape == (20, 30, 3) and item["image"].dtype == np.uint8 and item["source"] == "x"
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"answer": "red", "image": "a.png"}, r"row 1: `question` must be a non-empty string"),
+    ({"question": "q ?", "image": "a.png"}, r"row 1: `answer` must be a non-empty string or number, got None"),
+    ({"question": "q ?", "answer": "red", "image": "missing.png"}, r"row 1: `image` image .*missing.png does not exist"),
+    ({"question": "q ?", "answer": "red"}, r"row 1: `image` must be an image path or image bytes"),
+    ({"question": "q ?", "answer": "red", "image": "not_an_image.png"}, r"row 1: `image` image .* is not a readable image"),
+])
+def test_a_bad_row_names_its_file_row_and_field(tmp_path, row, message):
+    _image_file(tmp_path)
+    (tmp_path / "not_an_image.png").write_text("text")
+    with pytest.raises(DatasetError, match=message):
+        qa_files.read_qa_file(_write(tmp_path, [row]), "question")
+
+
+def test_files_config_errors_stop_before_any_worker(tiny_vlm_path, tmp_path):
+    from pixelrl.trainers.vlm_ppo import VLMPPOTrainer
+
+    with pytest.raises(ConfigError, match=r"data\.train_files"):
+        vlm_config(tiny_vlm_path, tmp_path, "vlm.task=files")
+    with pytest.raises(ConfigError, match=r"data\.train_files.*vlm\.task=files"):
+        vlm_config(tiny_vlm_path, tmp_path, "data.train_files=[x.jsonl]")  # the built-in task reads no files
+    train = qa_files.write_qa_file(shapes_qa.items("train", 0, 4), tmp_path / "train.jsonl", "question")
+    val = qa_files.write_qa_file(shapes_qa.items("test", 0, 6), tmp_path / "val.jsonl", "question")
+    cfg = vlm_config(tiny_vlm_path, tmp_path / "run", *_files_overrides(train, val), "trainer.val_before_train=true")
+    trainer = VLMPPOTrainer(cfg)
+    with pytest.raises(ConfigError, match=r"vlm\.val_items.*hold 6 rows"):
+        trainer.fit()
+    assert trainer.actor is None and not trainer.run_dir.exists()  # nothing started, nothing written
+    missing = vlm_config(tiny_vlm_path, tmp_path / "run", "vlm.task=files", f"data.train_files=[{tmp_path / 'no.jsonl'}]")
+    with pytest.raises(DatasetError, match=r"no\.jsonl. does not exist: check data\.train_files"):
+        VLMPPOTrainer(missing).fit()
+
+
+def test_accuracy_is_reported_for_a_files_own_question_types():
+    from pixelrl.engine.pretrain_vlm import summarise_correctness
+
+    result = summarise_correctness([("geometry", "3", 1.0), ("geometry", "4", 0.0), ("geometry", "4", 0.0),
+                                    ("chart", "yes", 1.0)])
+    assert result["accuracy"] == 0.5
+    assert result["accuracy_geometry"] == pytest.approx(1 / 3) and result["accuracy_chart"] == 1.0
+    # geometry: answer "3" right 1/1, answer "4" right 0/2 -> 0.5; chart 1.0; overall their mean
+    assert result["balanced_accuracy_geometry"] == 0.5 and result["balanced_accuracy"] == 0.75
+
+
+def test_validation_reads_the_answer_as_the_reward_does(tiny_vlm_path, tmp_path):
+    """A model that reasons and boxes its answer: validation extracts it as the run's answer_match
+    does, and compares normalised answers (a file's "Blue" is the answer "blue")."""
+    from pixelrl.engine.pretrain_vlm import answer_correctness
+    from pixelrl.workers.vlm_worker import validation_extract
+
+    class Says:  # the policy's interface, answering with fixed text
+        def prompts(self, images, questions):
+            return questions
+
+        def generate(self, prompts, **kwargs):
+            return prompts
+
+        def decode(self, batch):
+            return [r"it is \boxed{blue}", "Blue", r"\boxed{4}"]
+
+    items = [{"image": None, "question": "q", "type": "colour", "answer": "Blue"},
+             {"image": None, "question": "q", "type": "colour", "answer": "Blue"},
+             {"image": None, "question": "q", "type": "count", "answer": 3}]
+    boxed = vlm_config(tiny_vlm_path, tmp_path, "reward.functions=[{name: answer_match, options: {extract: boxed}}]")
+    assert validation_extract(boxed) == "boxed" and validation_extract(vlm_config(tiny_vlm_path, tmp_path)) == "whole"
+    assert [ok for *_, ok in answer_correctness(Says(), items, extract="boxed")] == [1.0, 0.0, 0.0]
+    assert [ok for *_, ok in answer_correctness(Says(), items)] == [0.0, 1.0, 0.0]
