@@ -147,3 +147,23 @@ def test_validation_reads_the_answer_as_the_reward_does(tiny_vlm_path, tmp_path)
     assert validation_extract(boxed) == "boxed" and validation_extract(vlm_config(tiny_vlm_path, tmp_path)) == "whole"
     assert [ok for *_, ok in answer_correctness(Says(), items, extract="boxed")] == [1.0, 0.0, 0.0]
     assert [ok for *_, ok in answer_correctness(Says(), items)] == [0.0, 1.0, 0.0]
+
+
+def test_image_bounds_set_the_image_tokens_per_prompt(tiny_vlm_path, tmp_path):
+    """vlm.min_pixels / max_pixels override the folder's image processor: the tiny model's 32 x 32
+    images are 16 tokens (8 x 8 patches of 4, merged 2 x 2); bounded to 16 x 16 pixels, 4."""
+    from pixelrl.engine.vlm_engine import VLMEngine
+
+    image, question = shapes_qa.item("test", 0)["image"], "what colour is the circle ?"
+
+    def image_tokens(*overrides):
+        policy = VLMEngine(vlm_config(tiny_vlm_path, tmp_path, *overrides)).policy
+        ids = policy.prompts([image], [question]).input_ids[0]
+        return int((ids == policy.model.config.image_token_id).sum())
+
+    assert image_tokens() == 16
+    assert image_tokens("vlm.min_pixels=256", "vlm.max_pixels=256") == 4
+    with pytest.raises(ConfigError, match=r"vlm\.max_pixels.*min 1024 > max 256"):
+        image_tokens("vlm.max_pixels=256")  # the folder's minimum is 32 x 32
+    with pytest.raises(ConfigError, match=r"vlm\.min_pixels"):
+        vlm_config(tiny_vlm_path, tmp_path, "vlm.min_pixels=512", "vlm.max_pixels=256")

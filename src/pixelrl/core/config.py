@@ -225,6 +225,11 @@ class VLMConfig:
 
     # the (image, question, answer) source: shapes_qa (built in) or files (data.train_files / val_files)
     task: str = "shapes_qa"
+    # image size bounds in pixels for the model's image processor (0 = the folder's
+    # preprocessor_config.json): an image is resized to keep its aspect within them, so max_pixels
+    # caps the image tokens per prompt (max_pixels / (patch x merge)^2)
+    min_pixels: int = 0
+    max_pixels: int = 0
     max_new_tokens: int = 8
     temperature: float = 1.0
     top_p: float = 1.0

@@ -73,8 +73,12 @@ def validate_vlm(cfg: PixelRLConfig) -> None:
                          ("vlm.lam", v.lam), ("vlm.ptx_coef", v.ptx_coef), ("vlm.entropy_coef", v.entropy_coef),
                          ("vlm.ema_decay", v.ema_decay),
                          ("vlm.freezing_actor_steps", v.freezing_actor_steps),
+                         ("vlm.min_pixels", v.min_pixels), ("vlm.max_pixels", v.max_pixels),
                          ("trainer.time_budget_s", t.time_budget_s)):
         _positive(field, value, allow_zero=True)
+    if v.min_pixels and v.max_pixels and v.min_pixels > v.max_pixels:
+        raise ConfigError("vlm.min_pixels", v.min_pixels, f"above vlm.max_pixels = {v.max_pixels}: the image size "
+                          "bounds need min <= max")
     if v.top_p > 1:
         raise ConfigError("vlm.top_p", v.top_p, "must be in (0, 1]")
     if not 0 <= v.entropy_mask_ratio <= 1:

@@ -57,7 +57,8 @@ class Experience:
 class VLMEngine:
     def __init__(self, cfg):
         self.cfg, v = cfg, cfg.vlm
-        self.policy = QwenVLModel(resolve(cfg.model.path), dtype=cfg.model.dtype, device=cfg.model.device)
+        self.policy = QwenVLModel(resolve(cfg.model.path), dtype=cfg.model.dtype, device=cfg.model.device,
+                                  min_pixels=v.min_pixels, max_pixels=v.max_pixels)
         torch.manual_seed(cfg.seed)
         self.reference_module = None
         if cfg.model.lora_rank > 0:

@@ -68,7 +68,8 @@ def response_mask_from(responses: torch.Tensor, eos_id: int) -> torch.Tensor:
 class QwenVLModel:
     """A Qwen2-VL policy (and optionally its frozen reference) loaded from a local folder."""
 
-    def __init__(self, path: str | Path, *, dtype: str = "float32", device: str | torch.device = "cpu"):
+    def __init__(self, path: str | Path, *, dtype: str = "float32", device: str | torch.device = "cpu",
+                 min_pixels: int = 0, max_pixels: int = 0):
         from transformers import AutoModelForImageTextToText, AutoTokenizer
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
@@ -81,8 +82,15 @@ class QwenVLModel:
         self.dtype = resolve_dtype(dtype)
         self.tokenizer = load_part(self.path, "tokenizer", lambda: AutoTokenizer.from_pretrained(
             self.path, padding_side="left"))
+        bounds = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v}
         self.image_processor = load_part(self.path, "image processor", lambda: Qwen2VLImageProcessorPil.from_pretrained(
-            self.path))
+            self.path, **bounds))
+        size = self.image_processor.size
+        if size["shortest_edge"] > size["longest_edge"]:
+            raise ConfigError("vlm.min_pixels" if min_pixels else "vlm.max_pixels", min_pixels or max_pixels,
+                              f"the image bounds are min {size['shortest_edge']} > max {size['longest_edge']} pixels "
+                              f"(the folder's preprocessor_config.json sets the other): set both vlm.min_pixels and "
+                              "vlm.max_pixels")
         self.model = load_part(self.path, "model weights", lambda: AutoModelForImageTextToText.from_pretrained(
             self.path, dtype=self.dtype, use_safetensors=True)).to(self.device)
         self.model.eval()
