@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import torch
 import pytest
 from conftest import vlm_config
 
@@ -167,3 +168,47 @@ def test_image_bounds_set_the_image_tokens_per_prompt(tiny_vlm_path, tmp_path):
         image_tokens("vlm.max_pixels=256")  # the folder's minimum is 32 x 32
     with pytest.raises(ConfigError, match=r"vlm\.min_pixels"):
         vlm_config(tiny_vlm_path, tmp_path, "vlm.min_pixels=512", "vlm.max_pixels=256")
+
+
+@pytest.mark.parametrize("training", [("model.lora_rank=4", "model.lora_alpha=8"), ("model.lora_rank=0",)])
+def test_export_writes_a_qwen2_vl_folder_that_scores_like_the_trained_policy(tiny_vlm_path, tmp_path, training):
+    """`pixelrl export` on a vision-language checkpoint: the folder loads without pixelrl's adapter
+    and gives the trained policy's log-probs (LoRA merged, or full weights), not the base's."""
+    from pixelrl.cli import main
+    from pixelrl.models.qwen_vl import QwenVLModel
+    from pixelrl.trainers.vlm_ppo import VLMPPOTrainer
+
+    cfg = vlm_config(tiny_vlm_path, tmp_path, *training, "actor.lr=1e-2", "actor.lr_schedule=constant",
+                     "trainer.total_training_steps=2", "trainer.save_freq=2")
+    trained = VLMPPOTrainer(cfg).fit()["engine"].policy
+    checkpoint = tmp_path / "pixelrl" / cfg.trainer.experiment_name / "checkpoints" / "global_step_2"
+    assert main(["export", str(checkpoint), str(tmp_path / "exported")]) == 0
+
+    items = shapes_qa.items("test", 0, 6)
+
+    def logprobs(model):
+        batch = model.with_responses(model.prompts([it["image"] for it in items], [it["question"] for it in items]),
+                                     [it["answer"] for it in items])
+        return model.token_logprobs(batch)[batch.response_mask.bool()]
+
+    exported, base = QwenVLModel(tmp_path / "exported"), QwenVLModel(tiny_vlm_path)
+    assert not any("lora" in name for name, _ in exported.model.named_parameters())
+    assert torch.allclose(logprobs(exported), logprobs(trained), atol=1e-5)
+    assert not torch.allclose(logprobs(base), logprobs(trained), atol=1e-3)  # training moved it
+    assert main(["export", str(checkpoint), str(tmp_path / "adapter"), "--adapter-only"]) == 2
+    assert not (tmp_path / "adapter").exists()
+
+
+def test_merged_state_by_hand():
+    from pixelrl.core.errors import ModelFolderError
+    from pixelrl.models.qwen_vl.export import merged_state
+
+    base = {"q.weight": torch.eye(2), "k.weight": torch.zeros(2, 2)}
+    trained = {"q.lora_A.default.weight": torch.tensor([[1.0, 2.0]]), "q.lora_B.default.weight": torch.tensor([[1.0], [0.0]])}
+    # alpha / rank = 2: W + 2 B A = I + [[2, 4], [0, 0]]
+    assert merged_state(base, trained, rank=1, alpha=2.0)["q.weight"].tolist() == [[3.0, 4.0], [0.0, 1.0]]
+    assert merged_state(base, {"k.weight": torch.ones(2, 2)}, rank=1, alpha=1.0)["k.weight"].tolist() == [[1.0] * 2] * 2
+    with pytest.raises(ModelFolderError, match="`v.weight` is not in the base model"):
+        merged_state(base, {"v.weight": torch.ones(2, 2)}, rank=1, alpha=1.0)
+    with pytest.raises(ModelFolderError, match="no B factor"):
+        merged_state(base, {"q.lora_A.default.weight": torch.ones(1, 2)}, rank=1, alpha=1.0)

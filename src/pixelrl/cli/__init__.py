@@ -1,7 +1,7 @@
 """`pixelrl` command line.
 
     pixelrl train [--config-name NAME] [key=value ...]   train (Ray, or trainer.backend=local)
-    pixelrl export CHECKPOINT OUT [--adapter-only]      a diffusers pipeline (or adapter) folder
+    pixelrl export CHECKPOINT OUT [--adapter-only]      a diffusers pipeline (or adapter) folder; a Qwen2-VL folder
     pixelrl eval [--model PATH | --checkpoint DIR]      GenEval-style table on the shapes test set (--task text: OCR)
     pixelrl generate --prompt "..." [--model PATH]      an image grid (PNG)
     pixelrl pretrain-shapes OUT [--steps N] [--world text]  pretrain a shapes model from scratch

@@ -76,6 +76,16 @@ def cmd_export(args) -> int:
     if not Path(resolve(str(base))).is_dir():
         raise ConfigError("--base-model", str(base), "the base model folder does not exist here (a run's relative "
                           "model.path is relative to where it trained): pass --base-model PATH")
+    if saved.type == "qwen_vl":
+        from pixelrl.models.qwen_vl.export import export_vlm_checkpoint
+
+        if args.adapter_only:
+            raise ConfigError("--adapter-only", True, "a vision-language checkpoint exports as a whole Qwen2-VL folder "
+                              "with the LoRA merged: drop --adapter-only")
+        out = export_vlm_checkpoint(ckpt / "actor", resolve(str(base)), out, lora_rank=saved.lora_rank,
+                                    lora_alpha=saved.lora_alpha)
+        print(f"exported Qwen2-VL model folder to {out}")
+        return 0
     out = export_checkpoint(ckpt / "actor", base, out, model_type=saved.type, adapter_only=args.adapter_only)
     print(f"exported {'adapter' if args.adapter_only else 'pipeline'} to {out}")
     return 0
@@ -156,7 +166,8 @@ def add_parsers(sub) -> None:
     plot.add_argument("--out", default="metrics.png")
     plot.add_argument("--x", choices=("step", "minutes", "images"), default="step")
     plot.set_defaults(func=cmd_plot)
-    export = sub.add_parser("export", help="export a checkpoint for diffusers")
+    export = sub.add_parser("export", help="export a checkpoint for diffusers (from a vision-language run: a "
+                            "Qwen2-VL folder)")
     export.add_argument("checkpoint", help="a <run>/checkpoints/global_step_N folder")
     export.add_argument("out")
     export.add_argument("--adapter-only", action="store_true", help="write only the LoRA adapter")
