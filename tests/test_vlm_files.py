@@ -212,3 +212,22 @@ def test_merged_state_by_hand():
         merged_state(base, {"v.weight": torch.ones(2, 2)}, rank=1, alpha=1.0)
     with pytest.raises(ModelFolderError, match="no B factor"):
         merged_state(base, {"q.lora_A.default.weight": torch.ones(1, 2)}, rank=1, alpha=1.0)
+
+
+def test_a_parquet_file_with_image_bytes_reads_like_jsonl_with_paths(tmp_path):
+    """An exported Hugging Face image column ({"bytes": ...}) in parquet gives the same items as the
+    PNG files it was made from."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = qa_files.write_qa_file(shapes_qa.items("test", 0, 3), tmp_path / "qa.jsonl", "question")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for row in rows:
+        row["image"] = {"bytes": (tmp_path / row["image"]).read_bytes(), "path": None}
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "qa.parquet")
+    from_jsonl = [qa_files.load_item(r) for r in qa_files.read_qa_file(path, "question")]
+    from_parquet = [qa_files.load_item(r) for r in qa_files.read_qa_file(tmp_path / "qa.parquet", "question")]
+    for a, b in zip(from_jsonl, from_parquet, strict=True):
+        assert (a["question"], a["answer"], a["type"]) == (b["question"], b["answer"], b["type"])
+        assert np.array_equal(a["image"], b["image"])
+    assert np.array_equal(from_jsonl[0]["image"], shapes_qa.item("test", 0)["image"])  # PNG is lossless
