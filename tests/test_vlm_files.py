@@ -231,3 +231,20 @@ def test_a_parquet_file_with_image_bytes_reads_like_jsonl_with_paths(tmp_path):
         assert (a["question"], a["answer"], a["type"]) == (b["question"], b["answer"], b["type"])
         assert np.array_equal(a["image"], b["image"])
     assert np.array_equal(from_jsonl[0]["image"], shapes_qa.item("test", 0)["image"])  # PNG is lossless
+
+
+def test_demo_vlm_prints_a_question_files_own_types(tiny_vlm_path, tmp_path, capsys):
+    from pixelrl.cli import main
+
+    items = [{**it, "type": "scenes"} for it in shapes_qa.items("test", 0, 4)]
+    train = qa_files.write_qa_file(shapes_qa.items("train", 0, 4), tmp_path / "train.jsonl", "question")
+    val = qa_files.write_qa_file(items, tmp_path / "val.jsonl", "question")
+    assert main(["demo-vlm", f"model.path={tiny_vlm_path}", f"trainer.default_local_dir={tmp_path}",
+                 *_files_overrides(train, val), "data.train_batch_size=4", "rollout.n=2",
+                 "actor.ppo_mini_batch_size=8", "actor.ppo_micro_batch_size=8", "vlm.val_items=4",
+                 "trainer.total_training_steps=1", "trainer.save_freq=-1", "trainer.logger=[jsonl]",
+                 "trainer.backend=local", "trainer.n_workers=1"]) == 0
+    out = capsys.readouterr().out
+    assert "question files" in out
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.split()[:1] in (["scenes"], ["overall"])}
+    assert set(rows) == {"scenes", "overall"} and rows["scenes"][-1] == "-"  # no colour-only reference here
