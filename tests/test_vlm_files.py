@@ -248,3 +248,20 @@ def test_demo_vlm_prints_a_question_files_own_types(tiny_vlm_path, tmp_path, cap
     assert "question files" in out
     rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.split()[:1] in (["scenes"], ["overall"])}
     assert set(rows) == {"scenes", "overall"} and rows["scenes"][-1] == "-"  # no colour-only reference here
+
+
+def test_eval_vlm_scores_a_folder_on_question_files_as_validation_does(tmp_path, capsys):
+    """`pixelrl eval-vlm` on the shipped model: the shapes-QA test questions written to files score
+    what the built-in questions score, per type; a bad --model names the argument."""
+    from pixelrl.cli import main
+
+    val = qa_files.write_qa_file([{**it, "type": "scenes"} if i % 2 else it
+                                  for i, it in enumerate(shapes_qa.items("test", 0, 30))], tmp_path / "val.jsonl")
+    assert main(["eval-vlm", "--items", "30", "--out", str(tmp_path / "builtin.json")]) == 0
+    assert main(["eval-vlm", "--files", str(val), "--question-key", "prompt", "--out", str(tmp_path / "files.json")]) == 0
+    out = capsys.readouterr().out
+    builtin, files = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("builtin", "files"))
+    assert builtin["questions"] == files["questions"] == 30 and builtin["accuracy"] == files["accuracy"] > 0
+    assert "accuracy_scenes" in files and "scenes" in out  # a file's own types are reported
+    assert main(["eval-vlm", "--model", str(tmp_path)]) == 2
+    assert "`--model`" in capsys.readouterr().err

@@ -11,6 +11,7 @@
     pixelrl build-tiny PATH [--family F]                a tiny random SD3 / FLUX / Qwen-Image / Wan pipeline
     pixelrl pretrain-vlm OUT [--steps N]                pretrain the shapes-QA vision-language model
     pixelrl demo-vlm [key=value ...]                    GRPO on the shipped shapes-QA VLM, accuracy before/after
+    pixelrl eval-vlm [--model PATH] [--files F ...]     a Qwen2-VL folder's held-out accuracy per question type
     pixelrl plot RUN [--keys PATTERN ...]               a run's metrics as a PNG, one panel per key
     pixelrl serve-reward --reward NAME [--host H]       a reward behind HTTP for `remote` rewards elsewhere
 """

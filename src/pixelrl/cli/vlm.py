@@ -1,4 +1,4 @@
-"""Vision-language models: `pretrain-vlm`, `demo-vlm`."""
+"""Vision-language models: `pretrain-vlm`, `demo-vlm`, `eval-vlm`."""
 
 from __future__ import annotations
 
@@ -59,6 +59,50 @@ def cmd_demo_vlm(args) -> int:
     return 0
 
 
+def cmd_eval_vlm(args) -> int:
+    """Greedy held-out accuracy of a Qwen2-VL folder, per question type: on question files
+    (`vlm.task: files` rows) or on the shapes-QA test questions."""
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from pixelrl.core.assets import resolve
+    from pixelrl.core.errors import ConfigError
+    from pixelrl.core.paths import check_output_file
+    from pixelrl.data import qa_files, shapes_qa
+    from pixelrl.engine.pretrain_vlm import answer_correctness, summarise_correctness
+    from pixelrl.models.qwen_vl import QwenVLModel
+
+    if args.out:
+        check_output_file(args.out, "--out", (".json",))
+    folder = Path(resolve(args.model, "--model"))
+    if not (folder / "config.json").is_file():
+        raise ConfigError("--model", args.model, "no config.json there: give a Qwen2-VL folder (e.g. one written "
+                          "by `pixelrl export` from a vision-language checkpoint)")
+    if args.files:
+        rows = qa_files.open_qa_files(tuple(args.files), args.question_key, "--files")
+        rows = rows[:args.items] if args.items else rows
+        items = [qa_files.load_item(row) for row in rows]
+    else:
+        items = shapes_qa.items("test", 0, args.items or 300)
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    model = QwenVLModel(folder)
+    results = answer_correctness(model, items, max_new_tokens=args.max_new_tokens, extract=args.extract)
+    summary = summarise_correctness(results)
+    print(f"{len(items)} questions, greedy, {args.model}")
+    print(f"{'question type':<16}{'questions':>10}{'accuracy':>10}{'balanced':>10}")
+    for kind in sorted({kind for kind, *_ in results}):
+        print(f"{kind:<16}{sum(1 for k, *_ in results if k == kind):>10}{summary['accuracy_' + kind]:>10.3f}"
+              f"{summary['balanced_accuracy_' + kind]:>10.3f}")
+    print(f"{'overall':<16}{len(results):>10}{summary['accuracy']:>10.3f}{summary['balanced_accuracy']:>10.3f}")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"model": args.model, "questions": len(items), **summary}, indent=1))
+        print(f"wrote {args.out}")
+    return 0
+
+
 def add_parsers(sub) -> None:
     pre_vlm = sub.add_parser("pretrain-vlm", help="pretrain the shapes-QA vision-language model (supervised)")
     pre_vlm.add_argument("out")
@@ -70,3 +114,15 @@ def add_parsers(sub) -> None:
     demo_vlm = sub.add_parser("demo-vlm", help="GRPO on the shipped shapes-QA VLM with accuracy before/after")
     demo_vlm.add_argument("overrides", nargs="*", help="key=value overrides of configs/vlm_grpo_shapes_qa.yaml")
     demo_vlm.set_defaults(func=cmd_demo_vlm)
+    eval_vlm = sub.add_parser("eval-vlm", help="held-out accuracy of a Qwen2-VL folder per question type")
+    eval_vlm.add_argument("--model", default="builtin:shapes_qa_vlm", help="a Qwen2-VL folder")
+    eval_vlm.add_argument("--files", nargs="*", default=[], help="question files (.jsonl / .parquet, the rows of "
+                          "vlm.task=files); default: the shapes-QA test questions")
+    eval_vlm.add_argument("--items", type=non_negative_int, default=0,
+                          help="the first N questions (0: every row of --files, 300 shapes-QA questions)")
+    eval_vlm.add_argument("--question-key", default="question", help="the files' question column")
+    eval_vlm.add_argument("--max-new-tokens", type=positive_int, default=4)
+    eval_vlm.add_argument("--extract", choices=("whole", "boxed", "tag"), default="whole",
+                          help="where the answer is in a response (as answer_match's extract option)")
+    eval_vlm.add_argument("--out", default=None, help="also write the scores to this .json file")
+    eval_vlm.set_defaults(func=cmd_eval_vlm)
