@@ -78,6 +78,7 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("export a checkpoint whose adapter folder is a link out", ["export", "{ckpt_link_dir}", "{tmp}/out"],
      "outside the checkpoint"),
     ("export onto an existing file", ["export", "{ckpt}", "{file}"], "exists and is a file"),
+    ("export a diffusion checkpoint's EMA", ["export", "{ckpt}", "{tmp}/out", "--weights", "ema"], "--weights"),
     ("export into a non-empty folder", ["export", "{ckpt}", "{run}"], "not empty"),
     ("export with a relative model path from elsewhere", ["export", "{ckpt}", "{tmp}/out"], "--base-model"),
     # output locations of a training run

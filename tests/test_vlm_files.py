@@ -173,16 +173,19 @@ def test_image_bounds_set_the_image_tokens_per_prompt(tiny_vlm_path, tmp_path):
 @pytest.mark.parametrize("training", [("model.lora_rank=4", "model.lora_alpha=8"), ("model.lora_rank=0",)])
 def test_export_writes_a_qwen2_vl_folder_that_scores_like_the_trained_policy(tiny_vlm_path, tmp_path, training):
     """`pixelrl export` on a vision-language checkpoint: the folder loads without pixelrl's adapter
-    and gives the trained policy's log-probs (LoRA merged, or full weights), not the base's."""
+    and gives the trained policy's log-probs (LoRA merged, or full weights), not the base's: by
+    default those of the EMA actor that the run validated, with `--weights actor` the actor's."""
     from pixelrl.cli import main
     from pixelrl.models.qwen_vl import QwenVLModel
     from pixelrl.trainers.vlm_ppo import VLMPPOTrainer
 
     cfg = vlm_config(tiny_vlm_path, tmp_path, *training, "actor.lr=1e-2", "actor.lr_schedule=constant",
-                     "trainer.total_training_steps=2", "trainer.save_freq=2")
-    trained = VLMPPOTrainer(cfg).fit()["engine"].policy
+                     "vlm.ema_decay=0.5", "trainer.total_training_steps=2", "trainer.save_freq=2")
+    engine = VLMPPOTrainer(cfg).fit()["engine"]
     checkpoint = tmp_path / "pixelrl" / cfg.trainer.experiment_name / "checkpoints" / "global_step_2"
-    assert main(["export", str(checkpoint), str(tmp_path / "exported")]) == 0
+    assert cfg.vlm.validate_ema  # so the EMA is what a plain export writes
+    assert main(["export", str(checkpoint), str(tmp_path / "exported_ema")]) == 0
+    assert main(["export", str(checkpoint), str(tmp_path / "exported"), "--weights", "actor"]) == 0
 
     items = shapes_qa.items("test", 0, 6)
 
@@ -191,12 +194,28 @@ def test_export_writes_a_qwen2_vl_folder_that_scores_like_the_trained_policy(tin
                                      [it["answer"] for it in items])
         return model.token_logprobs(batch)[batch.response_mask.bool()]
 
+    trained = logprobs(engine.policy)
+    with engine.ema_weights():
+        ema = logprobs(engine.policy)
     exported, base = QwenVLModel(tmp_path / "exported"), QwenVLModel(tiny_vlm_path)
     assert not any("lora" in name for name, _ in exported.model.named_parameters())
-    assert torch.allclose(logprobs(exported), logprobs(trained), atol=1e-5)
-    assert not torch.allclose(logprobs(base), logprobs(trained), atol=1e-3)  # training moved it
+    assert torch.allclose(logprobs(exported), trained, atol=1e-5)
+    assert torch.allclose(logprobs(QwenVLModel(tmp_path / "exported_ema")), ema, atol=1e-5)
+    assert not torch.allclose(ema, trained, atol=1e-3) and not torch.allclose(logprobs(base), trained, atol=1e-3)
     assert main(["export", str(checkpoint), str(tmp_path / "adapter"), "--adapter-only"]) == 2
     assert not (tmp_path / "adapter").exists()
+
+
+def test_export_refuses_ema_weights_a_run_did_not_keep(tiny_vlm_path, tmp_path, capsys):
+    from pixelrl.cli import main
+    from pixelrl.trainers.vlm_ppo import VLMPPOTrainer
+
+    cfg = vlm_config(tiny_vlm_path, tmp_path, "vlm.ema_decay=0", "vlm.validate_ema=false",
+                     "trainer.total_training_steps=1", "trainer.save_freq=1")
+    VLMPPOTrainer(cfg).fit()
+    checkpoint = tmp_path / "pixelrl" / cfg.trainer.experiment_name / "checkpoints" / "global_step_1"
+    assert main(["export", str(checkpoint), str(tmp_path / "out"), "--weights", "ema"]) == 2
+    assert "kept no EMA" in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
 def test_merged_state_by_hand():

@@ -71,7 +71,11 @@ def cmd_export(args) -> int:
         raise ConfigError("<out>", str(out), "exists and is " + ("a file" if not out.is_dir() else "not empty")
                           + ": export into a new or empty folder")
     check_output_dir(out, "<out>")
-    saved = from_yaml_text((ckpt / "config.yaml").read_text()).model
+    run = from_yaml_text((ckpt / "config.yaml").read_text())
+    saved = run.model
+    if args.weights and saved.type != "qwen_vl":
+        raise ConfigError("--weights", args.weights, "chooses between a vision-language run's actor and EMA; a "
+                          "diffusion checkpoint exports its actor: drop --weights")
     base = args.base_model or saved.path
     if not Path(resolve(str(base))).is_dir():
         raise ConfigError("--base-model", str(base), "the base model folder does not exist here (a run's relative "
@@ -82,9 +86,11 @@ def cmd_export(args) -> int:
         if args.adapter_only:
             raise ConfigError("--adapter-only", True, "a vision-language checkpoint exports as a whole Qwen2-VL folder "
                               "with the LoRA merged: drop --adapter-only")
+        # by default the weights the run's validation scored: its EMA when it validated the EMA
+        weights = args.weights or ("ema" if run.vlm.validate_ema else "actor")
         out = export_vlm_checkpoint(ckpt / "actor", resolve(str(base)), out, lora_rank=saved.lora_rank,
-                                    lora_alpha=saved.lora_alpha)
-        print(f"exported Qwen2-VL model folder to {out}")
+                                    lora_alpha=saved.lora_alpha, weights=weights)
+        print(f"exported Qwen2-VL model folder ({weights} weights) to {out}")
         return 0
     out = export_checkpoint(ckpt / "actor", base, out, model_type=saved.type, adapter_only=args.adapter_only)
     print(f"exported {'adapter' if args.adapter_only else 'pipeline'} to {out}")
@@ -172,6 +178,8 @@ def add_parsers(sub) -> None:
     export.add_argument("out")
     export.add_argument("--adapter-only", action="store_true", help="write only the LoRA adapter")
     export.add_argument("--base-model", default=None, help="base pipeline folder (default: the run's model.path)")
+    export.add_argument("--weights", choices=("actor", "ema"), default=None,
+                        help="vision-language runs: the actor or its EMA (default: what the run validated)")
     export.set_defaults(func=cmd_export)
     jpeg = sub.add_parser("demo-jpeg", help="short Flow-GRPO run on a tiny random model with the JPEG reward")
     jpeg.add_argument("--steps", type=positive_int, default=20)

@@ -43,8 +43,10 @@ def merged_state(base: dict[str, torch.Tensor], trained: dict[str, torch.Tensor]
 
 
 def export_vlm_checkpoint(actor_dir: str | Path, base_model: str | Path, out: str | Path, *, lora_rank: int,
-                          lora_alpha: float) -> Path:
-    """Write the base folder with the checkpoint's weights merged in to `out`; returns it."""
+                          lora_alpha: float, weights: str = "actor") -> Path:
+    """Write the base folder with the checkpoint's weights merged in to `out`; returns it.
+    `weights`: `actor` (the trained policy) or `ema` (its exponential moving average, kept when
+    vlm.ema_decay > 0 and scored by validation when vlm.validate_ema)."""
     from safetensors.torch import load_file
 
     from pixelrl.engine.checkpoint import read_checkpoint_file
@@ -52,7 +54,11 @@ def export_vlm_checkpoint(actor_dir: str | Path, base_model: str | Path, out: st
     from pixelrl.models.qwen_vl.model import QwenVLModel
 
     actor_dir, out = Path(actor_dir), Path(out)
-    trained = read_checkpoint_file(actor_dir / "actor.safetensors", load_file)
+    if not (actor_dir / f"{weights}.safetensors").is_file():
+        raise ModelFolderError(f"`{actor_dir}` holds no {weights}.safetensors" + (
+            " (the run kept no EMA: vlm.ema_decay was 0): export the actor with --weights actor" if weights == "ema"
+            else ""))
+    trained = read_checkpoint_file(actor_dir / f"{weights}.safetensors", load_file)
     is_lora = any(n.endswith(LORA_A) for n in trained)
     if is_lora != (lora_rank > 0):
         raise ModelFolderError(f"`{actor_dir}` holds {'LoRA factors' if is_lora else 'full weights'} but its run's "
