@@ -104,6 +104,8 @@ def cmd_eval_vlm(args) -> int:
 
 
 def add_parsers(sub) -> None:
+    from pixelrl.rewards.answers import EXTRACTORS
+
     pre_vlm = sub.add_parser("pretrain-vlm", help="pretrain the shapes-QA vision-language model (supervised)")
     pre_vlm.add_argument("out")
     pre_vlm.add_argument("--steps", type=positive_int, default=125)
@@ -122,7 +124,7 @@ def add_parsers(sub) -> None:
                           help="the first N questions (0: every row of --files, 300 shapes-QA questions)")
     eval_vlm.add_argument("--question-key", default="question", help="the files' question column")
     eval_vlm.add_argument("--max-new-tokens", type=positive_int, default=4)
-    eval_vlm.add_argument("--extract", choices=("whole", "boxed", "tag"), default="whole",
+    eval_vlm.add_argument("--extract", choices=EXTRACTORS, default="whole",
                           help="where the answer is in a response (as answer_match's extract option)")
     eval_vlm.add_argument("--out", default=None, help="also write the scores to this .json file")
     eval_vlm.set_defaults(func=cmd_eval_vlm)

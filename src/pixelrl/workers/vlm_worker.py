@@ -31,20 +31,23 @@ class VLMWorker(RankProcess):
             self.engine.enable_data_parallel(self.cfg.trainer.strategy)
         return {"rank": self.rank, "pid": os.getpid()}
 
-    def _share(self, items: list) -> list:
-        per_rank = len(items) // self.world_size
-        return items[self.rank * per_rank:(self.rank + 1) * per_rank]
+    def _my_items(self, split: str, start: int, count: int) -> list:
+        """This rank's equal share of items `start .. start + count - 1` of `split`, drawn alone:
+        items are a pure function of their index, so no rank renders or decodes another's."""
+        from pixelrl.trainers.vlm_ppo import task_items
+
+        per_rank = count // self.world_size
+        return task_items(self.cfg, split, start + self.rank * per_rank, per_rank)
 
     def train_step(self, step: int) -> dict:
         """Sample, score and train on this rank's share of step `step`'s questions; the metrics."""
         import time
 
         from pixelrl.engine.flops import peak_memory_gb
-        from pixelrl.trainers.vlm_ppo import task_items
 
         began = time.perf_counter()
         size = self.cfg.data.train_batch_size
-        items = self._share(task_items(self.cfg, "train", (step - 1) * size, size))
+        items = self._my_items("train", (step - 1) * size, size)
         exp, metrics = self.engine.make_experience(items, step)
         metrics["timing/experience_s"] = time.perf_counter() - began
         mid = time.perf_counter()
@@ -60,9 +63,8 @@ class VLMWorker(RankProcess):
     def validate(self) -> list[tuple[str, float]]:
         """(question type, correct) for this rank's share of the held-out questions."""
         from pixelrl.engine.pretrain_vlm import answer_correctness
-        from pixelrl.trainers.vlm_ppo import task_items
 
-        items = self._share(task_items(self.cfg, "test", 0, self.cfg.vlm.val_items))
+        items = self._my_items("test", 0, self.cfg.vlm.val_items)
         with self.engine.ema_weights() if self.cfg.vlm.validate_ema else contextlib.nullcontext():
             return answer_correctness(self.engine.policy, items, max_new_tokens=self.cfg.vlm.max_new_tokens,
                                       extract=validation_extract(self.cfg))
