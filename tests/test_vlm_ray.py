@@ -30,6 +30,11 @@ def test_ddp_ranks_hold_identical_weights_after_training(ray_cluster, tiny_vlm_p
     assert np.isfinite(result["history"][-1]["actor/pg_loss"])
 
 
+# slow: in 2 of the project's full-suite CI runs (2026-11-25/26) a rank of this test's resumed run
+# died of heap corruption in native code (glibc "unaligned tcache chunk" / SIGSEGV in malloc, in a
+# Ray core-worker thread) ~5 s after it started; 20 runs of this test alone and one full suite on
+# the same machine did not reproduce it (docs/algorithms/vlm_ppo.md, "Known issue")
+@pytest.mark.slow
 def test_fsdp2_four_steps_equal_two_plus_two_bitwise(ray_cluster, tiny_vlm_path, tmp_path, monkeypatch):
     """Actor, critic, EMA, both optimizers and cosine schedulers, the adaptive KL controller: all
     sharded over 2 ranks, saved at step 2, the run killed, resumed, and equal to the uninterrupted run."""
@@ -53,3 +58,36 @@ def test_fsdp2_four_steps_equal_two_plus_two_bitwise(ray_cluster, tiny_vlm_path,
     assert resumed["history"][0]["actor/lr"] > 0 == resumed["history"][-1]["actor/lr"]
     assert whole["history"][-1]["actor/kl_coef"] == resumed["history"][-1]["actor/kl_coef"]
     assert whole["history"][-1]["critic/value_loss"] == resumed["history"][-1]["critic/value_loss"]
+
+
+def test_fsdp2_shards_actor_and_critic_per_block_and_both_train(ray_cluster, tiny_vlm_path, tmp_path):
+    """Under FSDP2 each decoder layer, vision block and the vision tower is its own all-gather unit
+    in the actor and in the critic, on both ranks; two steps of synchronised generation (every rank
+    runs the same forwards) and training move the actor and the critic, the same on both ranks."""
+    import json
+
+    from pixelrl.core.config_loading import to_yaml
+    from pixelrl.workers.group import RayWorkerGroup
+    from pixelrl.workers.vlm_worker import VLMWorker
+
+    cfg = vlm_config(tiny_vlm_path, tmp_path, *_two_workers("fsdp2", "vlm.estimator=gae", "vlm.ema_decay=0.9"))
+    group = RayWorkerGroup(to_yaml(cfg), 2, 1, worker_cls=VLMWorker)
+    try:
+        units = group.call("fsdp_units", gather="all")
+        start = group.trainable_states()[0]
+        metrics = [group.call("train_step", None, step, gather="mean") for step in (1, 2)]
+        rank0, rank1 = group.trainable_states()
+    finally:
+        group.shutdown()
+    config = json.loads((tiny_vlm_path / "config.json").read_text())
+    layers = config.get("text_config", config)["num_hidden_layers"]
+    blocks = config["vision_config"]["depth"]
+    assert units[0] == units[1]
+    for part in ("actor", "critic"):
+        names = units[0][part]
+        assert names.count("Qwen2VLDecoderLayer") == layers and names.count("Qwen2VLVisionBlock") == blocks, names
+        assert names.count("Qwen2VisionTransformerPretrainedModel") == 1 and len(names) == layers + blocks + 2, names
+    _assert_ranks_agree([rank0, rank1])
+    for part in ("actor/", "critic/"):
+        assert any(not np.array_equal(rank0[k], start[k]) for k in rank0 if k.startswith(part)), part
+    assert all(np.isfinite(m["critic/value_loss"]) and m["actor/grad_norm"] > 0 for m in metrics)

@@ -79,6 +79,14 @@ class VLMWorker(RankProcess):
             state.update({f"critic/{n}": full_tensor(p).numpy() for n, p in engine.critic.named_parameters()})
         return state
 
+    def fsdp_units(self) -> dict[str, list[str]]:
+        """Class names of this rank's FSDP2 units, for the actor and the critic (empty under DDP)."""
+        from pixelrl.models.parallelize import fsdp_unit_names
+
+        engine = self.engine
+        return {"actor": fsdp_unit_names(engine.policy.model),
+                "critic": fsdp_unit_names(engine.critic) if engine.critic is not None else []}
+
     def save(self, folder: str) -> None:
         self.engine.save(folder, write=self.rank == 0)
 
