@@ -157,6 +157,30 @@ def test_fsdp2_on_two_ray_workers_shards_each_familys_blocks_and_ranks_agree(ray
     assert any(not np.array_equal(rank0[k], start[k]) for k in rank0)  # the update moved the adapter
 
 
+def test_a_worker_killed_by_a_signal_is_reported_with_what_its_log_says(ray_cluster, tiny_pixel_path):
+    """A native crash in a worker (a SIGSEGV sent to it) is more than Ray's "connection error":
+    the error names the rank, the worker's log file and the signal report the log holds."""
+    import os
+    import re
+    import signal
+
+    from pixelrl.core.config_loading import load_config, to_yaml
+    from pixelrl.workers.group import RayWorkerGroup, WorkerDiedError
+
+    group = RayWorkerGroup(to_yaml(load_config("flow_grpo_tiny", [f"model.path={tiny_pixel_path}"])), 1, 1)
+    try:
+        with pytest.raises(WorkerDiedError) as died:
+            group.call("__ray_call__", None, lambda worker: os.kill(os.getpid(), signal.SIGSEGV), gather="all")
+    finally:
+        group.shutdown()
+    message = str(died.value)
+    assert re.search(r"actor worker rank 0 \(pid \d+\) failed", message), message
+    log = re.search(r"Its log (\S+/worker-\S+\.err) says: (.*)", message)
+    assert log is not None, message
+    assert "SIGSEGV received" in log.group(2) and "Segmentation fault" in log.group(2)
+    assert os.path.isfile(log.group(1))
+
+
 def test_the_ray_cluster_pixelrl_starts_listens_on_loopback_only(ray_cluster):
     """The fixture starts Ray as `pixelrl train` does (start_local_ray): every Ray server of this
     machine's cluster (GCS, raylet, object manager, workers, agents) accepts loopback only."""

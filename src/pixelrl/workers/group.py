@@ -1,10 +1,13 @@
 """Worker groups: the driver's handle on N actor workers (Ray, or one in-process worker) and on
 the reward workers. A group exposes the engine's verbs on whole batches: it shards, calls every
-worker, and gathers. A dead worker is reported by rank with Ray's reason."""
+worker, and gathers. A dead worker is reported by rank with Ray's reason, and a worker killed by a
+signal (a native crash, the OOM killer) also with what its log on this machine says about it."""
 
 from __future__ import annotations
 
 import os
+import re
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -18,6 +21,45 @@ from pixelrl.workers.reward_worker import RewardWorker
 
 class WorkerDiedError(PixelRLError, RuntimeError):
     pass
+
+
+# what a process that dies of a signal leaves in its stderr: the signal handlers' reports of Ray
+# (absl) and Python (faulthandler), glibc's heap checks, a C++ terminate
+_LAST_WORDS = re.compile(r"\*\*\* SIG[A-Z]+ received|PC: @|Fatal Python error|^malloc\(\)|^free\(\)|"
+                         r"^double free|^corrupted |terminate called")
+_LOG_PREFIX = re.compile(r"^\[[^\]]*\] \S+:\d+: ")  # Ray's "[time E pid tid] file.cc:line: " prefix
+
+
+def _dead_pid(ray_message: str) -> str | None:
+    """The process id in Ray's message about an actor whose process died (`pid: N`)."""
+    found = re.search(r"\bpid: (\d+)", ray_message)
+    return found.group(1) if found else None
+
+
+def native_crash_report(ray_message: str, max_lines: int = 4) -> str:
+    """For a Ray actor that died without a Python exception: its log file under this machine's Ray
+    session and the signal lines it ends with, or "" when the log is not here (another node) or
+    says nothing of a signal (a SIGKILL, as from the OOM killer, leaves no report)."""
+    pid = _dead_pid(ray_message)
+    if pid is None:
+        return ""
+    try:
+        import ray._private.worker as ray_worker  # the session's folder is not public API
+
+        logs = Path(ray_worker._global_node.get_logs_dir_path())
+    except Exception:
+        return ""
+    files = sorted(logs.glob(f"worker-*-{pid}.err"))
+    if not files:
+        return ""
+    seen: list[str] = []
+    for line in files[-1].read_text(errors="replace").splitlines():
+        line = _LOG_PREFIX.sub("", line.strip())
+        if _LAST_WORDS.search(line) and line not in seen:
+            seen.append(line)
+    if not seen:
+        return ""
+    return f" Its log {files[-1]} says: {' | '.join(seen[:max_lines])}"
 
 
 def _shards(n: int, parts: int) -> list[slice]:
@@ -204,7 +246,9 @@ class RayWorkerGroup(_Group):
                         if isinstance(cause, PixelRLError):  # bad input found by a worker: its message, no trace
                             raise WorkerDiedError(f"{self.role} worker rank {rank}: {cause}") from err
                         reason = str(worker_err).strip().splitlines()
-                        raise WorkerDiedError(f"{self.role} worker rank {rank} failed: {' '.join(reason[-3:])}") from err
+                        pid = _dead_pid(str(worker_err))
+                        raise WorkerDiedError(f"{self.role} worker rank {rank}{f' (pid {pid})' if pid else ''} failed: "
+                                              f"{' '.join(reason[-3:])}{native_crash_report(str(worker_err))}") from err
             raise WorkerDiedError(f"a {self.role} worker failed: {err}") from err
 
     def _launch(self, method, per_worker_args):
