@@ -181,6 +181,36 @@ def test_a_worker_killed_by_a_signal_is_reported_with_what_its_log_says(ray_clus
     assert os.path.isfile(log.group(1))
 
 
+def test_a_crashed_rank_is_reported_before_a_peer_that_raised(ray_cluster, tiny_pixel_path):
+    """A rank that dies breaks its peers' collectives, and their exceptions ("connection closed")
+    can reach the driver first. Here rank 0 raises at once and rank 1 dies of a signal a second
+    later: the report names rank 1 and its crash, the likelier cause."""
+    import os
+    import signal
+
+    from pixelrl.core.config_loading import load_config, to_yaml
+    from pixelrl.workers.group import RayWorkerGroup, WorkerDiedError
+
+    def collective_broke(worker):
+        raise RuntimeError("[gloo] connection closed by peer")
+
+    def crash(worker):
+        import time
+
+        time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+    cfg = load_config("flow_grpo_tiny", [f"model.path={tiny_pixel_path}", "trainer.n_workers=2"])
+    group = RayWorkerGroup(to_yaml(cfg), 2, 1)
+    try:
+        with pytest.raises(WorkerDiedError) as died:
+            group._wait(group._launch("__ray_call__", [(collective_broke,), (crash,)]))
+    finally:
+        group.shutdown()
+    message = str(died.value)
+    assert message.startswith("actor worker rank 1 (pid ") and "SIGSEGV received" in message, message
+
+
 def test_the_ray_cluster_pixelrl_starts_listens_on_loopback_only(ray_cluster):
     """The fixture starts Ray as `pixelrl train` does (start_local_ray): every Ray server of this
     machine's cluster (GCS, raylet, object manager, workers, agents) accepts loopback only."""

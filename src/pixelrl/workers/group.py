@@ -202,6 +202,8 @@ class RayWorkerGroup(_Group):
     """N Ray actors in a placement group: actors form one torch.distributed group; rollout
     workers (`role="rollout"`) are independent samplers."""
 
+    FAILURE_GRACE_S = 10.0  # after a first failure, how long the other ranks get to report theirs
+
     def __init__(self, cfg_yaml: str, n_workers: int, num_cpus: int, num_gpus: int = 0, role: str = "actor",
                  worker_cls=PolicyWorker):
         import ray
@@ -236,20 +238,29 @@ class RayWorkerGroup(_Group):
         try:
             return ray.get(refs)
         except (RayActorError, RayTaskError) as err:
+            # a rank that dies breaks its peers' collectives, and their exceptions can reach the
+            # driver before Ray has noticed the death: give every rank a moment to report
+            ray.wait(refs, num_returns=len(refs), timeout=self.FAILURE_GRACE_S)
+            failures = []
             for rank, ref in enumerate(refs):
-                ready, _ = ray.wait([ref], timeout=0)
-                if ready:
+                if ray.wait([ref], timeout=0)[0]:
                     try:
                         ray.get(ref)
                     except (RayActorError, RayTaskError) as worker_err:
-                        cause = getattr(worker_err, "cause", None)
-                        if isinstance(cause, PixelRLError):  # bad input found by a worker: its message, no trace
-                            raise WorkerDiedError(f"{self.role} worker rank {rank}: {cause}") from err
-                        reason = str(worker_err).strip().splitlines()
-                        pid = _dead_pid(str(worker_err))
-                        raise WorkerDiedError(f"{self.role} worker rank {rank}{f' (pid {pid})' if pid else ''} failed: "
-                                              f"{' '.join(reason[-3:])}{native_crash_report(str(worker_err))}") from err
-            raise WorkerDiedError(f"a {self.role} worker failed: {err}") from err
+                        failures.append((rank, worker_err))
+            if not failures:
+                raise WorkerDiedError(f"a {self.role} worker failed: {err}") from err
+            # the cause first: bad input a worker named, then a process that died, then an exception
+            rank, worker_err = min(failures, key=lambda f: (
+                0 if isinstance(getattr(f[1], "cause", None), PixelRLError) else 1 if isinstance(f[1], RayActorError) else 2,
+                f[0]))
+            cause = getattr(worker_err, "cause", None)
+            if isinstance(cause, PixelRLError):  # bad input found by a worker: its message, no trace
+                raise WorkerDiedError(f"{self.role} worker rank {rank}: {cause}") from err
+            reason = str(worker_err).strip().splitlines()
+            pid = _dead_pid(str(worker_err))
+            raise WorkerDiedError(f"{self.role} worker rank {rank}{f' (pid {pid})' if pid else ''} failed: "
+                                  f"{' '.join(reason[-3:])}{native_crash_report(str(worker_err))}") from err
 
     def _launch(self, method, per_worker_args):
         return [getattr(w, method).remote(*args) for w, args in zip(self.workers, per_worker_args)]
