@@ -137,6 +137,23 @@ def tiny_vlm_path(tmp_path_factory):
     return build_tiny_qwen_vl(tmp_path_factory.mktemp("vlm") / "tiny", words=shapes_qa.vocabulary(), seed=0)
 
 
+@pytest.fixture(scope="session")
+def tiny_vlm25_path(tmp_path_factory):
+    """A tiny random Qwen2.5-VL (windowed vision attention, SwiGLU) with the shapes-QA vocabulary:
+    two vision blocks, the first windowed, so the window reordering is exercised."""
+    from pixelrl.data import shapes_qa
+    from pixelrl.models.qwen_vl.tiny import build_tiny_qwen_vl
+
+    return build_tiny_qwen_vl(tmp_path_factory.mktemp("vlm25") / "tiny", words=shapes_qa.vocabulary(), seed=0,
+                              version="2.5", vision_depth=2)
+
+
+@pytest.fixture(params=["qwen2_vl", "qwen2_5_vl"])
+def any_tiny_vlm_path(request):
+    """Each tiny vision-language family the adapter supports, in turn."""
+    return request.getfixturevalue("tiny_vlm_path" if request.param == "qwen2_vl" else "tiny_vlm25_path")
+
+
 def vlm_config(path, tmp_path, *overrides):
     """The shapes-QA GRPO config shrunk for tests (4 questions x 4 answers, 12 held-out items, in-process)."""
     from pixelrl.core.config_loading import load_config

@@ -11,9 +11,10 @@ from pixelrl.data import shapes_qa
 from pixelrl.models.qwen_vl import QwenVLModel, response_mask_from
 
 
-@pytest.fixture(scope="session")
-def tiny_vlm(tiny_vlm_path):
-    return QwenVLModel(tiny_vlm_path)
+@pytest.fixture
+def tiny_vlm(any_tiny_vlm_path):
+    """The adapter on each tiny family in turn (Qwen2-VL, Qwen2.5-VL)."""
+    return QwenVLModel(any_tiny_vlm_path)
 
 
 def test_response_mask_ends_at_the_first_eos():
@@ -95,14 +96,15 @@ def test_vlm_config_errors_name_the_field(tiny_vlm_path, tmp_path):
             vlm_config(tiny_vlm_path, tmp_path, "trainer.backend=ray", "trainer.n_workers=3", *overrides)
 
 
-def test_grpo_raises_the_reward_of_a_random_tiny_vlm(tiny_vlm_path, tmp_path):
-    """The random model answers with a word of the answer vocabulary a third of the time; the
-    format reward for doing so must climb well above that within 25 GRPO steps."""
+def test_grpo_raises_the_reward_of_a_random_tiny_vlm(any_tiny_vlm_path, tmp_path):
+    """The random model (Qwen2-VL, then Qwen2.5-VL) answers with a word of the answer vocabulary
+    a third of the time; the format reward for doing so must climb well above that within 25
+    GRPO steps."""
     from pixelrl.engine.vlm_engine import VLMEngine
     from pixelrl.trainers.vlm_ppo import task_items
 
     pattern = "(" + "|".join(shapes_qa.answers()) + ")"
-    cfg = vlm_config(tiny_vlm_path, tmp_path, "actor.lr=3e-3", "rollout.n=8", "actor.ppo_mini_batch_size=16",
+    cfg = vlm_config(any_tiny_vlm_path, tmp_path, "actor.lr=3e-3", "rollout.n=8", "actor.ppo_mini_batch_size=16",
                      "actor.ppo_micro_batch_size=16", "data.train_batch_size=2", "vlm.max_new_tokens=1",
                      f"reward.functions=[{{name: answer_format, options: {{pattern: '{pattern}'}}}}]")
     engine = VLMEngine(cfg)

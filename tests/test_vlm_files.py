@@ -170,14 +170,19 @@ def test_image_bounds_set_the_image_tokens_per_prompt(tiny_vlm_path, tmp_path):
         vlm_config(tiny_vlm_path, tmp_path, "vlm.min_pixels=512", "vlm.max_pixels=256")
 
 
-@pytest.mark.parametrize("training", [("model.lora_rank=4", "model.lora_alpha=8"), ("model.lora_rank=0",)])
-def test_export_writes_a_qwen2_vl_folder_that_scores_like_the_trained_policy(tiny_vlm_path, tmp_path, training):
-    """`pixelrl export` on a vision-language checkpoint: the folder loads without pixelrl's adapter
-    and gives the trained policy's log-probs (LoRA merged, or full weights), not the base's: by
-    default those of the EMA actor that the run validated, with `--weights actor` the actor's."""
+@pytest.mark.parametrize("family, training", [("qwen2_vl", ("model.lora_rank=4", "model.lora_alpha=8")),
+                                              ("qwen2_vl", ("model.lora_rank=0",)),
+                                              ("qwen2_5_vl", ("model.lora_rank=4", "model.lora_alpha=8"))])
+def test_export_writes_a_qwen2_vl_folder_that_scores_like_the_trained_policy(request, tmp_path, family, training):
+    """`pixelrl export` on a vision-language checkpoint: the folder (Qwen2-VL or Qwen2.5-VL, as the
+    base) loads without pixelrl's adapter and gives the trained policy's log-probs (LoRA merged, or
+    full weights), not the base's: by default those of the EMA actor that the run validated, with
+    `--weights actor` the actor's."""
     from pixelrl.cli import main
     from pixelrl.models.qwen_vl import QwenVLModel
     from pixelrl.trainers.vlm_ppo import VLMPPOTrainer
+
+    tiny_vlm_path = request.getfixturevalue("tiny_vlm_path" if family == "qwen2_vl" else "tiny_vlm25_path")
 
     cfg = vlm_config(tiny_vlm_path, tmp_path, *training, "actor.lr=1e-2", "actor.lr_schedule=constant",
                      "vlm.ema_decay=0.5", "trainer.total_training_steps=2", "trainer.save_freq=2")
@@ -199,6 +204,7 @@ def test_export_writes_a_qwen2_vl_folder_that_scores_like_the_trained_policy(tin
         ema = logprobs(engine.policy)
     exported, base = QwenVLModel(tmp_path / "exported"), QwenVLModel(tiny_vlm_path)
     assert not any("lora" in name for name, _ in exported.model.named_parameters())
+    assert type(exported.model) is type(base.model)  # the family of the base, not another
     assert torch.allclose(logprobs(exported), trained, atol=1e-5)
     assert torch.allclose(logprobs(QwenVLModel(tmp_path / "exported_ema")), ema, atol=1e-5)
     assert not torch.allclose(ema, trained, atol=1e-3) and not torch.allclose(logprobs(base), trained, atol=1e-3)

@@ -60,7 +60,12 @@ def test_fsdp2_four_steps_equal_two_plus_two_bitwise(ray_cluster, tiny_vlm_path,
     assert whole["history"][-1]["critic/value_loss"] == resumed["history"][-1]["critic/value_loss"]
 
 
-def test_fsdp2_shards_actor_and_critic_per_block_and_both_train(ray_cluster, tiny_vlm_path, tmp_path):
+@pytest.mark.parametrize("family, layer, block, tower", [
+    ("qwen2_vl", "Qwen2VLDecoderLayer", "Qwen2VLVisionBlock", "Qwen2VisionTransformerPretrainedModel"),
+    ("qwen2_5_vl", "Qwen2_5_VLDecoderLayer", "Qwen2_5_VLVisionBlock", "Qwen2_5_VisionTransformerPretrainedModel"),
+])
+def test_fsdp2_shards_actor_and_critic_per_block_and_both_train(ray_cluster, request, tmp_path, family, layer, block,
+                                                                 tower):
     """Under FSDP2 each decoder layer, vision block and the vision tower is its own all-gather unit
     in the actor and in the critic, on both ranks; two steps of synchronised generation (every rank
     runs the same forwards) and training move the actor and the critic, the same on both ranks."""
@@ -70,7 +75,8 @@ def test_fsdp2_shards_actor_and_critic_per_block_and_both_train(ray_cluster, tin
     from pixelrl.workers.group import RayWorkerGroup
     from pixelrl.workers.vlm_worker import VLMWorker
 
-    cfg = vlm_config(tiny_vlm_path, tmp_path, *_two_workers("fsdp2", "vlm.estimator=gae", "vlm.ema_decay=0.9"))
+    path = request.getfixturevalue("tiny_vlm_path" if family == "qwen2_vl" else "tiny_vlm25_path")
+    cfg = vlm_config(path, tmp_path, *_two_workers("fsdp2", "vlm.estimator=gae", "vlm.ema_decay=0.9"))
     group = RayWorkerGroup(to_yaml(cfg), 2, 1, worker_cls=VLMWorker)
     try:
         units = group.call("fsdp_units", gather="all")
@@ -79,14 +85,14 @@ def test_fsdp2_shards_actor_and_critic_per_block_and_both_train(ray_cluster, tin
         rank0, rank1 = group.trainable_states()
     finally:
         group.shutdown()
-    config = json.loads((tiny_vlm_path / "config.json").read_text())
+    config = json.loads((path / "config.json").read_text())
     layers = config.get("text_config", config)["num_hidden_layers"]
     blocks = config["vision_config"]["depth"]
     assert units[0] == units[1]
     for part in ("actor", "critic"):
         names = units[0][part]
-        assert names.count("Qwen2VLDecoderLayer") == layers and names.count("Qwen2VLVisionBlock") == blocks, names
-        assert names.count("Qwen2VisionTransformerPretrainedModel") == 1 and len(names) == layers + blocks + 2, names
+        assert names.count(layer) == layers and names.count(block) == blocks, names
+        assert names.count(tower) == 1 and len(names) == layers + blocks + 2, names
     _assert_ranks_agree([rank0, rank1])
     for part in ("actor/", "critic/"):
         assert any(not np.array_equal(rank0[k], start[k]) for k in rank0 if k.startswith(part)), part

@@ -1,4 +1,5 @@
-"""Each distinct image of a Qwen2-VL batch is encoded once (models/qwen_vl/shared_images.py)."""
+"""Each distinct image of a Qwen2-VL or Qwen2.5-VL batch is encoded once, each distinct prompt
+prefilled once (models/qwen_vl/shared_images.py, shared_prompts.py)."""
 
 import copy
 
@@ -28,8 +29,8 @@ def _patches_encoded(model: QwenVLModel, batch) -> int:
     return sum(seen)
 
 
-def test_the_vision_tower_encodes_each_distinct_image_once(tiny_vlm_path):
-    model = QwenVLModel(tiny_vlm_path)
+def test_the_vision_tower_encodes_each_distinct_image_once(any_tiny_vlm_path):
+    model = QwenVLModel(any_tiny_vlm_path)
     batch = _group_batch(model)
     per_image = int(batch.image_grid_thw[0].prod())
     assert _patches_encoded(model, batch) == 3 * per_image  # 12 rows, 3 distinct images
@@ -41,8 +42,8 @@ def test_the_vision_tower_encodes_each_distinct_image_once(tiny_vlm_path):
     assert _patches_encoded(model, model.with_responses(prompts, ["red"] * 3)) == 2 * per_image
 
 
-def test_shared_encodings_give_the_log_probs_and_gradients_of_separate_ones(tiny_vlm_path):
-    model = QwenVLModel(tiny_vlm_path)
+def test_shared_encodings_give_the_log_probs_and_gradients_of_separate_ones(any_tiny_vlm_path):
+    model = QwenVLModel(any_tiny_vlm_path)
     plain = copy.deepcopy(model.model)
     plain.model.visual._forward_pre_hooks.clear()
     plain.model.visual._forward_hooks.clear()
@@ -73,8 +74,8 @@ def _sampled_groups(model: QwenVLModel):
     return out.select(torch.randperm(len(out), generator=torch.Generator().manual_seed(1)))
 
 
-def test_responses_packed_behind_their_prompt_score_as_separate_rows(tiny_vlm_path):
-    model = QwenVLModel(tiny_vlm_path)
+def test_responses_packed_behind_their_prompt_score_as_separate_rows(any_tiny_vlm_path):
+    model = QwenVLModel(any_tiny_vlm_path)
     batch = _sampled_groups(model)
     packed = model.packed_inputs(batch)
     assert packed.inputs["input_ids"].shape[0] == 4  # one packed sequence per distinct prompt
@@ -93,10 +94,10 @@ def test_responses_packed_behind_their_prompt_score_as_separate_rows(tiny_vlm_pa
         torch.testing.assert_close(packed_grads[name], grad, rtol=1e-4, atol=1e-5)
 
 
-def test_critic_values_are_the_same_packed(tiny_vlm_path):
+def test_critic_values_are_the_same_packed(any_tiny_vlm_path):
     from pixelrl.models.qwen_vl.model import ValueModel
 
-    model = QwenVLModel(tiny_vlm_path)
+    model = QwenVLModel(any_tiny_vlm_path)
     critic = ValueModel(model)
     batch = _sampled_groups(model)
     packed = critic(batch)
@@ -104,10 +105,10 @@ def test_critic_values_are_the_same_packed(tiny_vlm_path):
     torch.testing.assert_close(packed, critic(batch), rtol=0, atol=2e-5)
 
 
-def test_sampling_shares_the_prefill_of_a_prompt_and_samples_the_same(tiny_vlm_path, monkeypatch):
+def test_sampling_shares_the_prefill_of_a_prompt_and_samples_the_same(any_tiny_vlm_path, monkeypatch):
     from pixelrl.models.qwen_vl import model as adapter
 
-    model = QwenVLModel(tiny_vlm_path)
+    model = QwenVLModel(any_tiny_vlm_path)
     items = shapes_qa.items("train", 0, 3)
     prompts = model.prompts([it["image"] for it in items for _ in range(4)],
                             [it["question"] for it in items for _ in range(4)])

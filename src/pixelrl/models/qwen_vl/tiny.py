@@ -1,4 +1,4 @@
-"""Offline builder for tiny Qwen2-VL folders (random weights, a word-level tokenizer).
+"""Offline builder for tiny Qwen2-VL and Qwen2.5-VL folders (random weights, a word-level tokenizer).
 
 The folder has the layout of a real Qwen2-VL checkpoint (config.json, model.safetensors,
 tokenizer.json with a chat template, preprocessor_config.json), so the adapter loads both the
@@ -57,14 +57,21 @@ def build_word_tokenizer(words: Iterable[str]):
 
 def build_tiny_qwen_vl(path: str | Path, *, words: Iterable[str], image_size: int = 32, patch_size: int = 4,
                        vision_depth: int = 1, vision_dim: int = 32, hidden: int = 64, layers: int = 1,
-                       heads: int = 4, kv_heads: int = 2, seed: int = 0) -> Path:
-    """Write a tiny random Qwen2-VL folder to `path` for images of `image_size` pixels; returns it.
+                       heads: int = 4, kv_heads: int = 2, seed: int = 0, version: str = "2") -> Path:
+    """Write a tiny random Qwen2-VL (`version="2"`) or Qwen2.5-VL (`"2.5"`) folder to `path` for
+    images of `image_size` pixels; returns it.
 
     The image processor resizes every image to exactly `image_size` x `image_size`, so an image
-    becomes (image_size / patch_size / 2)^2 tokens after Qwen2-VL's 2 x 2 patch merge.
+    becomes (image_size / patch_size / 2)^2 tokens after the 2 x 2 patch merge. The Qwen2.5-VL
+    tower has what sets it apart: windowed attention (a window of 2 x 2 merged patches) in every
+    block but the last, which attends over the whole image, and SwiGLU MLPs.
     """
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLConfig,
+                              Qwen2VLForConditionalGeneration)
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    if version not in ("2", "2.5"):
+        raise ValueError(f"version must be '2' or '2.5', got {version!r}")
 
     path = Path(path)
     tokenizer = build_word_tokenizer(words)
@@ -73,19 +80,27 @@ def build_tiny_qwen_vl(path: str | Path, *, words: Iterable[str], image_size: in
     # Qwen2-VL splits the rotary frequencies into (time, height, width) sections, 1/4 : 3/8 : 3/8
     spatial = 3 * (head_dim // 2) // 8
     mrope = [head_dim // 2 - 2 * spatial, spatial, spatial]
-    config = Qwen2VLConfig(
+    vision = dict(depth=vision_depth, num_heads=4, patch_size=patch_size, spatial_merge_size=2,
+                  temporal_patch_size=2, in_channels=3)
+    if version == "2":
+        config_class, model_class = Qwen2VLConfig, Qwen2VLForConditionalGeneration
+        vision.update(embed_dim=vision_dim, hidden_size=hidden, mlp_ratio=2)
+    else:
+        config_class, model_class = Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+        vision.update(hidden_size=vision_dim, intermediate_size=2 * vision_dim, out_hidden_size=hidden,
+                      window_size=2 * 2 * patch_size, fullatt_block_indexes=[vision_depth - 1])
+    config = config_class(
         text_config=dict(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
                          num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
                          rope_parameters={"rope_type": "default", "mrope_section": mrope, "rope_theta": 10000.0},
                          max_position_embeddings=256, bos_token_id=ids(IM_START), eos_token_id=ids(IM_END),
                          pad_token_id=ids(PAD), tie_word_embeddings=True),
-        vision_config=dict(depth=vision_depth, embed_dim=vision_dim, hidden_size=hidden, num_heads=4, mlp_ratio=2,
-                           patch_size=patch_size, spatial_merge_size=2, temporal_patch_size=2, in_channels=3),
+        vision_config=vision,
         image_token_id=ids(IMAGE_PAD), video_token_id=ids(VIDEO_PAD),
         vision_start_token_id=ids(VISION_START), vision_end_token_id=ids(VISION_END),
         tie_word_embeddings=True)
     torch.manual_seed(seed)
-    model = Qwen2VLForConditionalGeneration(config)
+    model = model_class(config)
     pixels = image_size * image_size
     processor = Qwen2VLImageProcessorPil(min_pixels=pixels, max_pixels=pixels, patch_size=patch_size,
                                          merge_size=2, temporal_patch_size=2)
