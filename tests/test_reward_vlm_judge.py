@@ -17,13 +17,15 @@ def images(batch=3, seed=0):
     return torch.from_numpy(np.random.default_rng(seed).integers(0, 256, (batch, 32, 32, 3), dtype=np.uint8))
 
 
-def test_judge_probability_equals_the_answer_probability_of_the_policy_scoring_path(tiny_vlm_path):
+def test_judge_probability_equals_the_answer_probability_of_the_policy_scoring_path(any_tiny_vlm_path):
+    """A Qwen2-VL judge, then a Qwen2.5-VL one."""
     batch = images()
-    two_way = get_reward("vlm_judge", path=str(tiny_vlm_path), template=TEMPLATE)(batch, PROMPTS, [{}] * 3)["vlm_judge"]
-    full = get_reward("vlm_judge", path=str(tiny_vlm_path), template=TEMPLATE, two_way=False, batch_size=1)(
+    judge = get_reward("vlm_judge", path=str(any_tiny_vlm_path), template=TEMPLATE)
+    two_way = judge(batch, PROMPTS, [{}] * 3)["vlm_judge"]
+    full = get_reward("vlm_judge", path=str(any_tiny_vlm_path), template=TEMPLATE, two_way=False, batch_size=1)(
         batch, PROMPTS, [{}] * 3)["vlm_judge"]
 
-    model = QwenVLModel(tiny_vlm_path)
+    model = QwenVLModel(any_tiny_vlm_path)
     questions = [TEMPLATE.replace("{prompt}", p) for p in PROMPTS]
     prompts = model.prompts(list(batch.numpy()), questions)
     with torch.no_grad():

@@ -251,9 +251,12 @@ class RayWorkerGroup(_Group):
             if not failures:
                 raise WorkerDiedError(f"a {self.role} worker failed: {err}") from err
             # the cause first: bad input a worker named, then a process that died, then an exception
-            rank, worker_err = min(failures, key=lambda f: (
-                0 if isinstance(getattr(f[1], "cause", None), PixelRLError) else 1 if isinstance(f[1], RayActorError) else 2,
-                f[0]))
+            def likeliest_cause(failure):
+                rank, worker_err = failure
+                named = isinstance(getattr(worker_err, "cause", None), PixelRLError)
+                return 0 if named else 1 if isinstance(worker_err, RayActorError) else 2, rank
+
+            rank, worker_err = min(failures, key=likeliest_cause)
             cause = getattr(worker_err, "cause", None)
             if isinstance(cause, PixelRLError):  # bad input found by a worker: its message, no trace
                 raise WorkerDiedError(f"{self.role} worker rank {rank}: {cause}") from err
