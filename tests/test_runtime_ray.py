@@ -235,3 +235,29 @@ def test_the_ray_cluster_pixelrl_starts_listens_on_loopback_only(ray_cluster):
     assert all(ip in ("127.0.0.1", "::ffff:127.0.0.1", "::1") for _, ip in listening), listening
     assert ray.util.get_node_ip_address() == "127.0.0.1"
     ray.kill(probe)
+
+
+def test_crash_lines_of_a_heap_corruption_abort_by_hand():
+    """The stderr of a worker that glibc aborted (as recorded in this project's CI): the heap
+    message, the signal report once although Ray prints it twice, and Python's fatal error; the
+    stack addresses and the list of extension modules are left out."""
+    from pixelrl.workers.group import crash_lines
+
+    log = """:job_id:01000000
+:actor_name:VLMWorker
+malloc(): unaligned tcache chunk detected
+*** SIGABRT received at time=1795660062 on cpu 1 ***
+PC: @     0x7f9fc4ca8eec  (unknown)  (unknown)
+    @     0x7f9fc4c5a050       9104  (unknown)
+[2026-11-26 02:27:42,834 E 29635 29689] logging.cc:474: *** SIGABRT received at time=1795660062 on cpu 1 ***
+[2026-11-26 02:27:42,834 E 29635 29689] logging.cc:474: PC: @     0x7f9fc4ca8eec  (unknown)  (unknown)
+[2026-11-26 02:27:42,834 E 29635 29689] logging.cc:474:     @     0x7f9fc4c5a050       9104  (unknown)
+Fatal Python error: Aborted
+
+Extension modules: msgpack._cmsgpack, google._upb._message, psutil._psutil_linux (total: 3)
+"""
+    assert crash_lines(log) == ["malloc(): unaligned tcache chunk detected",
+                                "*** SIGABRT received at time=1795660062 on cpu 1 ***",
+                                "PC: @     0x7f9fc4ca8eec  (unknown)  (unknown)",
+                                "Fatal Python error: Aborted"]
+    assert crash_lines(":job_id:01000000\n:actor_name:VLMWorker\n") == []

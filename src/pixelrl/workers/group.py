@@ -52,14 +52,19 @@ def native_crash_report(ray_message: str, max_lines: int = 4) -> str:
     files = sorted(logs.glob(f"worker-*-{pid}.err"))
     if not files:
         return ""
+    lines = crash_lines(files[-1].read_text(errors="replace"))
+    return f" Its log {files[-1]} says: {' | '.join(lines[:max_lines])}" if lines else ""
+
+
+def crash_lines(log: str) -> list[str]:
+    """The lines of a worker's stderr that report how it died, each once (Ray prints its signal
+    report twice, once with its logging prefix)."""
     seen: list[str] = []
-    for line in files[-1].read_text(errors="replace").splitlines():
+    for line in log.splitlines():
         line = _LOG_PREFIX.sub("", line.strip())
         if _LAST_WORDS.search(line) and line not in seen:
             seen.append(line)
-    if not seen:
-        return ""
-    return f" Its log {files[-1]} says: {' | '.join(seen[:max_lines])}"
+    return seen
 
 
 def _shards(n: int, parts: int) -> list[slice]:
