@@ -104,6 +104,10 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("zero PPO epochs", [*SHAPES, "actor.ppo_epochs=0"], "actor.ppo_epochs"),
     ("zero workers", [*SHAPES, "trainer.n_workers=0"], "trainer.n_workers"),
     ("zero CPUs per worker", [*SHAPES, "trainer.num_cpus_per_worker=0"], "trainer.num_cpus_per_worker"),
+    ("negative restarts", [*SHAPES, "trainer.max_restarts=-1"], "trainer.max_restarts"),
+    ("restarts of the in-process worker", [*SHAPES, "trainer.backend=local", "trainer.n_workers=1",
+                                           "trainer.max_restarts=2"],
+     "trainer.max_restarts"),
     # names and combinations
     ("misspelled key", [*SHAPES, "actor.lrr=1e-4"], "actor.lrr"),
     ("unknown strategy", [*SHAPES, "trainer.strategy=zero3"], "trainer.strategy"),

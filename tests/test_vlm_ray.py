@@ -97,3 +97,40 @@ def test_fsdp2_shards_actor_and_critic_per_block_and_both_train(ray_cluster, req
     for part in ("actor/", "critic/"):
         assert any(not np.array_equal(rank0[k], start[k]) for k in rank0 if k.startswith(part)), part
     assert all(np.isfinite(m["critic/value_loss"]) and m["actor/grad_norm"] > 0 for m in metrics)
+
+
+def test_a_worker_that_dies_is_restarted_and_the_run_ends_as_an_uninterrupted_one(ray_cluster, tiny_vlm_path,
+                                                                                    tmp_path, monkeypatch, capsys):
+    """`trainer.max_restarts=1`: right after the step-2 checkpoint one worker's process dies of a
+    SIGSEGV; the run starts its workers again, resumes from step 2, and its weights after step 4
+    equal those of a run that was never interrupted."""
+    import os
+    import signal
+
+    import psutil
+
+    import pixelrl.trainers.vlm_ppo as vlm_ppo
+    from pixelrl.trainers.restarts import fit_with_restarts
+
+    def vlm_workers() -> set[int]:
+        return {p.pid for p in psutil.process_iter(["cmdline"])
+                if (p.info["cmdline"] or [""])[0].startswith("ray::VLMWorker")}
+
+    common = _two_workers("ddp", "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.max_restarts=1")
+    whole = fit_with_restarts(vlm_config(tiny_vlm_path, tmp_path / "a", *common))
+    already_running = vlm_workers()
+    save, crashed = vlm_ppo.save_checkpoint, []
+
+    def save_then_crash_a_worker(root, at, *args, **kwargs):
+        folder = save(root, at, *args, **kwargs)
+        if at == 2 and not crashed:
+            crashed.append(max(vlm_workers() - already_running))
+            os.kill(crashed[0], signal.SIGSEGV)
+        return folder
+
+    monkeypatch.setattr(vlm_ppo, "save_checkpoint", save_then_crash_a_worker)
+    restarted = fit_with_restarts(vlm_config(tiny_vlm_path, tmp_path / "b", *common))
+    assert crashed and "restart 1 of 1" in capsys.readouterr().out
+    assert len(restarted["history"]) == 2  # steps 3 and 4, after the resume from step 2
+    for key in whole["states"][0]:
+        assert np.array_equal(whole["states"][0][key], restarted["states"][0][key]), key

@@ -12,20 +12,18 @@ from pixelrl.core.paths import check_no_links_out, check_output_dir, check_outpu
 
 def cmd_train(args) -> int:
     from pixelrl.core.config_loading import load_config
-    from pixelrl.trainers.policy_gradient import PolicyGradientTrainer
+    from pixelrl.trainers.restarts import fit_with_restarts
 
     cfg = load_config(args.config_name, args.overrides)
+    result = fit_with_restarts(cfg)
     if cfg.algorithm.trainer_type == "vlm_ppo":
-        from pixelrl.trainers.vlm_ppo import VLMPPOTrainer
-
-        history = VLMPPOTrainer(cfg).fit()["history"]
+        history = result["history"]
         if history:
             print(f"done: {len(history)} steps, reward/overall {history[0]['reward/overall']:.4f} -> "
                   f"{history[-1]['reward/overall']:.4f}")
         else:
             print("done: no steps left to train (the latest checkpoint is at trainer.total_training_steps)")
         return 0
-    result = PolicyGradientTrainer(cfg).fit()
     history = result["history"]
     if history:
         first, last = history[0], history[-1]

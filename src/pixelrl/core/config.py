@@ -199,6 +199,9 @@ class TrainerConfig:
     # seconds, saving and validating as at the last step (0 = no budget)
     time_budget_s: float = 0.0
     resume_mode: str = "auto"  # auto | disable | <path to a global_step_N folder>
+    # when a Ray worker's process dies (a native crash, the OOM killer, a lost node), start the
+    # workers again and resume from the run's latest checkpoint, at most this many times (0 = stop)
+    max_restarts: int = 0
     max_ckpt_to_keep: int = 0  # 0 = keep all
     rollout_data_dir: str = ""  # dump each step's rollouts (JSONL + images) here when set
     validation_data_dir: str = ""  # dump validation generations here when set ("" = <run>/validation)

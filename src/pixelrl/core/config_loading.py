@@ -145,6 +145,10 @@ def _check_backend(t) -> None:
     if t.backend == "local" and t.n_workers != 1:
         raise ConfigError("trainer.n_workers", t.n_workers, "trainer.backend=local runs one in-process worker: "
                           "set trainer.n_workers=1, or trainer.backend=ray for data parallelism")
+    _positive("trainer.max_restarts", t.max_restarts, allow_zero=True)
+    if t.backend == "local" and t.max_restarts:
+        raise ConfigError("trainer.max_restarts", t.max_restarts, "restarts start Ray workers again after one "
+                          "dies; the local backend's worker is this process: set trainer.backend=ray or 0")
 
 
 def _positive(field: str, value, allow_zero: bool = False, allow_inf: bool = False) -> None:

@@ -20,7 +20,12 @@ from pixelrl.workers.reward_worker import RewardWorker
 
 
 class WorkerDiedError(PixelRLError, RuntimeError):
-    pass
+    """A worker failed. `process_died`: its process is gone (a signal, the OOM killer, a lost node),
+    as opposed to an exception it raised; only such a failure is worth a restart."""
+
+    def __init__(self, message: str, process_died: bool = False):
+        super().__init__(message)
+        self.process_died = process_died
 
 
 # what a process that dies of a signal leaves in its stderr: the signal handlers' reports of Ray
@@ -268,7 +273,8 @@ class RayWorkerGroup(_Group):
             reason = str(worker_err).strip().splitlines()
             pid = _dead_pid(str(worker_err))
             raise WorkerDiedError(f"{self.role} worker rank {rank}{f' (pid {pid})' if pid else ''} failed: "
-                                  f"{' '.join(reason[-3:])}{native_crash_report(str(worker_err))}") from err
+                                  f"{' '.join(reason[-3:])}{native_crash_report(str(worker_err))}",
+                                  process_died=isinstance(worker_err, RayActorError)) from err
 
     def _launch(self, method, per_worker_args):
         return [getattr(w, method).remote(*args) for w, args in zip(self.workers, per_worker_args)]
