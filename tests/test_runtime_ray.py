@@ -211,6 +211,45 @@ def test_a_crashed_rank_is_reported_before_a_peer_that_raised(ray_cluster, tiny_
     assert message.startswith("actor worker rank 1 (pid ") and "SIGSEGV received" in message, message
 
 
+def test_pixelrl_train_restarts_a_dead_worker_and_ends_as_an_uninterrupted_run(ray_cluster, tmp_path, tiny_pixel_path,
+                                                                               monkeypatch):
+    """`pixelrl train ... trainer.max_restarts=1` (Flow-GRPO, 2 workers): a worker killed by SIGSEGV
+    right after the step-2 checkpoint is started again from it; the run's metrics (each step once)
+    and its step-4 weights equal those of a run that was never interrupted."""
+    import os
+    import signal
+
+    import psutil
+
+    import pixelrl.trainers.policy_gradient as policy_gradient
+
+    def policy_workers() -> set[int]:
+        return {p.pid for p in psutil.process_iter(["cmdline"])
+                if (p.info["cmdline"] or [""])[0].startswith("ray::PolicyWorker")}
+
+    common = ("trainer.n_workers=2", "trainer.logger=[jsonl]", "trainer.save_freq=2",
+              "trainer.total_training_steps=4", "trainer.max_restarts=1")
+    code, straight = train_cli(tmp_path / "straight", tiny_pixel_path, *common)
+    assert code == 0
+    already_running = policy_workers()
+    save, crashed = policy_gradient.save_checkpoint, []
+
+    def save_then_crash_a_worker(root, step, *args, **kwargs):
+        save(root, step, *args, **kwargs)
+        if step == 2 and not crashed:
+            crashed.append(max(policy_workers() - already_running))
+            os.kill(crashed[0], signal.SIGSEGV)
+
+    monkeypatch.setattr(policy_gradient, "save_checkpoint", save_then_crash_a_worker)
+    code, restarted = train_cli(tmp_path / "restarted", tiny_pixel_path, *common)
+    assert code == 0 and crashed
+    rows = read_metrics(restarted)
+    assert [m["critic/rewards/mean"] for m in rows] == [m["critic/rewards/mean"] for m in read_metrics(straight)]
+    a = load_file(str(straight / "checkpoints" / "global_step_4" / "actor" / "trainable.safetensors"))
+    b = load_file(str(restarted / "checkpoints" / "global_step_4" / "actor" / "trainable.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_the_ray_cluster_pixelrl_starts_listens_on_loopback_only(ray_cluster):
     """The fixture starts Ray as `pixelrl train` does (start_local_ray): every Ray server of this
     machine's cluster (GCS, raylet, object manager, workers, agents) accepts loopback only."""

@@ -99,6 +99,7 @@ def test_fsdp2_shards_actor_and_critic_per_block_and_both_train(ray_cluster, req
     assert all(np.isfinite(m["critic/value_loss"]) and m["actor/grad_norm"] > 0 for m in metrics)
 
 
+@pytest.mark.slow  # the default run restarts a Flow-GRPO run (test_runtime_ray.py): the same outer loop
 def test_a_worker_that_dies_is_restarted_and_the_run_ends_as_an_uninterrupted_one(ray_cluster, tiny_vlm_path,
                                                                                     tmp_path, monkeypatch, capsys):
     """`trainer.max_restarts=1`: right after the step-2 checkpoint one worker's process dies of a
