@@ -165,6 +165,14 @@ def vlm_config(path, tmp_path, *overrides):
         "trainer.backend=local", "trainer.n_workers=1", *overrides])
 
 
+def ray_actor_pids(class_name: str) -> set[int]:
+    """Process ids of this machine's live Ray actors of class `class_name` (titled `ray::<class>`)."""
+    import psutil
+
+    return {p.pid for p in psutil.process_iter(["cmdline"])
+            if (p.info["cmdline"] or [""])[0].startswith(f"ray::{class_name}")}
+
+
 def vlm_run_killed_after_checkpoint(cfg, monkeypatch, step: int) -> None:
     """Run the vision-language trainer on `cfg` and kill it (from the driver, so Ray workers die
     too) right after it has written its step-`step` checkpoint: an interruption mid-run that,

@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import read_metrics, train_cli
+from conftest import ray_actor_pids, read_metrics, train_cli
 
 
 # FSDP2 resume is also covered by the VLM trainer's and the crash sweep's FSDP2 runs
@@ -219,25 +219,19 @@ def test_pixelrl_train_restarts_a_dead_worker_and_ends_as_an_uninterrupted_run(r
     import os
     import signal
 
-    import psutil
-
     import pixelrl.trainers.policy_gradient as policy_gradient
-
-    def policy_workers() -> set[int]:
-        return {p.pid for p in psutil.process_iter(["cmdline"])
-                if (p.info["cmdline"] or [""])[0].startswith("ray::PolicyWorker")}
 
     common = ("trainer.n_workers=2", "trainer.logger=[jsonl]", "trainer.save_freq=2",
               "trainer.total_training_steps=4", "trainer.max_restarts=1")
     code, straight = train_cli(tmp_path / "straight", tiny_pixel_path, *common)
     assert code == 0
-    already_running = policy_workers()
+    already_running = ray_actor_pids("PolicyWorker")
     save, crashed = policy_gradient.save_checkpoint, []
 
     def save_then_crash_a_worker(root, step, *args, **kwargs):
         save(root, step, *args, **kwargs)
         if step == 2 and not crashed:
-            crashed.append(max(policy_workers() - already_running))
+            crashed.append(max(ray_actor_pids("PolicyWorker") - already_running))
             os.kill(crashed[0], signal.SIGSEGV)
 
     monkeypatch.setattr(policy_gradient, "save_checkpoint", save_then_crash_a_worker)

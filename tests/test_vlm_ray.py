@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from conftest import vlm_config, vlm_run_killed_after_checkpoint
+from conftest import ray_actor_pids, vlm_config, vlm_run_killed_after_checkpoint
 
 
 def _two_workers(strategy, *extra):
@@ -108,24 +108,18 @@ def test_a_worker_that_dies_is_restarted_and_the_run_ends_as_an_uninterrupted_on
     import os
     import signal
 
-    import psutil
-
     import pixelrl.trainers.vlm_ppo as vlm_ppo
     from pixelrl.trainers.restarts import fit_with_restarts
 
-    def vlm_workers() -> set[int]:
-        return {p.pid for p in psutil.process_iter(["cmdline"])
-                if (p.info["cmdline"] or [""])[0].startswith("ray::VLMWorker")}
-
     common = _two_workers("ddp", "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.max_restarts=1")
     whole = fit_with_restarts(vlm_config(tiny_vlm_path, tmp_path / "a", *common))
-    already_running = vlm_workers()
+    already_running = ray_actor_pids("VLMWorker")
     save, crashed = vlm_ppo.save_checkpoint, []
 
     def save_then_crash_a_worker(root, at, *args, **kwargs):
         folder = save(root, at, *args, **kwargs)
         if at == 2 and not crashed:
-            crashed.append(max(vlm_workers() - already_running))
+            crashed.append(max(ray_actor_pids("VLMWorker") - already_running))
             os.kill(crashed[0], signal.SIGSEGV)
         return folder
 

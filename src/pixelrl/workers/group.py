@@ -41,11 +41,10 @@ def _dead_pid(ray_message: str) -> str | None:
     return found.group(1) if found else None
 
 
-def native_crash_report(ray_message: str, max_lines: int = 4) -> str:
-    """For a Ray actor that died without a Python exception: its log file under this machine's Ray
-    session and the signal lines it ends with, or "" when the log is not here (another node) or
-    says nothing of a signal (a SIGKILL, as from the OOM killer, leaves no report)."""
-    pid = _dead_pid(ray_message)
+def native_crash_report(pid: str | None, max_lines: int = 4) -> str:
+    """For a Ray actor (process `pid`) that died without a Python exception: its log file under
+    this machine's Ray session and the signal lines it ends with, or "" when the log is not here
+    (another node) or says nothing of a signal (a SIGKILL, as from the OOM killer, leaves no report)."""
     if pid is None:
         return ""
     try:
@@ -273,7 +272,7 @@ class RayWorkerGroup(_Group):
             reason = str(worker_err).strip().splitlines()
             pid = _dead_pid(str(worker_err))
             raise WorkerDiedError(f"{self.role} worker rank {rank}{f' (pid {pid})' if pid else ''} failed: "
-                                  f"{' '.join(reason[-3:])}{native_crash_report(str(worker_err))}",
+                                  f"{' '.join(reason[-3:])}{native_crash_report(pid)}",
                                   process_died=isinstance(worker_err, RayActorError)) from err
 
     def _launch(self, method, per_worker_args):
