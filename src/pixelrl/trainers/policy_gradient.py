@@ -45,6 +45,19 @@ def run_dir_of(cfg: PixelRLConfig) -> Path:
     return Path(t.default_local_dir) / t.project_name / t.experiment_name
 
 
+def datasets_of(cfg: PixelRLConfig):
+    """(training set, validation set or None) as `cfg.data` names them: prompt files or inline
+    prompts, or preference pairs for offline sampling."""
+    d = cfg.data
+    if cfg.algorithm.sample_source == "offline":
+        train = PreferenceDataset.from_files(d.train_files, cfg.rollout.resolution, d.prompt_key)
+    else:
+        train = (PromptDataset.from_files(d.train_files, d.prompt_key) if d.train_files
+                 else PromptDataset.from_prompts(d.prompts))
+    val = PromptDataset.from_files(d.val_files, d.prompt_key) if d.val_files else None
+    return train, val
+
+
 def _every(freq: int, step: int, last: int | bool) -> bool:
     """freq > 0: every freq steps and at the last; 0: only at the last; -1: never. `last` is the
     last step's number, or whether this step is the last."""
@@ -116,16 +129,6 @@ class PolicyGradientTrainer:
             if cfg.val_kwargs.rewards else None
 
     # ------------------------------------------------------------------ set-up
-    def _datasets(self):
-        d = self.cfg.data
-        if self.cfg.algorithm.sample_source == "offline":
-            train = PreferenceDataset.from_files(d.train_files, self.cfg.rollout.resolution, d.prompt_key)
-        else:
-            train = (PromptDataset.from_files(d.train_files, d.prompt_key) if d.train_files
-                     else PromptDataset.from_prompts(d.prompts))
-        val = PromptDataset.from_files(d.val_files, d.prompt_key) if d.val_files else None
-        return train, val
-
     def init_workers(self) -> None:
         from pixelrl.workers.group import LocalWorkerGroup, RayWorkerGroup, RewardGroup, ensure_ray
 
@@ -168,7 +171,7 @@ class PolicyGradientTrainer:
                 self.console(warning)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(self.saved_yaml)
-        train_set, val_set = self._datasets()
+        train_set, val_set = datasets_of(self.cfg)
         offline = cfg.algorithm.sample_source == "offline"
         loader = make_loader(train_set, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed,
                              drop_last=True, collate_fn=collate_preferences if offline else collate_rows)
