@@ -3,7 +3,7 @@ noise scale B_noise (pixelrl.engine.gradient_noise) of a config at its starting 
 
 For each model, K batches of the config's size (different prompts and seeds, as K training steps
 would draw them) are sampled, scored and turned into a gradient by the trainer's own step
-(`make_rollout`, `train_on`), but the optimizer never steps, so all K gradients are taken at the
+(`make_rollout` and the config's consumer), but the optimizer never steps, so all K gradients are taken at the
 same weights. Prints |G|^2 with its jackknife standard error, tr S, B_noise in images and its
 lower bound, the minutes this machine takes to sample that many images in training steps, and
 the mean cosine between two batches' gradients. Run it
@@ -11,6 +11,7 @@ with nothing else on the machine (one process, all cores).
 
     python benchmarks/bench_gradient_noise.py                                # the demo config
     python benchmarks/bench_gradient_noise.py --batches 12 --set model.path=builtin:shapes
+    python benchmarks/bench_gradient_noise.py --config shapes_awm --set model.path=builtin:shapes_v2
 """
 
 from __future__ import annotations
@@ -28,11 +29,14 @@ def batch_gradients(config: str, overrides: list[str], batches: int) -> dict:
     from pixelrl.data.prompts import collate_rows
     from pixelrl.engine.policy_engine import PolicyEngine
     from pixelrl.rewards.multi import WeightedReward
-    from pixelrl.trainers.policy_gradient import datasets_of
-    from pixelrl.trainers.step import make_rollout, train_on
+    from pixelrl.trainers.policy_gradient import CONSUMERS, datasets_of
+    from pixelrl.trainers.step import make_rollout
 
     cfg = load_config(config, ["trainer.backend=local", "trainer.n_workers=1", "algorithm.drop_zero_advantage=false",
                                *overrides])
+    if cfg.algorithm.sample_source != "online":
+        raise SystemExit("the noise scale is measured on online samples; offline preference pairs are not sampled")
+    consume = CONSUMERS[cfg.algorithm.trainer_type]  # Flow-GRPO's update, or the forward-process methods'
     engine = PolicyEngine.from_config(cfg)
     reward = WeightedReward.from_functions([dict(f) for f in cfg.reward.functions])
     rows = datasets_of(cfg)[0]
@@ -57,7 +61,7 @@ def batch_gradients(config: str, overrides: list[str], batches: int) -> dict:
         chunk = collate_rows([rows[i] for i in order[k * per_batch:(k + 1) * per_batch]])
         start = time.perf_counter()
         rollout = make_rollout(engine, reward, chunk["prompts"], chunk["metadata"], k + 1, cfg)
-        train_on(engine, rollout, cfg)
+        consume(engine, rollout, cfg)
         seconds.append(time.perf_counter() - start)
         rewards.append(float(rollout.scores["overall"].mean()))
         images = len(rollout.batch)
