@@ -1,13 +1,13 @@
 """How many images a policy-gradient step needs before it is more signal than noise: the gradient
 noise scale B_noise (pixelrl.engine.gradient_noise) of a config at its starting weights.
 
-For each model, K batches of the config's size (different prompts and seeds, as K training steps
-would draw them) are sampled, scored and turned into a gradient by the trainer's own step
-(`make_rollout` and the config's consumer), but the optimizer never steps, so all K gradients are taken at the
-same weights. Prints |G|^2 with its jackknife standard error, tr S, B_noise in images and its
-lower bound, the minutes this machine takes to sample that many images in training steps, and
-the mean cosine between two batches' gradients. Run it
-with nothing else on the machine (one process, all cores).
+K batches of the config's size (different prompts and seeds, as K training steps would draw them)
+are sampled, scored and turned into a gradient by the trainer's own step (`make_rollout` and the
+config's consumer), but the optimizer never steps, so all K gradients are taken at the same
+weights. Prints |G|^2 with its jackknife standard error, tr S, B_noise in images and its lower
+bound, the minutes this machine takes to sample that many images in training steps, and the mean
+cosine between two batches' gradients. Run it with nothing else on the machine (one process, all
+cores).
 
     python benchmarks/bench_gradient_noise.py                                # the demo config
     python benchmarks/bench_gradient_noise.py --batches 12 --set model.path=builtin:shapes
@@ -25,6 +25,7 @@ import torch
 def batch_gradients(config: str, overrides: list[str], batches: int) -> dict:
     """K gradients at the starting weights: `grads`, `images` per batch, mean `batch_s` and
     `reward`, and the `engine` (its weights as they started)."""
+    from pixelrl.core.config import optimizer_steps_per_rollout
     from pixelrl.core.config_loading import load_config
     from pixelrl.data.prompts import collate_rows
     from pixelrl.engine.policy_engine import PolicyEngine
@@ -36,6 +37,9 @@ def batch_gradients(config: str, overrides: list[str], batches: int) -> dict:
                                *overrides])
     if cfg.algorithm.sample_source != "online":
         raise SystemExit("the noise scale is measured on online samples; offline preference pairs are not sampled")
+    if optimizer_steps_per_rollout(cfg) != 1:
+        raise SystemExit(f"the config takes {optimizer_steps_per_rollout(cfg)} optimizer steps per batch; measure with "
+                         "actor.ppo_mini_batch_size=0 actor.ppo_epochs=1 (one gradient per batch)")
     consume = CONSUMERS[cfg.algorithm.trainer_type]  # Flow-GRPO's update, or the forward-process methods'
     engine = PolicyEngine.from_config(cfg)
     reward = WeightedReward.from_functions([dict(f) for f in cfg.reward.functions])
@@ -65,10 +69,6 @@ def batch_gradients(config: str, overrides: list[str], batches: int) -> dict:
         seconds.append(time.perf_counter() - start)
         rewards.append(float(rollout.scores["overall"].mean()))
         images = len(rollout.batch)
-    mini_batches = len(grads) // batches
-    if mini_batches != 1:
-        raise SystemExit(f"the config takes {mini_batches} optimizer steps per batch; measure with "
-                         "actor.ppo_mini_batch_size=0 actor.ppo_epochs=1 (one gradient per batch)")
     return {"grads": grads, "images": images, "batch_s": sum(seconds) / len(seconds),
             "reward": sum(rewards) / len(rewards), "engine": engine}
 
@@ -82,7 +82,6 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override (repeatable)")
     args = parser.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     measured = batch_gradients(args.config, args.set, args.batches)
     images, batch_s, reward = measured["images"], measured["batch_s"], measured["reward"]
     out = gradient_noise_scale(measured["grads"], samples_per_grad=images)
@@ -94,6 +93,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     print(f"| {images} | {out['grad_sq']:.2e} +- {out.get('grad_sq_se', float('nan')):.1e} | {out['trace_cov']:.2e} | "
           f"{out['noise_scale']:.0f} | {lower:.0f} | {lower / images * batch_s / 60:.1f} | {out['pairwise_cosine']:.4f} |")
+
 
 if __name__ == "__main__":
     main()
