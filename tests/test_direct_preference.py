@@ -91,6 +91,22 @@ def test_reference_is_the_base_model_and_the_old_adapter_moves_only_when_due(tin
     assert all(not p.requires_grad for p in after2.values())  # the old adapter is never optimised
 
 
+def test_awm_skips_the_reference_and_ema_forwards_its_zero_weights_switch_off(tiny_pixel_path):
+    from pixelrl.core.batch import Batch
+
+    forwards = {}
+    for weights in ({}, {"beta_ref": 0.0}, {"beta_ref": 0.0, "ema_beta": 0.0}):
+        engine, _ = _engine(tiny_pixel_path, "awm", diffusion_loss__params={"num_timesteps": 2, **weights})
+        batch = engine.rollout(["a red circle", "a cat"], [1, 2])
+        engine.flop_meter.take(peak_flops=1.0)  # drop the sampling forwards
+        m = engine.update(Batch({"x0": batch["x0"], "advantages": torch.tensor([1.0, -1.0])},
+                                {"prompts": batch["prompts"]}, dict(batch.info)))
+        forwards[tuple(weights)] = (m["perf/denoiser_forwards"], m["perf/denoiser_backwards"])
+    # 2 timesteps, each: the policy (forward + backward), the reference, the EMA adapter
+    assert forwards[()] == (6, 2)
+    assert forwards[("beta_ref",)] == (4, 2) and forwards[("beta_ref", "ema_beta")] == (2, 2)
+
+
 @pytest.mark.parametrize("config", ["nft_tiny", "dpo_tiny"])
 def test_direct_preference_resume_is_exact_with_the_old_adapter(config, tmp_path, tiny_pixel_path):
     steps4 = ("trainer.total_training_steps=4", "trainer.save_freq=2", "data.train_batch_size=2")

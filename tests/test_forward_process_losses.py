@@ -98,6 +98,20 @@ def test_awm_reference_and_ema_terms():
     assert m["ref_deviation"].item() == pytest.approx(0.5) and m["ema_deviation"].item() == pytest.approx(0.5)
 
 
+def test_awm_terms_with_zero_weight_need_no_velocity():
+    spec = get_loss("awm")
+    assert set(spec.step_keys_needed(_options("awm"))) >= {"v_ref", "v_old"}
+    assert "v_ref" not in spec.step_keys_needed(_options("awm", beta_ref=0.0))
+    assert "v_old" in spec.step_keys_needed(_options("awm", beta_ref=0.0))
+    options = _options("awm", beta_ref=0.0, ema_beta=0.0)
+    assert not {"v_ref", "v_old"} & set(spec.step_keys_needed(options))
+    v = torch.tensor([[1.0, 1.0]], requires_grad=True)
+    step = {"x0": torch.zeros(1, 2), "eps": torch.tensor([[1.0, 1.0]]), "t": torch.tensor([0.5]), "v": v,
+            "v_ref": None, "v_old": None, "advantages": torch.tensor([0.0])}
+    loss, m = spec(step, options)  # err 0 and A 0: nothing left
+    assert loss.item() == 0.0 and "ref_deviation" not in m and "ema_deviation" not in m
+
+
 def test_loss_params_are_validated_by_name():
     with pytest.raises(ConfigError, match=r"diffusion_loss\.params.*betta"):
         _options("diffusion_dpo", betta=5)

@@ -215,23 +215,28 @@ def awm_log_prob(err: torch.Tensor, t: torch.Tensor, weighting: str = "ghuber", 
 
 @register_loss("awm", objective="flow_matching", params=AWMParams,
                batch_keys=("x0", "advantages"),
-               step_keys=("x0", "eps", "t", "v", "v_ref", "v_old", "advantages"))
+               step_keys=("x0", "eps", "t", "v", "v_ref", "v_old", "advantages"),
+               weighted_step_keys={"v_ref": "beta_ref", "v_old": "ema_beta"})
 def awm_loss(step: dict, cfg) -> tuple[torch.Tensor, dict]:
     """Advantage-weighted matching: err = mean_dims((v - (eps - x0))^2) in float64,
     logp = awm_log_prob(err, t), ratio = exp(logp - detach(logp)) (1 in value),
     L = mean(-A' ratio) + beta_ref mean((v - v_ref)^2) + ema_beta mean((v - v_ema)^2),
-    A' = clamp(A, -c, c) / c. The gradient is -A' d logp: a per-sample weighted flow-matching loss."""
+    A' = clamp(A, -c, c) / c. The gradient is -A' d logp: a per-sample weighted flow-matching loss.
+    A term whose weight is 0 is left out (its velocity is None: the engine skips that forward)."""
     v = step["v"]
     err = mean_over_dims((v.double() - (step["eps"] - step["x0"]).double()) ** 2)
     logp = awm_log_prob(err, step["t"], cfg.weighting, cfg.p)
     ratio = torch.exp(logp - logp.detach())
     adv = step["advantages"].double().clamp(-cfg.adv_clip_max, cfg.adv_clip_max) / cfg.adv_clip_max
     policy = (-adv * ratio).mean()
-    ref = mean_over_dims((v - step["v_ref"].detach()) ** 2).mean()
-    ema = mean_over_dims((v - step["v_old"].detach()) ** 2).mean()
-    loss = policy.to(v.dtype) + cfg.beta_ref * ref + cfg.ema_beta * ema
-    return loss, {"policy_loss": policy.detach().float(), "fm_error": err.detach().mean().float(),
-                  "ref_deviation": ref.detach(), "ema_deviation": ema.detach()}
+    loss = policy.to(v.dtype)
+    metrics = {"policy_loss": policy.detach().float(), "fm_error": err.detach().mean().float()}
+    for weight, key, name in ((cfg.beta_ref, "v_ref", "ref_deviation"), (cfg.ema_beta, "v_old", "ema_deviation")):
+        if weight:
+            deviation = mean_over_dims((v - step[key].detach()) ** 2).mean()
+            loss = loss + weight * deviation
+            metrics[name] = deviation.detach()
+    return loss, metrics
 
 
 # ----------------------------------------------------------------------------- old-policy EMA

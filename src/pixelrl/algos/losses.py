@@ -41,6 +41,15 @@ class LossSpec:
     # batch), so several window steps of a micro-batch may share one forward
     # (actor.window_steps_per_forward) with the same gradient up to float reordering.
     steps_batchable: bool = False
+    # step keys whose term a param can switch off: {step key: param}; when the param is 0 the
+    # engine passes None for the key and skips the forward that would compute it
+    weighted_step_keys: tuple[tuple[str, str], ...] = ()
+
+    def step_keys_needed(self, options) -> tuple[str, ...]:
+        """The step keys this loss reads under `options` (from `bind`): all of `step_keys` but
+        those whose weighting param is 0."""
+        off = {key for key, param in self.weighted_step_keys if getattr(options, param) == 0}
+        return tuple(k for k in self.step_keys if k not in off)
 
     def __call__(self, step: dict, cfg) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         require_keys(f"loss `{self.name}`", self.step_keys, step.keys())
@@ -73,12 +82,14 @@ def require_keys(consumer: str, needed: Iterable[str], available: Iterable[str])
 
 
 def register_loss(name: str, *, batch_keys: Iterable[str], step_keys: Iterable[str], aliases: Iterable[str] = (),
-                  objective: str = "transition", params: type | None = None, steps_batchable: bool = False):
+                  objective: str = "transition", params: type | None = None, steps_batchable: bool = False,
+                  weighted_step_keys: dict[str, str] | None = None):
     if objective not in OBJECTIVES:
         raise ValueError(f"loss `{name}`: objective must be one of {OBJECTIVES}")
 
     def decorator(fn: Callable) -> LossSpec:
-        spec = LossSpec(name, fn, tuple(batch_keys), tuple(step_keys), objective, params, steps_batchable)
+        spec = LossSpec(name, fn, tuple(batch_keys), tuple(step_keys), objective, params, steps_batchable,
+                        tuple((weighted_step_keys or {}).items()))
         LOSSES.register(name, *aliases)(spec)
         return spec
 

@@ -155,7 +155,7 @@ class FlowMatchingObjective:
         (k,) = ks  # config validation keeps forward-process losses at one sub-step per forward
         e = self.engine
         device = e.model.device
-        needs = set(e.loss.step_keys)
+        needs = set(e.loss.step_keys_needed(e.loss_options))
         text = e.model.encode_prompts(micro["prompts"])
         t = micro["fm_t"][:, k].to(device)
         eps = micro["fm_eps"][:, k].to(device)
