@@ -121,6 +121,32 @@ def test_the_producer_drops_zero_advantage_samples_and_keeps_the_mini_batch_coun
     assert len(actor.updated) == 8 and actor.updated.info["num_mini_batches"] == 2
 
 
+def test_awm_drops_zero_advantage_samples_too():
+    from pixelrl.trainers.direct_preference import direct_preference_step
+
+    class CleanSampleActor(_RecordingActor):
+        def rollout(self, prompts, seeds, **kwargs):
+            batch = super().rollout(prompts, seeds, **kwargs)
+            batch["x0"] = torch.arange(len(prompts), dtype=torch.float32).reshape(-1, 1)
+            return batch
+
+    cfg = _producer_cfg(algorithm__trainer_type="direct_preference", diffusion_loss__name="awm",
+                        rollout__noise_level=0.0)
+    rewards = {"a": [1.0] * 4, "b": [0.0, 1.0, 2.0, 3.0]}
+
+    def reward_fn(images, prompts, metadata):
+        counters = {"a": iter(rewards["a"]), "b": iter(rewards["b"])}
+        return {"overall": torch.tensor([next(counters[p]) for p in prompts])}
+
+    actor = CleanSampleActor(0)
+    _, metrics = direct_preference_step(actor, reward_fn, ["a", "b"], [{}, {}], 1, cfg)
+    assert actor.updated["prompts"] == ["b"] * 4 and actor.updated["x0"].flatten().tolist() == [4.0, 5.0, 6.0, 7.0]
+    assert (actor.updated["advantages"] != 0).all() and metrics["training/trained_fraction"] == 0.5
+    cfg.algorithm.drop_zero_advantage = False
+    _, metrics = direct_preference_step(actor, reward_fn, ["a", "b"], [{}, {}], 1, cfg)
+    assert len(actor.updated) == 8 and metrics["training/trained_fraction"] == 1.0
+
+
 def test_trained_timesteps_do_not_replay_the_window_draw():
     """The window and the per-sample timestep permutation are separate random decisions."""
     from pixelrl.sampling.windows import trained_step_indices

@@ -113,7 +113,8 @@ class AlgorithmConfig:
     adv_eps: float = 1e-4  # A = (r - mean) / (std + adv_eps); DanceGRPO and MixGRPO use 1e-8
     # Flow-GRPO drops samples whose advantage is exactly 0 before training (re-adding random
     # dropped ones until the count splits into the mini-batches and workers); verl-omni keeps them,
-    # which raises the effective KL weight by 1 / (1 - zero fraction).
+    # which raises the effective KL weight by 1 / (1 - zero fraction). DiffusionNFT and AWM honour
+    # it too (AWM's zero-advantage samples carry only its reference and EMA terms); DPO trains pairs.
     drop_zero_advantage: bool = True
     rollout_correction: str = "bypass"  # bypass | decoupled
     rollout_is_threshold: float = 2.0  # decoupled: truncate importance weights at this value

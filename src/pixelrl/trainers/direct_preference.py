@@ -13,13 +13,14 @@ import numpy as np
 from pixelrl.algos.forward_process import best_worst_pairs
 from pixelrl.core.batch import Batch
 from pixelrl.core.config import mini_batches_per_epoch
-from pixelrl.trainers.step import PhaseTimer, Rollout, actor_step_metrics, make_rollout, summary_metrics
+from pixelrl.trainers.step import (PhaseTimer, Rollout, actor_step_metrics, make_rollout, summary_metrics,
+                                   without_zero_advantages)
 
 
 def train_on_clean_samples(actor, rollout: Rollout, cfg, num_workers: int = 1,
                            actor_version: int | None = None) -> dict[str, float]:
-    """(best/worst pairs) -> update on the clean samples. Forward-process losses never re-score
-    the sampler's trajectory, so `actor_version` changes nothing here."""
+    """(best/worst pairs, or the samples with A != 0) -> update on the clean samples. Forward-process
+    losses never re-score the sampler's trajectory, so `actor_version` changes nothing here."""
     timer = PhaseTimer()
     batch = rollout.batch
     with timer.phase("adv"):
@@ -27,15 +28,18 @@ def train_on_clean_samples(actor, rollout: Rollout, cfg, num_workers: int = 1,
             chosen, rejected = best_worst_pairs(batch["rewards"], batch["uids"])
             train = Batch({"x0": batch["x0"][chosen], "x0_rejected": batch["x0"][rejected]},
                           {"prompts": [batch["prompts"][i] for i in chosen]}, dict(batch.info))
-        else:
-            train = Batch({"x0": batch["x0"], "advantages": batch["advantages"]}, {"prompts": batch["prompts"]},
-                          dict(batch.info))
-        train.info["num_mini_batches"] = mini_batches_per_epoch(cfg)
+            train.info["num_mini_batches"] = mini_batches_per_epoch(cfg)
+        else:  # DiffusionNFT, AWM: every sample, or (drop_zero_advantage) those with A != 0
+            train = without_zero_advantages(Batch({"x0": batch["x0"], "advantages": batch["advantages"]},
+                                                  {"prompts": batch["prompts"]}, dict(batch.info)),
+                                            rollout.step, cfg, num_workers)
     with timer.phase("update_actor"):
         actor_metrics = actor.update(train)
     metrics = summary_metrics(rollout, actor_metrics, timer, num_workers)
     if cfg.diffusion_loss.name == "diffusion_dpo":
         metrics["training/pairs"] = len(train)
+    else:
+        metrics["training/trained_fraction"] = len(train) / len(batch)
     return metrics
 
 

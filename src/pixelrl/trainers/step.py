@@ -149,6 +149,19 @@ def make_rollout(actor, reward_fn, prompts: list[str], metadata: list[dict], glo
 
 
 # ---------------------------------------------------------------------------------- consumer
+def without_zero_advantages(batch: Batch, step: int, cfg, num_workers: int) -> Batch:
+    """The samples a step trains: all, or with `algorithm.drop_zero_advantage` those whose
+    advantage is not exactly 0, refilled with random dropped ones to a multiple of mini-batches x
+    workers (drawn from the step's seed, so a resumed run keeps the same ones)."""
+    num_mini = mini_batches_per_epoch(cfg)
+    train = batch
+    if cfg.algorithm.drop_zero_advantage:
+        generator = torch.Generator().manual_seed(derive_seed(step_seed(cfg.rollout.seed, step), "zero_advantage"))
+        train = batch.select(zero_advantage_keep(batch["advantages"], num_mini * num_workers, generator))
+    train.info["num_mini_batches"] = num_mini
+    return train
+
+
 def train_on(actor, rollout: Rollout, cfg, num_workers: int = 1, actor_version: int | None = None) -> dict[str, float]:
     """(timesteps to train) -> (drop zero advantages) -> (re-score old) -> (reference) -> update.
 
@@ -165,13 +178,7 @@ def train_on(actor, rollout: Rollout, cfg, num_workers: int = 1, actor_version: 
             batch["train_step_index"] = trained_step_indices(
                 rollout.window.size, len(batch), num_steps=r.num_steps, fraction=cfg.actor.timestep_fraction,
                 permute=cfg.actor.permute_timesteps, seed=derive_seed(seed, "trained_steps"))
-        num_mini = mini_batches_per_epoch(cfg)
-        train = batch
-        if cfg.algorithm.drop_zero_advantage:
-            keep = zero_advantage_keep(batch["advantages"], num_mini * num_workers,
-                                       torch.Generator().manual_seed(derive_seed(seed, "zero_advantage")))
-            train = batch.select(keep)
-        train.info["num_mini_batches"] = num_mini
+        train = without_zero_advantages(batch, rollout.step, cfg, num_workers)
     stale = actor_version is not None and batch.info.get("policy_version", actor_version) != actor_version
     correction_metrics: dict[str, float] = {}
     if cfg.algorithm.rollout_correction == "decoupled" or stale:
