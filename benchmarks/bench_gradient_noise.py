@@ -9,7 +9,7 @@ bound, the minutes this machine takes to sample that many images in training ste
 cosine between two batches' gradients. Run it with nothing else on the machine (one process, all
 cores).
 
-    python benchmarks/bench_gradient_noise.py                                # the demo config
+    python benchmarks/bench_gradient_noise.py                                # the Flow-GRPO demo config
     python benchmarks/bench_gradient_noise.py --batches 12 --set model.path=builtin:shapes
     python benchmarks/bench_gradient_noise.py --config shapes_awm --set model.path=builtin:shapes_v2
 """
@@ -77,7 +77,7 @@ def main() -> None:
     from pixelrl.engine.gradient_noise import gradient_noise_scale
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="shapes_demo")
+    parser.add_argument("--config", default="shapes_demo_flow_grpo")
     parser.add_argument("--batches", type=int, default=8, help="K gradients (K >= 2)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override (repeatable)")

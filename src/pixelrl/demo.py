@@ -1,4 +1,4 @@
-"""`pixelrl demo`: Flow-GRPO on a shipped shapes model, with a before/after evaluation.
+"""`pixelrl demo`: RL on a shipped shapes model (AWM by default), with a before/after evaluation.
 
 1. Evaluate the config's base model on the held-out shapes test set (strict GenEval-style
    score per category, 64 fixed (prompt, seed) items per category).

@@ -6,7 +6,7 @@
     pixelrl generate --prompt "..." [--model PATH]      an image grid (PNG)
     pixelrl pretrain-shapes OUT [--steps N] [--world text]  pretrain a shapes model from scratch
     pixelrl make-preferences OUT [--prompts FILE]       offline DPO pairs from a model's scored samples
-    pixelrl demo [key=value ...]                        Flow-GRPO on the shipped shapes model, before/after
+    pixelrl demo [key=value ...]                        AWM on the shipped shapes model, before/after
     pixelrl demo-jpeg                                   15-second Flow-GRPO run on a tiny random model
     pixelrl build-tiny PATH [--family F]                a tiny random SD3 / FLUX / Qwen-Image / Wan pipeline
     pixelrl pretrain-vlm OUT [--steps N]                pretrain the shapes-QA vision-language model
