@@ -108,6 +108,13 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("restarts of the in-process worker", [*SHAPES, "trainer.backend=local", "trainer.n_workers=1",
                                            "trainer.max_restarts=2"],
      "trainer.max_restarts"),
+    ("best checkpoint by a training metric", [*SHAPES, "trainer.best_metric=critic/rewards/mean"],
+     "trainer.best_metric"),
+    ("best checkpoint of a run that never validates (the config's trainer.test_freq=-1)",
+     [*SHAPES, "trainer.best_metric=val-core/overall/reward/mean@1"], "trainer.best_metric"),
+    ("best checkpoint without validation prompts", [*SHAPES, "trainer.best_metric=val-core/overall/reward/mean@1",
+                                                    "trainer.test_freq=10", "data.val_files=[]"],
+     "trainer.best_metric"),
     # names and combinations
     ("misspelled key", [*SHAPES, "actor.lrr=1e-4"], "actor.lrr"),
     ("unknown strategy", [*SHAPES, "trainer.strategy=zero3"], "trainer.strategy"),

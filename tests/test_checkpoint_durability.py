@@ -11,7 +11,9 @@ import torch
 
 from conftest import read_metrics, train_cli
 from pixelrl.trainers import checkpointing
-from pixelrl.trainers.checkpointing import POINTER, list_checkpoints, save_checkpoint
+from pixelrl.core.errors import ConfigError
+from pixelrl.trainers.checkpointing import (POINTER, BestCheckpoint, best_checkpoint_folder, list_checkpoints,
+                                           save_checkpoint)
 
 
 def _fake_actor(folder: str) -> None:
@@ -306,3 +308,32 @@ def test_too_little_space_for_the_next_checkpoint_is_named_before_writing(tmp_pa
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=2 * size))
     _save(tmp_path, 2)
     assert list_checkpoints(tmp_path) == [1, 2]
+
+
+def test_the_best_checkpoint_survives_rotation_and_its_pointer_names_it(tmp_path):
+    best = BestCheckpoint(tmp_path, "val-core/overall/reward/mean@2")
+    key = best.metric
+    assert best.offer(0, {key: 0.9}) is False  # the base model has no checkpoint to keep
+    for step, value in [(1, 0.3), (2, 0.5), (3, 0.4), (4, float("nan")), (5, 0.5)]:
+        if best.offer(step, {key: value}) or step in (3, 4, 5):
+            save_checkpoint(tmp_path, step, _fake_actor, {}, "config: 1", 1, best=best)
+    # step 2 is the best (0.5; the later 0.5 does not beat it, NaN never does); max_keep=1 keeps
+    # only the step just written and the best
+    assert list_checkpoints(tmp_path) == [2, 5]
+    assert json.loads((tmp_path / "best_checkpoint.json").read_text()) == {
+        "metric": key, "step": 2, "value": 0.5, "folder": "global_step_2"}
+    assert best_checkpoint_folder(tmp_path) == tmp_path / "global_step_2"
+    # a resumed run compares against the best as of the checkpoint it resumes from
+    resumed = BestCheckpoint(tmp_path, key)
+    resumed.restore(tmp_path / "global_step_5")
+    assert (resumed.step, resumed.value) == (2, 0.5)
+    assert resumed.offer(6, {key: 0.45}) is False and resumed.offer(7, {key: 0.6}) is True
+    other = BestCheckpoint(tmp_path, "val-core/overall/reward/best@2")  # another metric starts afresh
+    other.restore(tmp_path / "global_step_5")
+    assert other.step is None
+
+
+def test_a_best_metric_the_validation_does_not_log_is_named(tmp_path):
+    best = BestCheckpoint(tmp_path, "val-core/overall/reward/mean@4")
+    with pytest.raises(ConfigError, match=r"trainer.best_metric.*val-core/overall/reward/mean@2"):
+        best.offer(0, {"val-core/overall/reward/mean@2": 0.1, "rewards/mean": 0.2})

@@ -160,3 +160,10 @@ def test_a_broken_yaml_file_is_named_with_the_line_not_a_traceback(tmp_path, tex
     path.write_text(text)
     message = _error(config=str(path))
     assert "--config-name" in message and str(path) in message and expected in message
+
+
+def test_a_best_metric_must_be_a_validation_metric_of_a_run_that_validates():
+    assert "trainer.best_metric" in _error("trainer.best_metric=critic/rewards/mean")
+    assert "trainer.test_freq=-1 never validates" in _error("trainer.best_metric=val-core/overall/reward/mean@1",
+                                                            "trainer.test_freq=-1")
+    assert load_config("flow_grpo_tiny", [*BASE, "trainer.best_metric=val-core/overall/reward/mean@1"])

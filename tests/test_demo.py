@@ -32,6 +32,7 @@ def test_an_honest_gain_meets_every_criterion():
     assert all(report["criteria"].values()), report["criteria"]
     assert report["strict_gain_interval"][0] > 0
     assert "+0.375" in report["lines"][0]
+    assert "no category drops (smallest change: b +0.250)" in report["lines"][1]
 
 
 def test_a_hacked_gain_fails_the_exact_category_and_diversity_criteria():

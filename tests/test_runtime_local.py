@@ -156,3 +156,25 @@ def test_cosine_lr_decays_over_a_diffusion_runs_optimizer_steps(tmp_path, tiny_p
     code, _ = train_cli(tmp_path / "short", tiny_pixel_path, *LOCAL, "trainer.total_training_steps=3",
                         "actor.lr_schedule=cosine", "actor.warmup_steps=3")
     assert code == 2  # 3 optimizer steps do not outlast 3 warm-up steps
+
+
+def test_validation_logs_the_mean_over_sources_and_keeps_the_best_checkpoint(tmp_path, tiny_pixel_path):
+    val = tmp_path / "val.jsonl"
+    val.write_text("\n".join(json.dumps({"prompt": p, "data_source": src})
+                             for p, src in [("a red circle", "shapes"), ("a cat", "animals"), ("a dog", "animals")]))
+    key = "val-core/overall/reward/mean@2"
+    code, run = train_cli(tmp_path, tiny_pixel_path, *LOCAL, f"data.val_files=[{val}]", "val_kwargs.n=2",
+                          "val_kwargs.num_steps=4", "trainer.val_before_train=true", "trainer.test_freq=1",
+                          "trainer.total_training_steps=4", "trainer.save_freq=0", "trainer.max_ckpt_to_keep=1",
+                          f"trainer.best_metric={key}")
+    assert code == 0
+    metrics = read_metrics(run)
+    for row in metrics:  # GenEval's overall: the mean of the per-source means
+        assert row[key] == pytest.approx((row["val-core/shapes/reward/mean@2"] + row["val-core/animals/reward/mean@2"]) / 2)
+        assert row["val-core/overall/diversity@2"] == pytest.approx(
+            (row["val-core/shapes/diversity@2"] + row["val-core/animals/diversity@2"]) / 2)
+    trained = {int(row["training/global_step"]): row[key] for row in metrics if row.get("training/global_step")}
+    best_step = max(trained, key=trained.get)  # the first of equal values, as the trainer keeps it
+    pointer = json.loads((run / "checkpoints" / "best_checkpoint.json").read_text())
+    assert (pointer["step"], pointer["value"]) == (best_step, trained[best_step])
+    assert {f"global_step_{best_step}", "global_step_4"} == {p.name for p in (run / "checkpoints").glob("global_step_*")}

@@ -429,3 +429,25 @@ def test_cosine_lr_decays_over_the_actors_optimizer_steps(tiny_vlm_path, tmp_pat
     assert all(a > b for a, b in zip(lrs[1:], lrs[2:]))
     with pytest.raises(ConfigError, match=r"actor\.lr_schedule"):
         vlm_config(tiny_vlm_path, tmp_path, "actor.lr_schedule=linear")
+
+
+def test_the_vlm_trainer_keeps_its_best_validation_checkpoint(tiny_vlm_path, tmp_path):
+    import json
+
+    from pixelrl.cli import main
+
+    assert main(["train", "--config-name", "vlm_grpo_shapes_qa", f"model.path={tiny_vlm_path}",
+                 f"trainer.default_local_dir={tmp_path}", "data.train_batch_size=4", "rollout.n=2",
+                 "actor.ppo_mini_batch_size=8", "actor.ppo_micro_batch_size=8", "vlm.val_items=12",
+                 "trainer.total_training_steps=3", "trainer.test_freq=1", "trainer.save_freq=0",
+                 "trainer.max_ckpt_to_keep=1", "trainer.best_metric=val/balanced_accuracy", "trainer.logger=[jsonl]",
+                 "trainer.backend=local", "trainer.n_workers=1", "trainer.resume_mode=disable"]) == 0
+    run = tmp_path / "pixelrl" / "vlm_grpo_shapes_qa"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+    validated = {int(r["step"]): r["val/balanced_accuracy"] for r in records if "val/balanced_accuracy" in r}
+    assert sorted(validated) == [0, 1, 2, 3]
+    del validated[0]  # the base model has no checkpoint to keep
+    best = max(validated, key=validated.get)
+    pointer = json.loads((run / "checkpoints" / "best_checkpoint.json").read_text())
+    assert (pointer["step"], pointer["value"]) == (best, validated[best])
+    assert {p.name for p in (run / "checkpoints").glob("global_step_*")} == {f"global_step_{best}", "global_step_3"}

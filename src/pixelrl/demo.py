@@ -54,7 +54,7 @@ def validation_curves(rows: list[dict]) -> dict[str, list[tuple[int, float]]]:
     curves: dict[str, list[tuple[int, float]]] = {name: [] for name, _, _ in VALIDATION_CURVES}
     for row in rows:
         for name, prefix, _ in VALIDATION_CURVES:
-            values = [v for k, v in row.items() if k.startswith(prefix + "/")
+            values = [v for k, v in row.items() if k.startswith(prefix + "/") and k.split("/")[1] != "overall"
                       and (k.split("/")[2].startswith(name) if name == "diversity" else k.split("/")[2] == name)]
             if values:
                 curves[name].append((row["step"], float(np.mean(values))))
@@ -135,8 +135,9 @@ def demo_report(base: dict, trained: dict, div_before: dict, div_after: dict) ->
         f"[{strict_ci[0]:+.3f}, {strict_ci[1]:+.3f}]); exact scene: {base['overall_exact']:.3f} -> "
         f"{trained['overall_exact']:.3f} ({exact_gain:+.3f} [{exact_ci[0]:+.3f}, {exact_ci[1]:+.3f}])",
         f"partial credit {base['overall_partial']:.3f} -> {trained['overall_partial']:.3f}; unrequested objects per "
-        f"image {base['extra_objects']:.2f} -> {trained['extra_objects']:.2f}; largest category drop: {worst} "
-        f"{-worst_drop:+.3f}",
+        f"image {base['extra_objects']:.2f} -> {trained['extra_objects']:.2f}; "
+        + (f"largest category drop: {worst} {-worst_drop:+.3f}" if worst_drop > 0
+           else f"no category drops (smallest change: {worst} {-worst_drop:+.3f})"),
         f"diversity (mean pairwise L1 of images of one prompt): {div_before['pairwise_l1']:.3f} -> "
         f"{div_after['pairwise_l1']:.3f} ({div_ratio - 1:+.0%}); distinct pairs "
         f"{div_before['distinct_pair_fraction']:.2f} -> {div_after['distinct_pair_fraction']:.2f}",
@@ -154,7 +155,7 @@ def run_demo(overrides: list[str], per_category: int = 64, config_name: str = DE
     from pixelrl.data.shapes import evaluation_items
     from pixelrl.engine.evaluate import (bootstrap_overall, diversity, evaluate_geneval, format_failures, format_table,
                                          load_for_eval)
-    from pixelrl.trainers.checkpointing import find_resume_folder
+    from pixelrl.trainers.checkpointing import best_checkpoint_folder, find_resume_folder
     from pixelrl.trainers.policy_gradient import PolicyGradientTrainer, run_dir_of
 
     cfg = load_config(config_name, overrides)
@@ -171,10 +172,17 @@ def run_demo(overrides: list[str], per_category: int = 64, config_name: str = DE
 
     trainer = PolicyGradientTrainer(cfg)
     result = trainer.fit()
-    # the final checkpoint: the last step, or an earlier one when trainer.time_budget_s stopped the run
-    last = find_resume_folder(run_dir / "checkpoints", "auto")
-    steps = int(last.name.rsplit("_", 1)[-1])
-    trained = evaluate_geneval(load_for_eval(checkpoint=str(last)), items, **eval_kwargs)
+    # the final checkpoint (the last step, or an earlier one when trainer.time_budget_s stopped the
+    # run), or with trainer.best_metric the one of the best validation
+    final = find_resume_folder(run_dir / "checkpoints", "auto")
+    best = best_checkpoint_folder(run_dir / "checkpoints") if cfg.trainer.best_metric else None
+    chosen = best or final
+    steps = int(chosen.name.rsplit("_", 1)[-1])
+    label = f"after {steps} steps"
+    if best is not None:
+        label = f"step {steps} of {final.name.rsplit('_', 1)[-1]}, best validation"
+        print(f"evaluating the checkpoint of the best validation {cfg.trainer.best_metric}: {best}")
+    trained = evaluate_geneval(load_for_eval(checkpoint=str(chosen)), items, **eval_kwargs)
 
     div_before, div_after = diversity(base["images"], items), diversity(trained["images"], items)
     print()
@@ -183,7 +191,7 @@ def run_demo(overrides: list[str], per_category: int = 64, config_name: str = DE
         for scored in (base, trained):
             scored[f"{score}_interval"] = bootstrap_overall(scored["items"], score)
         table = format_table(base, "base", score).splitlines()
-        table.append(format_table(trained, f"after {steps} steps", score).splitlines()[-1])
+        table.append(format_table(trained, label, score).splitlines()[-1])
         print("\n".join(table))
     report = demo_report(base, trained, div_before, div_after)
     for line in report["lines"]:
@@ -199,6 +207,7 @@ def run_demo(overrides: list[str], per_category: int = 64, config_name: str = DE
         "before": {k: base[k] for k in keys}, "after": {k: trained[k] for k in keys},
         "paired_strict_interval": report["strict_gain_interval"], "criteria": report["criteria"],
         "diversity_before": div_before, "diversity_after": div_after,
+        "evaluated_checkpoint": str(chosen),
         "minutes": (time.time() - started) / 60, "config_name": config_name, "overrides": list(overrides),
     }
     (run_dir / "demo_summary.json").write_text(json.dumps(summary, indent=1))

@@ -204,6 +204,11 @@ class TrainerConfig:
     # workers again and resume from the run's latest checkpoint, at most this many times (0 = stop)
     max_restarts: int = 0
     max_ckpt_to_keep: int = 0  # 0 = keep all
+    # keep the checkpoint of the validation at which this metric was highest (saved even off
+    # save_freq, never rotated away, named in <run>/checkpoints/best_checkpoint.json; `pixelrl demo`
+    # evaluates it): a key of the validation row, e.g. val-aux/overall/shapes_strict/mean@4, the
+    # mean over data sources. "" = off. Guards a long run against drifting past its peak.
+    best_metric: str = ""
     rollout_data_dir: str = ""  # dump each step's rollouts (JSONL + images) here when set
     validation_data_dir: str = ""  # dump validation generations here when set ("" = <run>/validation)
     log_image_grid_every: int = 0  # write a sample grid every N steps (0 = at validation only)

@@ -151,6 +151,20 @@ def _check_backend(t) -> None:
                           "dies; the local backend's worker is this process: set trainer.backend=ray or 0")
 
 
+def check_best_metric(t) -> None:
+    """trainer.best_metric picks a checkpoint by a validation metric: it needs validations after
+    training steps, and a validation key (training metrics are of one batch, not held out)."""
+    if not t.best_metric:
+        return
+    if t.best_metric.split("/")[0] not in ("val-core", "val-aux", "val") or "/" not in t.best_metric:
+        raise ConfigError("trainer.best_metric", t.best_metric, "name a validation metric, e.g. "
+                          "val-aux/overall/shapes_strict/mean@4 (the mean over data sources), "
+                          "val-core/<source>/reward/mean@<n>, or val/accuracy for the vision-language trainer")
+    if t.test_freq == -1:
+        raise ConfigError("trainer.best_metric", t.best_metric, "trainer.test_freq=-1 never validates: set "
+                          "trainer.test_freq to how often (in steps) the best checkpoint is looked for")
+
+
 def _positive(field: str, value, allow_zero: bool = False, allow_inf: bool = False) -> None:
     if value != value or (value == float("inf") and not allow_inf):  # NaN, inf
         raise ConfigError(field, value, "must be a finite number")
@@ -271,6 +285,7 @@ def validate(cfg: PixelRLConfig) -> None:
         raise ConfigError("algorithm.rollout_policy", "old", f"{cfg.diffusion_loss.name} keeps no old adapter")
     _choice("trainer.strategy", t.strategy, ("ddp", "fsdp2"))
     _check_backend(t)
+    check_best_metric(t)
     _choice("reward.placement", cfg.reward.placement, ("colocated", "pool"))
     _choice("reward.on_error", cfg.reward.on_error, ("stop", "skip"))
     _positive("reward.max_consecutive_errors", cfg.reward.max_consecutive_errors)

@@ -11,7 +11,7 @@ from pixelrl.core.errors import ConfigError
 def validate_vlm(cfg: PixelRLConfig) -> None:
     from pixelrl.algos.token_ppo import AGGREGATIONS, KL_ESTIMATORS
     from pixelrl.core.assets import resolve
-    from pixelrl.core.config_loading import _check_backend, _choice, _positive, check_lr_schedule
+    from pixelrl.core.config_loading import _check_backend, _choice, _positive, check_best_metric, check_lr_schedule
     from pixelrl.engine.vlm_engine import SEQUENCE_ESTIMATORS, TOKEN_ESTIMATORS
 
     v, r, a, t, d, m = cfg.vlm, cfg.rollout, cfg.actor, cfg.trainer, cfg.data, cfg.model
@@ -34,6 +34,7 @@ def validate_vlm(cfg: PixelRLConfig) -> None:
     _choice("vlm.aggregation", v.aggregation, AGGREGATIONS)
     _choice("vlm.kl_estimator", v.kl_estimator, KL_ESTIMATORS)
     _check_backend(t)
+    check_best_metric(t)
     _choice("trainer.strategy", t.strategy, ("ddp", "fsdp2"))
     _positive("trainer.n_workers", t.n_workers)
     _positive("trainer.num_cpus_per_worker", t.num_cpus_per_worker)

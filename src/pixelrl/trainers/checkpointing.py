@@ -3,11 +3,12 @@
     <run>/checkpoints/global_step_N/
         actor/                      engine state (see pixelrl.engine.checkpoint)
         data.pt                     data-loader state (weights_only-safe)
-        trainer_state.json          global step
+        trainer_state.json          global step (and the best checkpoint so far, with trainer.best_metric)
         config.yaml                 the resolved config
         rollout_queue/step_J.*      batches sampled ahead and not trained yet (async modes):
                                     tensors as safetensors, the rest as JSON
     <run>/checkpoints/latest_checkpointed_iteration.txt
+    <run>/checkpoints/best_checkpoint.json      with trainer.best_metric: {"metric", "step", "value", "folder"}
 
 A checkpoint is written into `global_step_N.tmp`, every file and folder of it fsync'ed, and
 renamed when complete; the pointer is rewritten (temp file + fsync + os.replace) only after
@@ -16,7 +17,7 @@ valid one. A folder is never deleted in place: it is first renamed to `global_st
 (which nothing reads), so a kill mid-deletion never leaves a half-deleted `global_step_N`;
 leftovers of either kind are removed by the next save. Re-saving a step moves the old folder
 aside only once the new one is complete. Rotation (`max_keep`) removes only checkpoints older
-than the one just written, never that one.
+than the one just written, never that one, nor the best one (`BestCheckpoint`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from pixelrl.core.errors import ConfigError
 from pixelrl.engine.checkpoint import CheckpointError
 
 POINTER = "latest_checkpointed_iteration.txt"
+BEST_POINTER = "best_checkpoint.json"
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 
@@ -41,7 +43,7 @@ def _before_commit(tmp_folder: Path) -> None:
 
 
 def save_checkpoint(root: Path, step: int, save_actor, loader_state: dict, config_yaml: str, max_keep: int = 0,
-                    queued: list | None = None) -> Path:
+                    queued: list | None = None, best: BestCheckpoint | None = None) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     for leftover in [*root.glob("global_step_*.tmp"), *root.glob("global_step_*.deleting")]:
         shutil.rmtree(leftover, ignore_errors=True)  # an interrupted save or deletion
@@ -55,7 +57,8 @@ def save_checkpoint(root: Path, step: int, save_actor, loader_state: dict, confi
         (tmp / "config.yaml").write_text(config_yaml)
         if queued:
             save_rollouts(tmp / "rollout_queue", queued)
-        (tmp / "trainer_state.json").write_text(json.dumps({"global_step": step}))  # last: marks it complete
+        state = {"global_step": step, **({"best": best.state()} if best is not None else {})}
+        (tmp / "trainer_state.json").write_text(json.dumps(state))  # last: marks it complete
         _before_commit(tmp)
         sync_tree(tmp)
     except Exception as err:  # (a kill is not an Exception: its .tmp stays for the next save to clear)
@@ -75,11 +78,70 @@ def save_checkpoint(root: Path, step: int, save_actor, loader_state: dict, confi
     _sync(pointer_tmp)
     os.replace(pointer_tmp, root / POINTER)
     _sync(root)
+    if best is not None:
+        best.write_pointer()
     if max_keep > 0:
-        older = [s for s in list_checkpoints(root) if s < step]
+        older = [s for s in list_checkpoints(root) if s < step and (best is None or s != best.step)]
         for old in older[:max(0, len(older) - (max_keep - 1))]:
             _delete(root / f"global_step_{old}")
     return final
+
+
+class BestCheckpoint:
+    """`trainer.best_metric`: the checkpoint of the validation at which that metric was highest.
+    A validation that beats every earlier one (step >= 1; the base model has no checkpoint) saves
+    a checkpoint even off `save_freq`; rotation never deletes it; `best_checkpoint.json` names it.
+    The best so far is part of each checkpoint's trainer state, so a resumed run goes on comparing
+    against the best it had reached at that checkpoint."""
+
+    def __init__(self, root: Path, metric: str):
+        self.root, self.metric = root, metric
+        self.step: int | None = None
+        self.value: float | None = None
+
+    def offer(self, step: int, val_metrics: dict) -> bool:
+        """True (and this becomes the best) when `val_metrics` beats every earlier validation."""
+        if self.metric not in val_metrics:
+            names = sorted(k for k in val_metrics if k.startswith("val"))
+            raise ConfigError("trainer.best_metric", self.metric, "the validation logged no metric of that name: use "
+                              f"one of {names[:12]}{' ...' if len(names) > 12 else ''}")
+        value = float(val_metrics[self.metric])
+        if step < 1 or value != value or (self.value is not None and value <= self.value):
+            return False
+        self.step, self.value = step, value
+        return True
+
+    def state(self) -> dict:
+        return {"metric": self.metric, "step": self.step, "value": self.value}
+
+    def restore(self, folder: Path) -> None:
+        """The best as of the checkpoint `folder` (nothing when it was saved without a best metric,
+        or for another one)."""
+        saved = json.loads((folder / "trainer_state.json").read_text()).get("best") or {}
+        if saved.get("metric") == self.metric and saved.get("step") is not None:
+            self.step, self.value = int(saved["step"]), float(saved["value"])
+            self.write_pointer()
+
+    def write_pointer(self) -> None:
+        if self.step is None:
+            return
+        tmp = self.root / (BEST_POINTER + ".tmp")
+        tmp.write_text(json.dumps({**self.state(), "folder": f"global_step_{self.step}"}))
+        _sync(tmp)
+        os.replace(tmp, self.root / BEST_POINTER)
+        _sync(self.root)
+
+
+def best_checkpoint_folder(root: Path) -> Path | None:
+    """The folder `best_checkpoint.json` names, or None when the run recorded no best."""
+    pointer = root / BEST_POINTER
+    if not pointer.is_file():
+        return None
+    step = json.loads(pointer.read_text()).get("step")
+    folder = root / f"global_step_{int(step)}" if step is not None else None
+    if folder is None or not folder.is_dir():
+        raise CheckpointError(f"{pointer} names step {step}, whose checkpoint folder is missing")
+    return folder
 
 
 def _folder_bytes(folder: Path) -> int:

@@ -29,8 +29,8 @@ from pixelrl.sampling.rollout import SamplingSettings
 from pixelrl.sampling.windows import Window, full_window
 from pixelrl.core.errors import ConfigError, RewardError
 from pixelrl.trainers.ahead import AheadProducer
-from pixelrl.trainers.checkpointing import (check_resume_config, find_resume_folder, load_rollouts, load_trainer_state,
-                                           save_checkpoint)
+from pixelrl.trainers.checkpointing import (BestCheckpoint, check_resume_config, find_resume_folder, load_rollouts,
+                                           load_trainer_state, save_checkpoint)
 from pixelrl.trainers.direct_preference import offline_preference_step, train_on_clean_samples
 from pixelrl.trainers.step import make_rollout, train_on
 from pixelrl.trainers.tracking import Tracker, image_grid
@@ -65,6 +65,21 @@ def _every(freq: int, step: int, last: int | bool) -> bool:
         return False
     is_last = last if isinstance(last, bool) else step == last
     return is_last or (freq > 0 and step % freq == 0)
+
+
+def mean_over_sources(metrics: dict[str, float], sources: list[str]) -> dict[str, float]:
+    """`val-*/overall/...`: each per-source validation metric averaged over the data sources
+    (GenEval's overall score is the mean over its categories). Nothing for a single source."""
+    if len(sources) < 2:
+        return {}
+    grouped: dict[str, list[float]] = defaultdict(list)
+    for source in sources:
+        for head in ("val-core", "val-aux"):
+            prefix = f"{head}/{source}/"
+            for key, value in metrics.items():
+                if key.startswith(prefix):
+                    grouped[f"{head}/overall/{key[len(prefix):]}"].append(value)
+    return {key: float(np.mean(values)) for key, values in grouped.items()}
 
 
 def timeline_metrics(info: dict, train_start: float, train_end: float) -> dict[str, float]:
@@ -169,13 +184,17 @@ class PolicyGradientTrainer:
         if resume is not None:
             for warning in check_resume_config(resume, self.saved_yaml):
                 self.console(warning)
+        train_set, val_set = datasets_of(self.cfg)
+        if t.best_metric and val_set is None:
+            raise ConfigError("trainer.best_metric", t.best_metric, "the run has no validation prompts to pick a "
+                              "checkpoint by: set data.val_files (or use a prompt set with a validation split)")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(self.saved_yaml)
-        train_set, val_set = datasets_of(self.cfg)
         offline = cfg.algorithm.sample_source == "offline"
         loader = make_loader(train_set, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed,
                              drop_last=True, collate_fn=collate_preferences if offline else collate_rows)
         total = t.total_training_steps or len(loader) * t.total_epochs
+        self.best = BestCheckpoint(self.ckpt_root, t.best_metric) if t.best_metric else None
         try:
             self.init_workers()
             start_step, queued = 0, []
@@ -185,6 +204,8 @@ class PolicyGradientTrainer:
                 loader.load_state_dict(loader_state)
                 self.actor_version = self.actor.load(str(resume / "actor"))["policy_version"]
                 queued = load_rollouts(resume / "rollout_queue")
+                if self.best is not None:
+                    self.best.restore(resume)
                 self.console(f"resumed from {resume} (global step {start_step})")
             from omegaconf import OmegaConf
 
@@ -195,6 +216,8 @@ class PolicyGradientTrainer:
             try:
                 if t.val_before_train and val_set is not None and start_step == 0:
                     val_metrics = self.reward_errors.guard(0, lambda: self.validate(val_set, 0, tracker))
+                    if val_metrics and self.best is not None:
+                        self.best.offer(0, val_metrics)  # names a missing metric now, not after the first steps
                     if val_metrics:
                         tracker.log(val_metrics, 0)
                         val_history.append(val_metrics)
@@ -265,19 +288,22 @@ class PolicyGradientTrainer:
                 self._dump(Path(t.rollout_data_dir) / f"step_{step:06d}", batch)
             if t.log_image_grid_every and step % t.log_image_grid_every == 0 and batch is not None:
                 self._grid(tracker, "train/samples", batch, step)
+            new_best = False
             if val_set is not None and _every(t.test_freq, step, last):
                 val_metrics = reward_errors.guard(step, lambda: self.validate(val_set, step, tracker))
                 metrics.update(val_metrics)
                 if val_metrics:
                     val_history.append(val_metrics)
+                    new_best = self.best is not None and self.best.offer(step, val_metrics)
             # the row first: a kill between the two re-runs the step and replaces the row on resume;
             # the other order would lose it for good
             tracker.log(metrics, step)
             history.append(metrics)
             reward_errors.stop_if_too_many()  # after the row (it shows the failure), before the checkpoint
-            if _every(t.save_freq, step, last):
+            if _every(t.save_freq, step, last) or new_best:
                 save_checkpoint(self.ckpt_root, step, self.actor.save, loader.state_dict(), self.saved_yaml,
-                                t.max_ckpt_to_keep, queued=ahead.queued() if ahead is not None else None)
+                                t.max_ckpt_to_keep, queued=ahead.queued() if ahead is not None else None,
+                                best=self.best)
             progress.update(1)
             if "critic/rewards/mean" in metrics:
                 progress.set_postfix(reward=f"{metrics['critic/rewards/mean']:.4f}")
@@ -333,6 +359,7 @@ class PolicyGradientTrainer:
                     metrics[f"val-core/{source}/gold/{name}/mean@{vk.n}"] = float(values_all[idx].mean())
             if vk.n > 1:  # how different the n images of one prompt are (mean pairwise L1, 0..1)
                 metrics[f"val-core/{source}/diversity@{vk.n}"] = diversity(images[idx], [rows[i] for i in idx])["pairwise_l1"]
+        metrics.update(mean_over_sources(metrics, list(by_source)))
         folder = Path(cfg.trainer.validation_data_dir or self.run_dir / "validation") / f"step_{step:06d}"
         self._dump(folder, None, images=images, prompts=[r["prompt"] for r in rows], scores=scores, seeds=seeds[:real])
         self._grid(tracker, "val/samples", None, step, images=images[:32],

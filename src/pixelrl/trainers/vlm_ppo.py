@@ -16,7 +16,8 @@ from pixelrl.core.config import PixelRLConfig
 from pixelrl.core.config_loading import saved_yaml, to_yaml
 from pixelrl.data import shapes_qa
 from pixelrl.engine.pretrain_vlm import summarise_correctness
-from pixelrl.trainers.checkpointing import check_resume_config, find_resume_folder, load_trainer_state, save_checkpoint
+from pixelrl.trainers.checkpointing import (BestCheckpoint, check_resume_config, find_resume_folder, load_trainer_state,
+                                           save_checkpoint)
 from pixelrl.trainers.policy_gradient import _every, run_dir_of
 from pixelrl.trainers.tracking import Tracker
 
@@ -114,9 +115,12 @@ class VLMPPOTrainer:
         try:
             self.init_workers()
             start_step = 0
+            self.best = BestCheckpoint(self.ckpt_root, t.best_metric) if t.best_metric else None
             if resume is not None:
                 start_step, _ = load_trainer_state(resume)
                 self.actor.load(str(resume / "actor"))
+                if self.best is not None:
+                    self.best.restore(resume)
                 self.console(f"resumed from {resume} (global step {start_step})")
             result = self._loop(start_step, total, resumed=resume is not None)
             if t.backend == "local":
@@ -136,6 +140,8 @@ class VLMPPOTrainer:
         try:
             if t.val_before_train and start_step == 0:
                 val = self.validate()
+                if self.best is not None:
+                    self.best.offer(0, val)  # names a missing metric now, not after the first steps
                 tracker.log(val, 0)
                 val_history.append(val)
             for step in range(start_step + 1, total + 1):
@@ -144,15 +150,17 @@ class VLMPPOTrainer:
                 spent += time.perf_counter() - began
                 metrics["timing/step_s"] = time.perf_counter() - began
                 last = step == total or (t.time_budget_s > 0 and spent >= t.time_budget_s)
+                new_best = False
                 if _every(t.test_freq, step, last):
                     val = self.validate()
                     metrics.update(val)
                     val_history.append(val)
+                    new_best = self.best is not None and self.best.offer(step, val)
                 history.append(metrics)
                 tracker.log(metrics, step)  # the row goes before its checkpoint
-                if _every(t.save_freq, step, last):
+                if _every(t.save_freq, step, last) or new_best:
                     save_checkpoint(self.ckpt_root, step, lambda folder: self.actor.save(str(folder)),
-                                    {"step": step}, self.saved_yaml, t.max_ckpt_to_keep)
+                                    {"step": step}, self.saved_yaml, t.max_ckpt_to_keep, best=self.best)
                 if last:
                     break
         finally:
