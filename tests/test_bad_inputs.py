@@ -33,6 +33,8 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("eval with a negative seed", ["eval", "--seed", "-1"], "--seed"),
     ("eval with a non-number of steps", ["eval", "--steps", "ten"], "--steps"),
     ("eval writing under a file", ["eval", "--out", "{file}/results.json"], "is a file"),
+    ("eval against a baseline that is not a results file", ["eval", "--baseline", "{file}"], "--baseline"),
+    ("eval against a missing baseline", ["eval", "--baseline", "{tmp}/no_such_results.json"], "--baseline"),
     ("eval writing a .txt result", ["eval", "--out", "{tmp}/results.txt"], "unknown file type"),
     ("eval writing onto a folder", ["eval", "--out", "{tmp}"], "is a folder"),
     ("generate zero images", ["generate", "--prompt", "a red circle", "--n", "0"], "--n"),

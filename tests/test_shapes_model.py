@@ -77,6 +77,22 @@ def test_eval_and_generate_commands(tmp_path, tiny_pixel_path, capsys):
     low, high = result["strict_interval"]
     assert low <= result["overall"] <= high
     assert 0.0 <= result["overall"] <= 1.0 and "pairwise_l1" in result["diversity"]
+    # paired against a baseline that failed every item: the gain is the whole score
+    failed = {**result, "overall": 0.0, "overall_exact": 0.0, "strict": {c: 0.0 for c in result["strict"]},
+              "items": [{**it, "strict": False, "exact": False} for it in result["items"]]}
+    (tmp_path / "failed.json").write_text(json.dumps(failed))
+    assert main(["eval", "--model", str(tiny_pixel_path), "--per-category", "2", "--steps", "3",
+                 "--baseline", str(tmp_path / "failed.json"), "--out", str(tmp_path / "paired.json")]) == 0
+    printed = capsys.readouterr().out
+    overall = result["overall"]
+    assert overall > 0  # the premise: the tiny model passes some items, so the gain is not 0 by accident
+    assert f"strict: 0.000 -> {overall:.3f} ({overall:+.3f}, paired 95% interval" in printed
+    low, high = json.loads((tmp_path / "paired.json").read_text())["paired"]["strict_gain_interval"]
+    assert (low, high) == tuple(result["strict_interval"])  # a zero baseline: the difference is the score itself
+    # a baseline scored on other items is refused before any model loads
+    assert main(["eval", "--model", str(tiny_pixel_path), "--per-category", "1", "--baseline",
+                 str(tmp_path / "failed.json"), "--out", str(tmp_path / "other.json")]) == 2
+    assert "--baseline" in capsys.readouterr().err and not (tmp_path / "other.json").exists()
     grid = tmp_path / "grid.png"
     assert main(["generate", "--model", str(tiny_pixel_path), "--prompt", "a red circle", "--n", "4",
                  "--steps", "3", "--out", str(grid)]) == 0

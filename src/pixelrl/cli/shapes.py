@@ -30,9 +30,14 @@ def cmd_eval(args) -> int:
     check_output_file(args.out, "--out", (".json",))
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     if args.task == "text":
+        if args.baseline:
+            from pixelrl.core.errors import ConfigError
+
+            raise ConfigError("--baseline", args.baseline, "paired comparisons are of the scenes task: drop --task text")
         return _eval_text(args)
-    model = load_for_eval(args.model, args.checkpoint)
     items = evaluation_items(args.split, per_category=args.per_category or 64, seed=args.seed)
+    baseline = _read_baseline(args.baseline, items) if args.baseline else None  # before the model loads
+    model = load_for_eval(args.model, args.checkpoint)
     result = evaluate_geneval(model, items, num_steps=args.steps, guidance_scale=args.cfg)
     result["diversity"] = diversity(result.pop("images"), items)
     result.update(split=args.split, num_steps=args.steps, guidance_scale=args.cfg,
@@ -46,7 +51,40 @@ def cmd_eval(args) -> int:
           "interval over items)")
     print("what went wrong (fraction of each category's images):")
     print(format_failures(result))
+    if baseline is not None:
+        from pixelrl.demo import demo_report
+
+        report = demo_report(baseline, result, baseline["diversity"], result["diversity"])
+        print(f"paired against {baseline.get('model', args.baseline)} ({args.baseline}):")
+        print("\n".join(report["lines"]))
+        result["paired"] = {"baseline": args.baseline, "strict_gain_interval": report["strict_gain_interval"],
+                            "exact_gain_interval": report["exact_gain_interval"], "criteria": report["criteria"]}
     return _write_result(result, args.out)
+
+
+def _read_baseline(path: str, items: list[dict]) -> dict:
+    """A results.json of an earlier `pixelrl eval` on the same items, for paired intervals."""
+    import json
+
+    from pixelrl.core.errors import ConfigError
+
+    if not Path(path).is_file():
+        raise ConfigError("--baseline", path, "no such file: pass the results.json an earlier `pixelrl eval --out` "
+                          "wrote (runs/eval/results.json by default)")
+    try:
+        baseline = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError("--baseline", path, f"cannot read it as JSON ({err.__class__.__name__}): pass the "
+                          "results.json an earlier `pixelrl eval --out` wrote") from None
+    needed = ("items", "strict", "overall", "overall_exact", "overall_partial", "extra_objects", "diversity")
+    if not isinstance(baseline, dict) or any(k not in baseline for k in needed):
+        raise ConfigError("--baseline", path, "not a results.json of `pixelrl eval` (scenes task): it lacks "
+                          f"{[k for k in needed if not isinstance(baseline, dict) or k not in baseline]}")
+    scored = [(r.get("prompt"), r.get("seed")) for r in baseline["items"] if isinstance(r, dict)]
+    if scored != [(it["prompt"], it["seed"]) for it in items]:
+        raise ConfigError("--baseline", path, "it was scored on other items: evaluate with the --split, --seed and "
+                          "--per-category it was made with")
+    return baseline
 
 
 def _write_result(result: dict, out: str) -> int:
@@ -166,6 +204,9 @@ def add_parsers(sub) -> None:
             p.add_argument("--task", choices=["scenes", "text"], default="scenes",
                            help="scenes: GenEval-style tables; text: the OCR reward on the text world (a sign that says \"sun\")")
             p.add_argument("--out", default="runs/eval/results.json")
+            p.add_argument("--baseline", default=None, metavar="RESULTS_JSON",
+                           help="an earlier eval's results.json on the same items (e.g. the base model's): print "
+                                "the paired gains with 95%% intervals, category changes and diversity against it")
             p.set_defaults(func=cmd_eval)
         else:
             p.add_argument("--prompt", required=True)
