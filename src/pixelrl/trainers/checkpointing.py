@@ -117,7 +117,7 @@ class BestCheckpoint:
     def restore(self, folder: Path) -> None:
         """The best as of the checkpoint `folder` (nothing when it was saved without a best metric,
         or for another one)."""
-        saved = json.loads((folder / "trainer_state.json").read_text()).get("best") or {}
+        saved = read_trainer_state(folder).get("best") or {}
         if saved.get("metric") == self.metric and saved.get("step") is not None:
             self.step, self.value = int(saved["step"]), float(saved["value"])
             self.write_pointer()
@@ -245,10 +245,23 @@ def find_resume_folder(root: Path, resume_mode: str) -> Path | None:
     return folder
 
 
+def read_trainer_state(folder: Path) -> dict:
+    """A checkpoint's trainer_state.json ({"global_step": N} and, with trainer.best_metric, "best");
+    a damaged file stops with one message naming it and the checkpoints to fall back to."""
+    from pixelrl.engine.checkpoint import read_checkpoint_file
+
+    def read(path: Path) -> dict:
+        state = json.loads(path.read_text())
+        int(state["global_step"])  # a state without a step is damaged
+        return state
+
+    return read_checkpoint_file(folder / "trainer_state.json", read)
+
+
 def load_trainer_state(folder: Path) -> tuple[int, dict]:
     from pixelrl.engine.checkpoint import read_checkpoint_file
 
-    step = read_checkpoint_file(folder / "trainer_state.json", lambda p: int(json.loads(p.read_text())["global_step"]))
+    step = int(read_trainer_state(folder)["global_step"])
     loader_state = read_checkpoint_file(folder / "data.pt", lambda p: torch.load(p, weights_only=True))
     return step, loader_state
 
