@@ -53,12 +53,14 @@ def test_the_demo_runs_end_to_end_and_writes_its_summary(tmp_path, capsys):
     summary = run_demo([f"trainer.default_local_dir={tmp_path}", "trainer.backend=local",
                         "trainer.n_workers=1", "trainer.total_training_steps=2",
                         "data.train_batch_size=2", "rollout.n=4", "actor.ppo_micro_batch_size=8",
-                        "trainer.save_freq=2"], per_category=2)
+                        "trainer.save_freq=2", "val_kwargs.guidance_scale=2.5"], per_category=2)
     printed = capsys.readouterr().out
     assert "| model (exact) |" in printed and "paired 95% interval" in printed and "honest-gain criteria" in printed
     written = json.loads((tmp_path / "pixelrl" / "shapes_demo" / "demo_summary.json").read_text())
     assert written["criteria"] == summary["criteria"] and set(written["before"]["strict"]) == set(written["after"]["strict"])
     assert (tmp_path / "pixelrl" / "shapes_demo" / "before_after.png").is_file()
+    # judged with the validation's guidance, not the (CFG-free) rollouts'
+    assert written["evaluated_with"]["guidance_scale"] == 2.5 and "guidance 2.5;" in printed
 
 
 def test_curve_axes_sum_step_times_and_images():

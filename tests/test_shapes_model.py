@@ -133,7 +133,7 @@ def test_pretraining_resumes_bitwise(tmp_path):
     before = (tmp_path / "split" / "state" / "weights.safetensors").read_bytes()
     with pytest.raises(ConfigError, match="--world.*started with world = 'scenes'"):
         pretrain_shapes(tmp_path / "split", steps=6, **{**kwargs, "world": "text"})
-    with pytest.raises(ConfigError, match="`lr`"):
+    with pytest.raises(ConfigError, match="`--lr`"):
         pretrain_shapes(tmp_path / "split", steps=6, **{**kwargs, "lr": 1e-3})
     assert (tmp_path / "split" / "state" / "weights.safetensors").read_bytes() == before
 
@@ -154,3 +154,53 @@ def test_cosine_pretraining_decays_to_zero_and_fixes_its_length(tmp_path):
     assert last_lr["constant"] == pytest.approx(3e-3) and last_lr["cosine"] == pytest.approx(0.0, abs=1e-12)
     with pytest.raises(ConfigError, match="--steps.*started with steps = 4"):
         pretrain_shapes(tmp_path / "cosine", steps=6, lr_schedule="cosine", **kwargs)
+
+
+def test_category_weights_set_the_scene_mix():
+    from pixelrl.rewards.shapes import CATEGORIES
+    from pixelrl.shapes.pretrain import ShapesStream, parse_category_weights
+
+    weights = parse_category_weights("two_object=2, position=2.5,color_attr=0")
+    assert weights == {"single_object": 1.0, "two_object": 2.0, "counting": 1.0, "colors": 1.0,
+                       "position": 2.5, "color_attr": 0.0}
+    for bad, match in (("circles=2", "'circles' is not a category"), ("two_object=-1", "not a finite number"),
+                       ("two_object=inf", "not a finite number"), ("two_object", "not a finite number"),
+                       (",".join(f"{c}=0" for c in CATEGORIES), "at least one category")):
+        with pytest.raises(ConfigError, match=match):
+            parse_category_weights(bad)
+    # only two-object scenes: every caption drawn (none dropped) is one of the two-object train prompts
+    only = parse_category_weights(",".join(f"{c}=0" for c in CATEGORIES if c != "two_object"))
+    stream = ShapesStream(seed=5, caption_dropout=0.0, category_weights=only)
+    two_object = {r["prompt"] for r in prompt_splits()["train"] if r["category"] == "two_object"}
+    captions, _ = stream.batch(40)
+    assert set(captions) <= two_object and len(set(captions)) > 5
+    # the uniform stream keeps the draw the shipped models were trained on
+    uniform, unweighted = ShapesStream(seed=5).batch(8), ShapesStream(seed=5, category_weights=None).batch(8)
+    assert uniform[0] == unweighted[0]
+
+
+def test_pretraining_continues_from_a_pipeline(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    from pixelrl.rewards.shapes import CATEGORIES
+    from pixelrl.shapes.pretrain import parse_category_weights, pretrain_shapes
+
+    kwargs = dict(batch_size=4, lr=3e-3, warmup=1, eval_every=2, eval_per_category=1, log=lambda line: None)
+    first = pretrain_shapes(tmp_path / "first", steps=2, arch=TINY_ARCH, **kwargs)
+    weights = parse_category_weights(",".join(f"{c}=0" for c in CATEGORIES if c != "position"))
+    pretrain_shapes(tmp_path / "more", steps=2, init=first, category_weights=weights, **kwargs)
+    weights_file = "transformer/diffusion_pytorch_model.safetensors"
+    start, trained = load_file(first / weights_file), load_file(tmp_path / "first" / "init" / weights_file)
+    copied = load_file(tmp_path / "more" / "init" / weights_file)
+    # the continued run starts from the first run's EMA weights, not from a fresh random init
+    assert all(torch.equal(start[k], copied[k]) for k in start)
+    assert any(not torch.equal(trained[k], copied[k]) for k in start)
+    record = json.loads((tmp_path / "more" / "run.json").read_text())
+    assert record["init"] == str(first) and "arch" not in record and record["category_weights"]["position"] == 1.0
+    # the recipe is pinned: the same folder continued with other weights is refused
+    with pytest.raises(ConfigError, match="category_weights"):
+        pretrain_shapes(tmp_path / "more", steps=4, init=first, **kwargs)
+    with pytest.raises(ConfigError, match="--init.*architecture"):
+        pretrain_shapes(tmp_path / "other", steps=2, init=first, arch=TINY_ARCH, **kwargs)
+    assert not (tmp_path / "other").exists()

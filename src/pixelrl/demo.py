@@ -164,7 +164,11 @@ def run_demo(overrides: list[str], per_category: int = 64, config_name: str = DE
                           "use 0 (save only at the last step) or a positive interval")
     run_dir = run_dir_of(cfg)
     items = evaluation_items("test", per_category=per_category)
-    eval_kwargs = dict(num_steps=cfg.val_kwargs.num_steps, guidance_scale=cfg.rollout.guidance_scale)
+    # scored as the run validates: val_kwargs.guidance_scale when set (a policy trained on guided
+    # rollouts can be judged without guidance), else the rollout's
+    guidance = cfg.val_kwargs.guidance_scale
+    eval_kwargs = dict(num_steps=cfg.val_kwargs.num_steps,
+                       guidance_scale=cfg.rollout.guidance_scale if guidance is None else guidance)
     started = time.time()
 
     base = evaluate_geneval(load_for_eval(cfg.model.path), items, **eval_kwargs)
@@ -186,7 +190,8 @@ def run_demo(overrides: list[str], per_category: int = 64, config_name: str = DE
 
     div_before, div_after = diversity(base["images"], items), diversity(trained["images"], items)
     print()
-    print(f"held-out scores (GenEval-style, {len(items)} images; [a, b] = 95% bootstrap interval over items)")
+    print(f"held-out scores (GenEval-style, {len(items)} images, {eval_kwargs['num_steps']} steps, guidance "
+          f"{eval_kwargs['guidance_scale']:g}; [a, b] = 95% bootstrap interval over items)")
     for score in ("strict", "exact"):
         for scored in (base, trained):
             scored[f"{score}_interval"] = bootstrap_overall(scored["items"], score)
@@ -207,7 +212,7 @@ def run_demo(overrides: list[str], per_category: int = 64, config_name: str = DE
         "before": {k: base[k] for k in keys}, "after": {k: trained[k] for k in keys},
         "paired_strict_interval": report["strict_gain_interval"], "criteria": report["criteria"],
         "diversity_before": div_before, "diversity_after": div_after,
-        "evaluated_checkpoint": str(chosen),
+        "evaluated_checkpoint": str(chosen), "evaluated_with": eval_kwargs,
         "minutes": (time.time() - started) / 60, "config_name": config_name, "overrides": list(overrides),
     }
     (run_dir / "demo_summary.json").write_text(json.dumps(summary, indent=1))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pixelrl.cli.arguments import non_negative_float, non_negative_int, positive_int
+from pixelrl.cli.arguments import non_negative_float, non_negative_int, positive_float, positive_int
 from pixelrl.cli.rewards import reward_options
 from pixelrl.core.paths import check_output_file, image_suffixes
 
@@ -162,17 +162,18 @@ def cmd_make_preferences(args) -> int:
 def cmd_pretrain_shapes(args) -> int:
     import torch
 
-    from pixelrl.shapes.pretrain import SHAPES_ARCH, pretrain_shapes
+    from pixelrl.shapes.pretrain import SHAPES_ARCH, parse_category_weights, pretrain_shapes
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    arch = dict(SHAPES_ARCH)
-    if args.text_width:
-        arch["text_hidden"] = args.text_width
-    if args.text_layers:
-        arch["text_layers"] = args.text_layers
-    final = pretrain_shapes(args.out, steps=args.steps, seed=args.seed, eval_every=args.eval_every,
-                            world=args.world, arch=arch, lr_schedule=args.lr_schedule,
-                            log=lambda line: print(line, flush=True))
+    arch = None  # the shipped architecture, or with --init the init pipeline's
+    if args.text_width or args.text_layers:
+        arch = dict(SHAPES_ARCH)
+        arch["text_hidden"] = args.text_width or arch["text_hidden"]
+        arch["text_layers"] = args.text_layers or arch["text_layers"]
+    weights = parse_category_weights(args.category_weights) if args.category_weights else None
+    final = pretrain_shapes(args.out, steps=args.steps, seed=args.seed, eval_every=args.eval_every, lr=args.lr,
+                            world=args.world, arch=arch, lr_schedule=args.lr_schedule, init=args.init,
+                            category_weights=weights, log=lambda line: print(line, flush=True))
     print(f"final EMA pipeline: {final}")
     return 0
 
@@ -227,6 +228,13 @@ def add_parsers(sub) -> None:
                      help="width of each of the two CLIP text encoders (default: the first shipped model's, 64)")
     pre.add_argument("--text-layers", type=positive_int, default=None,
                      help="layers of each CLIP text encoder (default: the first shipped model's, 2)")
+    pre.add_argument("--lr", type=positive_float, default=1e-3, help="peak learning rate (AdamW)")
+    pre.add_argument("--init", default=None, metavar="PIPELINE",
+                     help="start from this pipeline's weights and architecture (a step_N or final folder of a "
+                          "pretraining run, or builtin:shapes_v2) instead of random ones")
+    pre.add_argument("--category-weights", default=None, metavar="CAT=W,...",
+                     help="draw the scenes' categories in proportion to these weights (unlisted: 1), e.g. "
+                          "two_object=2,position=2,color_attr=2; default uniform")
     pre.set_defaults(func=cmd_pretrain_shapes)
     prefs = sub.add_parser("make-preferences", help="sample a model, score, and write (chosen, rejected) pairs")
     prefs.add_argument("out", help="folder for preferences.jsonl and images/")

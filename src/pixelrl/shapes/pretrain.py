@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from pixelrl.core.assets import resolve
 from pixelrl.core.errors import ConfigError
 from pixelrl.data import shapes_text
 from pixelrl.data.shapes import evaluation_items, prompt_splits, render, vocabulary
@@ -70,25 +71,52 @@ class CaptionStream:
         return captions, torch.stack(images)
 
 
-class ShapesStream(CaptionStream):
-    """Scenes from the train prompts, categories uniform."""
+def parse_category_weights(text: str) -> dict[str, float]:
+    """"two_object=2,position=2" -> a weight for every category (unlisted ones 1), for
+    `--category-weights`; a name that is not a category or a weight that is not a finite number
+    >= 0 is refused, as are weights that leave nothing to draw."""
+    weights = dict.fromkeys(CATEGORIES, 1.0)
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, value = part.partition("=")
+        if name not in weights:
+            raise ConfigError("--category-weights", text, f"{name!r} is not a category; use {list(CATEGORIES)}")
+        try:
+            weights[name] = float(value)
+        except ValueError:
+            weights[name] = float("nan")
+        if not weights[name] >= 0 or weights[name] == float("inf"):
+            raise ConfigError("--category-weights", text, f"{name}'s weight {value!r} is not a finite number >= 0")
+    if not any(weights.values()):
+        raise ConfigError("--category-weights", text, "at least one category needs a weight above 0")
+    return weights
 
-    def __init__(self, seed: int, caption_dropout: float = 0.1):
+
+class ShapesStream(CaptionStream):
+    """Scenes from the train prompts; categories uniform, or drawn in proportion to
+    `category_weights` (category -> weight)."""
+
+    def __init__(self, seed: int, caption_dropout: float = 0.1, category_weights: dict[str, float] | None = None):
         super().__init__(seed, caption_dropout)
         self.by_cat: dict[str, list[dict]] = {}
         for item in prompt_splits()["train"]:
             self.by_cat.setdefault(item["category"], []).append(item)
+        self.weights = [category_weights[c] for c in CATEGORIES] if category_weights else None
 
     def draw(self, rng):
-        item = rng.choice(self.by_cat[rng.choice(CATEGORIES)])
+        # the uniform draw stays rng.choice: the shipped models were trained on its stream
+        category = rng.choices(CATEGORIES, self.weights)[0] if self.weights else rng.choice(CATEGORIES)
+        item = rng.choice(self.by_cat[category])
         return item["prompt"], render(item["metadata"], rng.randrange(1 << 30))
 
 
 class TextStream(CaptionStream):
     """The text world's signs, words uniform."""
 
-    def __init__(self, seed: int, caption_dropout: float = 0.1):
+    def __init__(self, seed: int, caption_dropout: float = 0.1, category_weights: dict[str, float] | None = None):
         super().__init__(seed, caption_dropout)
+        if category_weights:
+            raise ConfigError("--category-weights", category_weights, "the text world has no categories; "
+                              "leave it out with --world text")
         self.items = shapes_text.prompt_items()
 
     def draw(self, rng):
@@ -146,10 +174,12 @@ def _check_same_run(out: Path, settings: dict) -> None:
         record.write_text(json.dumps(settings, indent=1))
         return
     saved = json.loads(record.read_text())
-    for key, value in settings.items():
+    for key in {**saved, **settings}:  # a setting left out now (an init, category weights) differs too
+        value = settings.get(key)
         if json.loads(json.dumps(value)) != saved.get(key):
             flag = {"world": "--world", "seed": "--seed", "lr_schedule": "--lr-schedule", "steps": "--steps",
-                    "arch": "arch (--text-width, --text-layers)"}.get(key, key)
+                    "arch": "arch (--text-width, --text-layers)", "init": "--init",
+                    "category_weights": "--category-weights", "lr": "--lr"}.get(key, key)
             raise ConfigError(flag, value, f"{out} holds a run started with {key} = {saved.get(key)!r}; "
                               "use that to resume it, or a new folder for a new run")
 
@@ -200,13 +230,17 @@ def _load_state(out: Path, model: SD3Model, ema_model: SD3Model, learner: Learne
 def pretrain_shapes(out_dir: str | Path, *, steps: int = 6000, seed: int = 0, batch_size: int = 64,
                     lr: float = 1e-3, warmup: int = 200, ema_decay: float = 0.999, eval_every: int = 1500,
                     eval_per_category: int | None = None, arch: dict | None = None, world: str = "scenes",
-                    lr_schedule: str = "constant", log=print) -> Path:
+                    lr_schedule: str = "constant", init: str | Path | None = None,
+                    category_weights: dict[str, float] | None = None, log=print) -> Path:
     """Train for `steps` optimizer steps (a step budget, so a seed reproduces the run);
     evaluate on the validation items and save the EMA weights every `eval_every` steps, with the
     state to resume from. Called again on the same folder (with a larger `steps` to go further),
     it continues from the last saved step exactly as if it had not stopped. `lr_schedule`
     "cosine" decays the learning rate to 0 at `steps` (so the step budget is part of the recipe
-    and a cosine run cannot be extended); "constant" keeps it after the warm-up.
+    and a cosine run cannot be extended); "constant" keeps it after the warm-up. `init`, a
+    pipeline folder this function wrote (e.g. a shipped model's), starts from its weights and
+    architecture instead of random ones: pretraining continued, with its own schedule and data.
+    `category_weights` draws the scenes' categories in proportion to it instead of uniformly.
     Returns the folder of the final EMA pipeline."""
     if world not in WORLDS:
         raise ValueError(f"world {world!r}: one of {sorted(WORLDS)}")
@@ -218,20 +252,40 @@ def pretrain_shapes(out_dir: str | Path, *, steps: int = 6000, seed: int = 0, ba
                           "give more steps than that, or --lr-schedule constant")
     world_vocabulary, stream_class, validate, default_per_item = WORLDS[world]
     per_item = eval_per_category or default_per_item
+    init_name = None if init is None else str(init)  # as given: builtin:shapes_v2 resolves per install
+    if init is not None:
+        init = Path(resolve(init_name, "--init"))
+        if arch is not None:
+            raise ConfigError("--init", init_name, "the architecture is the init pipeline's: leave out the "
+                              "architecture options (--text-width, --text-layers)")
+        if not all((init / part).exists() for part in ("model_index.json", "transformer", DECLARED_OPTIONS_FILE)):
+            raise ConfigError("--init", init_name, "not a shapes pipeline folder (model_index.json, transformer/ "
+                              f"and {DECLARED_OPTIONS_FILE}, as pretrain-shapes writes them): give a checkpoints/"
+                              "step_N or final folder of a pretraining run, or builtin:shapes_v2")
+    stream = stream_class(seed, category_weights=category_weights)  # refuses weights for the text world
     arch = arch or SHAPES_ARCH
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     settings = {"world": world, "seed": seed, "batch_size": batch_size, "lr": lr, "warmup": warmup,
-                "ema_decay": ema_decay, "arch": arch}
+                "ema_decay": ema_decay}
+    if init is None:
+        settings.update(arch=arch)
+    else:  # a continued run's architecture is its init's
+        settings.update(init=init_name)
     if lr_schedule != "constant":  # runs started before the option existed were constant
         settings.update(lr_schedule=lr_schedule, steps=steps)
+    if category_weights:
+        settings.update(category_weights=category_weights)
     _check_same_run(out, settings)
-    init = out / "init"
-    if not (init / "model_index.json").is_file():
-        build_tiny_sd3(init, words=world_vocabulary(), seed=seed, **arch)
+    start_from = out / "init"
+    if not (start_from / "model_index.json").is_file():
+        if init is not None:
+            shutil.copytree(init, start_from, ignore=shutil.ignore_patterns("README.md"))
+        else:
+            build_tiny_sd3(start_from, words=world_vocabulary(), seed=seed, **arch)
     torch.manual_seed(seed)
-    model = SD3Model(init, max_sequence_length=0)
-    ema_model = SD3Model(init, max_sequence_length=0)
+    model = SD3Model(start_from, max_sequence_length=0)
+    ema_model = SD3Model(start_from, max_sequence_length=0)
     params = [p for m in _trainable_modules(model) for p in m.parameters()]
     ema_params = [p for m in _trainable_modules(ema_model) for p in m.parameters()]
     for p in params:
@@ -242,7 +296,6 @@ def pretrain_shapes(out_dir: str | Path, *, steps: int = 6000, seed: int = 0, ba
     log(f"parameters: {n_params}")
     learner = Learner(lambda: params, lr=lr, weight_decay=0.0, warmup_steps=warmup, max_grad_norm=1.0,
                       schedule=lr_schedule, total_steps=steps)
-    stream = stream_class(seed)
     gen = torch.Generator().manual_seed(seed)
     step, minutes = 0, 0.0
     if any((f / "state.json").is_file() for f in (out / "state", out / "state.old")):
@@ -261,7 +314,7 @@ def pretrain_shapes(out_dir: str | Path, *, steps: int = 6000, seed: int = 0, ba
             log(json.dumps(record))
             log_file.write(json.dumps(record) + "\n")
             log_file.flush()
-            save_pipeline(ema_model, init, out / "checkpoints" / f"step_{step:06d}")
+            save_pipeline(ema_model, start_from, out / "checkpoints" / f"step_{step:06d}")
             _save_state(out, step, elapsed, model, ema_model, learner, stream, gen)
         if step >= steps:
             break
@@ -284,6 +337,6 @@ def pretrain_shapes(out_dir: str | Path, *, steps: int = 6000, seed: int = 0, ba
             if step % 500 == 0:
                 log(json.dumps(record))
     final = out / "final"
-    save_pipeline(ema_model, init, final)
+    save_pipeline(ema_model, start_from, final)
     log(f"after {steps} steps:\n" + validate(ema_model, "test", 2 * per_item)[1])
     return final
