@@ -8,7 +8,7 @@ import torch
 from pixelrl.core.assets import BUILTIN
 
 
-@pytest.mark.parametrize("name", ["shapes", "shapes_v2"])
+@pytest.mark.parametrize("name", ["shapes", "shapes_v2", "shapes_v3"])
 def test_shipped_weights_load_and_generate_recognisable_shapes(name):
     from pixelrl.data.shapes import evaluation_items
     from pixelrl.engine.evaluate import evaluate_geneval, load_for_eval
@@ -25,7 +25,7 @@ def test_shipped_weights_load_and_generate_recognisable_shapes(name):
 
 
 def test_the_demo_trains_the_retrained_model_and_pays_only_exact_scenes():
-    """What `make demo` runs: `builtin:shapes_v2`, paid 1 for exactly the requested scene and 0 for
+    """What `make demo` runs: `builtin:shapes_v3`, paid 1 for exactly the requested scene and 0 for
     an image that passes GenEval's "at least" check with an unrequested object in it."""
     from conftest import with_extra_object
     from pixelrl.core.config_loading import load_config
@@ -34,7 +34,7 @@ def test_the_demo_trains_the_retrained_model_and_pays_only_exact_scenes():
     from pixelrl.rewards import get_reward
 
     cfg = load_config(DEMO_CONFIG, [])
-    assert cfg.model.path == "builtin:shapes_v2"
+    assert cfg.model.path == "builtin:shapes_v3"
     (spec,) = cfg.reward.functions
     reward = get_reward(spec["name"], **spec["options"])
     items = [it for it in evaluation_items("test", per_category=2) if it["category"] in ("two_object", "position")]

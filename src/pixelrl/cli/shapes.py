@@ -183,7 +183,7 @@ def add_parsers(sub) -> None:
 
     demo = sub.add_parser("demo", help="AWM on the shipped shapes model with a before/after evaluation")
     demo.add_argument("--config-name", default=DEMO_CONFIG,
-                      help=f"a shapes config (default {DEMO_CONFIG}, AWM; shapes_demo_long: its 35-minute long run; "
+                      help=f"a shapes config (default {DEMO_CONFIG}, AWM; shapes_demo_long: its 40-minute long run; "
                            "shapes_demo_flow_grpo: Flow-GRPO-Fast with the same model and reward; "
                            "shapes_demo_flow_grpo_long: that one's 100-minute long run)")
     demo.add_argument("overrides", nargs="*", help="key=value overrides of the config")

@@ -9,8 +9,10 @@ from pixelrl.core.errors import ConfigError
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 BUILTIN = {
     "shapes": ASSETS / "shapes_sd3",  # the project-trained shapes model (pipeline folder)
-    # the same denoiser with wider text encoders, pretrained longer: the demo's base model
+    # the same denoiser with wider text encoders, pretrained longer
     "shapes_v2": ASSETS / "shapes_sd3_v2",
+    # shapes_v2 pretrained further with twice the two-shape scenes: the demo's base model
+    "shapes_v3": ASSETS / "shapes_sd3_v3",
     "shapes/train": ASSETS / "shapes_prompts" / "train.jsonl",
     # 64 rows per category (small categories cycle), so RL batches are not mostly color_attr
     "shapes/train_balanced": ASSETS / "shapes_prompts" / "train_balanced.jsonl",
