@@ -150,6 +150,7 @@ DEMO_CONFIG = "shapes_demo"
 
 
 def run_demo(overrides: list[str], per_category: int = 64, config_name: str = DEMO_CONFIG) -> dict:
+    from pixelrl.core.config import validation_guidance
     from pixelrl.core.config_loading import load_config
     from pixelrl.core.errors import ConfigError
     from pixelrl.data.shapes import evaluation_items
@@ -164,11 +165,8 @@ def run_demo(overrides: list[str], per_category: int = 64, config_name: str = DE
                           "use 0 (save only at the last step) or a positive interval")
     run_dir = run_dir_of(cfg)
     items = evaluation_items("test", per_category=per_category)
-    # scored as the run validates: val_kwargs.guidance_scale when set (a policy trained on guided
-    # rollouts can be judged without guidance), else the rollout's
-    guidance = cfg.val_kwargs.guidance_scale
-    eval_kwargs = dict(num_steps=cfg.val_kwargs.num_steps,
-                       guidance_scale=cfg.rollout.guidance_scale if guidance is None else guidance)
+    # scored as the run validates (a policy trained on guided rollouts can be judged without guidance)
+    eval_kwargs = dict(num_steps=cfg.val_kwargs.num_steps, guidance_scale=validation_guidance(cfg))
     started = time.time()
 
     base = evaluate_geneval(load_for_eval(cfg.model.path), items, **eval_kwargs)

@@ -291,6 +291,12 @@ def images_per_step(cfg: "PixelRLConfig") -> int:
     return cfg.data.train_batch_size * cfg.rollout.n
 
 
+def validation_guidance(cfg: "PixelRLConfig") -> float:
+    """The guidance scale validation samples with: `val_kwargs.guidance_scale`, or the rollouts'."""
+    guidance = cfg.val_kwargs.guidance_scale
+    return cfg.rollout.guidance_scale if guidance is None else guidance
+
+
 def mini_batches_per_epoch(cfg: "PixelRLConfig") -> int:
     """Optimizer steps per inner epoch: the step's images split into mini-batches."""
     images = images_per_step(cfg)

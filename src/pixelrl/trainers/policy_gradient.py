@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from pixelrl.core.config import PixelRLConfig
+from pixelrl.core.config import PixelRLConfig, validation_guidance
 from pixelrl.core.config_loading import saved_yaml, to_yaml
 from pixelrl.data.preferences import PreferenceDataset, collate_preferences
 from pixelrl.data.prompts import PromptDataset, collate_rows, make_loader
@@ -324,8 +324,8 @@ class PolicyGradientTrainer:
         prompts = [r["prompt"] for r in rows]
         seeds = [VAL_SEED_BASE + i for i in range(len(rows))]
         settings = SamplingSettings(noise_level=vk.noise_level, sde_type=cfg.rollout.sde_type,
-                                    guidance_scale=cfg.rollout.guidance_scale if vk.guidance_scale is None
-                                    else vk.guidance_scale, logprob_reduction=cfg.rollout.logprob_reduction)
+                                    guidance_scale=validation_guidance(cfg),
+                                    logprob_reduction=cfg.rollout.logprob_reduction)
         window = full_window(vk.num_steps) if vk.noise_level > 0 else Window(0, 0)
         # val_batch_size prompts per generation call (rounded up to a multiple of the workers)
         chunk = len(rows) if not cfg.data.val_batch_size else -(-cfg.data.val_batch_size // self.actor.size) * self.actor.size
