@@ -11,6 +11,7 @@ weights is what gets evaluated and saved.
 from __future__ import annotations
 
 import json
+import math
 import random
 import shutil
 import time
@@ -83,8 +84,8 @@ def parse_category_weights(text: str) -> dict[str, float]:
         try:
             weights[name] = float(value)
         except ValueError:
-            weights[name] = float("nan")
-        if not weights[name] >= 0 or weights[name] == float("inf"):
+            weights[name] = math.nan
+        if not (math.isfinite(weights[name]) and weights[name] >= 0):
             raise ConfigError("--category-weights", text, f"{name}'s weight {value!r} is not a finite number >= 0")
     if not any(weights.values()):
         raise ConfigError("--category-weights", text, "at least one category needs a weight above 0")
