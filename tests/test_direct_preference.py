@@ -107,6 +107,40 @@ def test_awm_skips_the_reference_and_ema_forwards_its_zero_weights_switch_off(ti
     assert forwards[("beta_ref",)] == (4, 2) and forwards[("beta_ref", "ema_beta")] == (2, 2)
 
 
+def test_awm_without_its_ema_term_fine_tunes_the_whole_denoiser(tiny_pixel_path):
+    """With ema_beta 0 AWM reads no old policy, so `model.lora_rank=0` is accepted and an update
+    moves every denoiser weight that the loss reaches; with the EMA term on, the config is refused."""
+    from pixelrl.core.batch import Batch
+    from pixelrl.core.config_loading import load_config
+    from pixelrl.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="model.lora_rank"):
+        load_config("awm_tiny", [f"model.path={tiny_pixel_path}", "model.lora_rank=0"])
+    cfg = load_config("awm_tiny", [f"model.path={tiny_pixel_path}", "model.lora_rank=0",
+                                   "diffusion_loss.params.ema_beta=0.0"])
+    assert cfg.model.lora_rank == 0
+    engine, _ = _engine(tiny_pixel_path, "awm", model__lora_rank=0,
+                        diffusion_loss__params={"num_timesteps": 2, "ema_beta": 0.0})
+    transformer = engine.model.transformer
+    batch = engine.rollout(["a red circle", "a cat"], [1, 2])
+    x_t, t = batch["x0"] * 0.5, torch.full((2,), 0.5)
+    text = engine.model.encode_prompts(batch["prompts"])
+    with torch.no_grad():
+        v_base = engine.model.predict_velocity(x_t, t, text)
+        for p in transformer.parameters():  # as a resumed checkpoint's weights would, before any reference use
+            p.add_(0.01)
+    before = {k: v.detach().clone() for k, v in transformer.named_parameters()}
+    engine.flop_meter.take(peak_flops=1.0)
+    m = engine.update(Batch({"x0": batch["x0"], "advantages": torch.tensor([1.0, -1.0])},
+                            {"prompts": batch["prompts"]}, dict(batch.info)))
+    # 2 timesteps: the policy's forward and backward and the frozen copy's reference forward
+    assert (m["perf/denoiser_forwards"], m["perf/denoiser_backwards"]) == (4, 2)
+    moved = [k for k, v in transformer.named_parameters() if not torch.equal(v, before[k])]
+    assert any("ff." in k for k in moved) and any("attn.to_q" in k for k in moved)  # not only attention
+    with torch.no_grad(), engine.policy("reference"):  # the reference is still the model as loaded
+        assert torch.equal(engine.model.predict_velocity(x_t, t, text), v_base)
+
+
 @pytest.mark.parametrize("config", ["nft_tiny", "dpo_tiny"])
 def test_direct_preference_resume_is_exact_with_the_old_adapter(config, tmp_path, tiny_pixel_path):
     steps4 = ("trainer.total_training_steps=4", "trainer.save_freq=2", "data.train_batch_size=2")

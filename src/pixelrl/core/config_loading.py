@@ -260,7 +260,9 @@ def validate(cfg: PixelRLConfig) -> None:
         fitting = [n for n in LOSSES.names() if LOSSES.get(n).objective == wanted]
         raise ConfigError("diffusion_loss.name", cfg.diffusion_loss.name,
                           f"algorithm.trainer_type={cfg.algorithm.trainer_type} trains {wanted} losses: {fitting}")
-    if "v_old" in LOSSES.get(cfg.diffusion_loss.name).step_keys and m.lora_rank == 0:
+    loss = LOSSES.get(cfg.diffusion_loss.name)
+    # AWM with ema_beta 0 reads no old policy, so it can fine-tune the whole denoiser
+    if "v_old" in loss.step_keys_needed(loss.bind(cfg.diffusion_loss)) and m.lora_rank == 0:
         raise ConfigError("model.lora_rank", 0, f"{cfg.diffusion_loss.name} keeps the old policy as a second LoRA "
                           "adapter: use LoRA (model.lora_rank > 0)")
     if cfg.algorithm.trainer_type == "direct_preference" and cfg.diffusion_loss.kl_coef > 0:

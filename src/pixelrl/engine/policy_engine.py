@@ -62,7 +62,9 @@ class PolicyEngine:
                 add_adapter_copy(model.transformer, "old")
         else:
             model.transformer.requires_grad_(True)
-            if cfg.diffusion_loss.kl_coef > 0:  # full fine-tuning keeps a frozen copy as the reference
+            if self.loss_reads_reference():
+                # full fine-tuning keeps a frozen copy as the reference, taken now: a copy taken at
+                # its first use would hold a resumed checkpoint's weights, not the base model's
                 self._frozen_reference = copy.deepcopy(model.transformer).requires_grad_(False).eval()
         if mcfg.gradient_checkpointing:
             model.transformer.enable_gradient_checkpointing()
@@ -90,6 +92,11 @@ class PolicyEngine:
         self.update_calls = 0
         # Ranks sharing each optimizer step; `actor.ppo_mini_batch_size` counts images over all.
         self.data_parallel_size = 1
+
+    def loss_reads_reference(self) -> bool:
+        """The KL term or a reference key of the loss (Diffusion-DPO's reference errors, AWM's v_ref)."""
+        keys = (*self.loss.batch_keys, *self.loss.step_keys_needed(self.loss_options))
+        return self.cfg.diffusion_loss.kl_coef > 0 or any(k == "v_ref" or k.startswith("ref_") for k in keys)
 
     @classmethod
     def from_config(cls, cfg: PixelRLConfig, trains: bool = True, parallelize=None) -> "PolicyEngine":
