@@ -24,6 +24,8 @@ from pixelrl.core.registry import Registry
 from pixelrl.sampling.sde import mean_over_dims
 
 LOSSES: Registry = Registry("loss", "diffusion_loss.name")
+# step keys computed by a forward of the reference policy (AWM's and NFT's v_ref, Diffusion-DPO's errors)
+REFERENCE_STEP_KEYS = frozenset({"v_ref", "ref_err_chosen", "ref_err_rejected"})
 OBJECTIVES = ("transition", "flow_matching")
 # Fields of `diffusion_loss` every transition loss reads (the rest of a loss's options are its params).
 SHARED_FIELDS = ("clip_ratio", "adv_clip_max", "kl_coef", "kl_type")

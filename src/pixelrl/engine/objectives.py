@@ -25,7 +25,7 @@ import torch
 
 from pixelrl.algos.forward_process import draw_timesteps
 from pixelrl.algos.kl import KL_BATCH_KEYS, step_kl_to_reference
-from pixelrl.algos.losses import require_keys
+from pixelrl.algos.losses import REFERENCE_STEP_KEYS, require_keys
 from pixelrl.core.batch import Batch
 from pixelrl.core.seeding import derive_seed
 from pixelrl.models.base import PromptEmbeds
@@ -172,7 +172,7 @@ class FlowMatchingObjective:
         v = velocity()
         with torch.no_grad():
             v_ref = v_old = None
-            if needs & {"v_ref", "ref_err_chosen"}:
+            if needs & REFERENCE_STEP_KEYS:
                 with e.policy("reference"):
                     v_ref = velocity()
             if "v_old" in needs:

@@ -12,7 +12,7 @@ from collections import defaultdict
 
 import torch
 
-from pixelrl.algos.losses import get_loss, require_keys
+from pixelrl.algos.losses import REFERENCE_STEP_KEYS, get_loss, require_keys
 from pixelrl.engine.flops import FlopMeter, matmul_peak_flops, peak_memory_gb
 from pixelrl.engine.learner import Learner
 from pixelrl.engine.objectives import OBJECTIVE_CLASSES, side_by_side, step_groups
@@ -94,9 +94,9 @@ class PolicyEngine:
         self.data_parallel_size = 1
 
     def loss_reads_reference(self) -> bool:
-        """The KL term or a reference key of the loss (Diffusion-DPO's reference errors, AWM's v_ref)."""
-        keys = (*self.loss.batch_keys, *self.loss.step_keys_needed(self.loss_options))
-        return self.cfg.diffusion_loss.kl_coef > 0 or any(k == "v_ref" or k.startswith("ref_") for k in keys)
+        """The KL term, or a step key of the loss that a reference forward computes."""
+        needs = REFERENCE_STEP_KEYS.intersection(self.loss.step_keys_needed(self.loss_options))
+        return self.cfg.diffusion_loss.kl_coef > 0 or bool(needs)
 
     @classmethod
     def from_config(cls, cfg: PixelRLConfig, trains: bool = True, parallelize=None) -> "PolicyEngine":
