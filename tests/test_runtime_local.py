@@ -104,6 +104,32 @@ def test_export_pipeline_and_adapter_load_in_diffusers(tmp_path, tiny_sd3_path):
     assert abs(fused - adapted).max() < 1e-3  # fused pipeline == base + adapter
 
 
+def test_exported_pipeline_declares_how_it_trained_and_samples_like_its_checkpoint(tmp_path, tiny_sd3_path):
+    """The run trained with zero T5 tokens; its exported folder says so, so that pixelrl loads it
+    as it trained (the family default, 256 zero tokens, would give other images) and samples what
+    the checkpoint does."""
+    from pixelrl.cli import main
+    from pixelrl.engine.evaluate import generate, load_for_eval
+    from pixelrl.models.loader import declared_options
+
+    code, run = train_cli(tmp_path, tiny_sd3_path, *LOCAL, "trainer.total_training_steps=1")
+    assert code == 0
+    ckpt = run / "checkpoints" / "global_step_1"
+    assert main(["export", str(ckpt), str(tmp_path / "pipeline")]) == 0
+    assert declared_options(tmp_path / "pipeline") == {"max_sequence_length": 0}
+    exported = load_for_eval(str(tmp_path / "pipeline"))
+    assert exported.max_sequence_length == 0
+    kwargs = dict(num_steps=3, guidance_scale=1.0, resolution=32)
+    from_export = generate(exported, ["a red circle"], [0], **kwargs)
+    from_checkpoint = generate(load_for_eval(checkpoint=str(ckpt)), ["a red circle"], [0], **kwargs)
+    assert (from_export.float() - from_checkpoint.float()).abs().max() <= 1
+    from pixelrl.models.loader import load_folder_model
+
+    as_family_default = generate(load_folder_model(tmp_path / "pipeline", max_sequence_length=256), ["a red circle"],
+                                 [0], **kwargs)
+    assert (as_family_default.float() - from_checkpoint.float()).abs().max() > 8
+
+
 def test_time_budget_stops_after_the_step_that_uses_it_with_a_checkpoint(tmp_path, tiny_pixel_path):
     """A tiny budget is used up by the first step: the run stops there, saved and validated as at
     its last step, and a resume with the budget lifted continues from it."""

@@ -53,6 +53,7 @@ def cmd_export(args) -> int:
     from pixelrl.core.config_loading import from_yaml_text
     from pixelrl.core.errors import ConfigError
     from pixelrl.models.export import export_checkpoint
+    from pixelrl.models.loader import DECLARABLE_OPTIONS
 
     ckpt = Path(args.checkpoint)
     if (ckpt / "checkpoints").is_dir():
@@ -90,7 +91,11 @@ def cmd_export(args) -> int:
                                     lora_alpha=saved.lora_alpha, weights=weights)
         print(f"exported Qwen2-VL model folder ({weights} weights) to {out}")
         return 0
-    out = export_checkpoint(ckpt / "actor", base, out, model_type=saved.type, adapter_only=args.adapter_only)
+    # the exported folder declares the options the run trained with: a shapes model trained with
+    # zero T5 tokens and loaded with the family default scores far worse, with no error
+    trained_options = {option: getattr(saved, option) for option in DECLARABLE_OPTIONS}
+    out = export_checkpoint(ckpt / "actor", base, out, model_type=saved.type, adapter_only=args.adapter_only,
+                            trained_options=trained_options)
     print(f"exported {'adapter' if args.adapter_only else 'pipeline'} to {out}")
     return 0
 

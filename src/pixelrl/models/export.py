@@ -12,10 +12,12 @@ from pixelrl.core.errors import ModelFolderError
 
 
 def export_checkpoint(actor_dir: str | Path, base_model: str | Path, out: str | Path, *, model_type: str,
-                      adapter_only: bool = False) -> Path:
-    """`model_type` is the run's `model.type`: its family knows how its pipeline loads."""
+                      adapter_only: bool = False, trained_options: dict | None = None) -> Path:
+    """`model_type` is the run's `model.type`: its family knows how its pipeline loads.
+    `trained_options`: the run's values of the options a folder can declare (max_sequence_length),
+    written into the pipeline folder's pixelrl_model.json so that it loads as it was trained."""
     from pixelrl.core.assets import resolve
-    from pixelrl.models.loader import model_family
+    from pixelrl.models.loader import model_family, write_declared_options
 
     actor_dir, base_model, out = Path(actor_dir), Path(resolve(str(base_model))), Path(out)
     adapter = actor_dir / "adapter"
@@ -35,4 +37,6 @@ def export_checkpoint(actor_dir: str | Path, base_model: str | Path, out: str | 
         if unexpected:
             raise ModelFolderError(f"`{actor_dir}` weights do not match the base transformer: {unexpected[:3]}")
     pipe.save_pretrained(out, safe_serialization=True)
+    if trained_options:
+        write_declared_options(out, trained_options)
     return out

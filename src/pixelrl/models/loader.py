@@ -115,6 +115,14 @@ def declared_options(path) -> dict:
     return options
 
 
+def write_declared_options(folder, options: dict) -> None:
+    """Declare in `folder` how its model was trained to be loaded (the inverse of declared_options)."""
+    unknown = sorted(set(options) - set(DECLARABLE_OPTIONS))
+    if unknown:
+        raise ValueError(f"only {list(DECLARABLE_OPTIONS)} can be declared, not {unknown}")
+    (Path(folder) / DECLARED_OPTIONS_FILE).write_text(json.dumps({k: int(v) for k, v in options.items()}) + "\n")
+
+
 def load_folder_model(path, **kwargs) -> DiffusionModel:
     """Load a pipeline folder as the family its model_index.json names (eval / generate), with
     the options the folder declares (`kwargs` override them)."""
