@@ -72,9 +72,9 @@ def cmd_export(args) -> int:
     check_output_dir(out, "<out>")
     run = from_yaml_text((ckpt / "config.yaml").read_text())
     saved = run.model
-    if args.weights and saved.type != "qwen_vl":
-        raise ConfigError("--weights", args.weights, "chooses between a vision-language run's actor and EMA; a "
-                          "diffusion checkpoint exports its actor: drop --weights")
+    if args.weights == "ema" and saved.type != "qwen_vl" and not run.actor.ema_decay:
+        raise ConfigError("--weights", args.weights, "the run kept no EMA of its weights (actor.ema_decay was 0): "
+                          "export its weights with --weights actor or without --weights")
     base = args.base_model or saved.path
     if not Path(resolve(str(base))).is_dir():
         raise ConfigError("--base-model", str(base), "the base model folder does not exist here (a run's relative "
@@ -94,9 +94,11 @@ def cmd_export(args) -> int:
     # the exported folder declares the options the run trained with: a shapes model trained with
     # zero T5 tokens and loaded with the family default scores far worse, with no error
     trained_options = {option: getattr(saved, option) for option in DECLARABLE_OPTIONS}
+    # by default the weights the run's validation scored: their EMA when it kept one
+    weights = args.weights or ("ema" if run.actor.ema_decay > 0 else "actor")
     out = export_checkpoint(ckpt / "actor", base, out, model_type=saved.type, adapter_only=args.adapter_only,
-                            trained_options=trained_options)
-    print(f"exported {'adapter' if args.adapter_only else 'pipeline'} to {out}")
+                            trained_options=trained_options, weights=weights)
+    print(f"exported {'adapter' if args.adapter_only else 'pipeline'} ({weights} weights) to {out}")
     return 0
 
 
@@ -182,7 +184,7 @@ def add_parsers(sub) -> None:
     export.add_argument("--adapter-only", action="store_true", help="write only the LoRA adapter")
     export.add_argument("--base-model", default=None, help="base pipeline folder (default: the run's model.path)")
     export.add_argument("--weights", choices=("actor", "ema"), default=None,
-                        help="vision-language runs: the actor or its EMA (default: what the run validated)")
+                        help="the trained weights or their EMA (default: what the run validated)")
     export.set_defaults(func=cmd_export)
     jpeg = sub.add_parser("demo-jpeg", help="short Flow-GRPO run on a tiny random model with the JPEG reward")
     jpeg.add_argument("--steps", type=positive_int, default=20)

@@ -88,6 +88,11 @@ class ActorConfig:
     timestep_fraction: float = 1.0
     permute_timesteps: bool = False
     max_consecutive_nonfinite: int = 3  # skipped updates in a row before the run stops
+    # > 0: keep an EMA of the trained weights, updated after every `ema_update_interval`-th
+    # optimizer step s with decay min((1 + s) / (10 + s), ema_decay); validation, the checkpoints'
+    # evaluation and `pixelrl export` use it (flow_grpo's and DiffusionNFT's train.ema: 0.9)
+    ema_decay: float = 0.0
+    ema_update_interval: int = 1
 
 
 @dataclass

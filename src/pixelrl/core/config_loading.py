@@ -234,6 +234,10 @@ def validate(cfg: PixelRLConfig) -> None:
                          ("algorithm.adv_eps", cfg.algorithm.adv_eps), ("actor.max_grad_norm", a.max_grad_norm)):
         _positive(field, value, allow_inf=field != "algorithm.adv_eps")  # an infinite clip = no clipping
     _positive("actor.adam_eps", a.adam_eps)
+    if not 0 <= a.ema_decay < 1:
+        raise ConfigError("actor.ema_decay", a.ema_decay, "must be in [0, 1): 0 keeps no EMA of the trained "
+                          "weights; flow_grpo and DiffusionNFT keep one at 0.9")
+    _positive("actor.ema_update_interval", a.ema_update_interval)
     _positive("rollout.guidance_scale", r.guidance_scale, allow_zero=True)
     if cfg.val_kwargs.guidance_scale is not None:
         _positive("val_kwargs.guidance_scale", cfg.val_kwargs.guidance_scale, allow_zero=True)

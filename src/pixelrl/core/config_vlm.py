@@ -86,6 +86,9 @@ def validate_vlm(cfg: PixelRLConfig) -> None:
         raise ConfigError("vlm.entropy_mask_ratio", v.entropy_mask_ratio, "must be in [0, 1] (0 = every token)")
     if v.ema_decay >= 1:
         raise ConfigError("vlm.ema_decay", v.ema_decay, "must be in [0, 1) (0 = no EMA; LightRFT uses 0.992)")
+    if cfg.actor.ema_decay:
+        raise ConfigError("actor.ema_decay", cfg.actor.ema_decay, "is the diffusion trainers' EMA: a vision-language "
+                          "run keeps its EMA actor with vlm.ema_decay (and vlm.validate_ema)")
     if v.validate_ema and v.ema_decay == 0:
         raise ConfigError("vlm.validate_ema", True, "there is no EMA actor to validate: set vlm.ema_decay > 0 "
                           "(e.g. 0.99) or remove vlm.validate_ema")

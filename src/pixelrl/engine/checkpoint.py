@@ -4,6 +4,8 @@ Layout of an engine folder (written by rank 0; every rank takes part in gatherin
     trainable.safetensors      exact trainable tensors, by parameter name (for resume)
     adapter/pytorch_lora_weights.safetensors   LoRA in the family's diffusers layout (`load_lora_weights`)
     old_adapter.safetensors    the `old` adapter (DiffusionNFT's old policy, AWM's EMA) when kept
+    ema.safetensors            the EMA of the trainable tensors (actor.ema_decay > 0), by name
+    ema_adapter/               that EMA as a LoRA in the family's diffusers layout (LoRA runs)
     optimizer.pt               full optimizer state (loaded with weights_only=True)
     engine_state.json          lr scheduler state and counters
 """
@@ -17,8 +19,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pixelrl.core.errors import PixelRLError
-from pixelrl.engine.distributed import (full_trainable_state, load_trainable_state, optimizer_state,
-                                        set_optimizer_state)
+from pixelrl.engine.distributed import (copy_full_into, full_tensor, full_trainable_state, load_trainable_state,
+                                        optimizer_state, set_optimizer_state)
 from pixelrl.models.lora import lora_config
 
 
@@ -49,6 +51,8 @@ def save_engine(engine, folder: str | Path, *, write: bool = True) -> None:
     names = engine.trainable_names()
     weights = full_trainable_state(engine.model.transformer, names)
     old = full_trainable_state(engine.model.transformer, old_adapter_names(engine)) if engine.has_old_adapter else None
+    ema = ({n: full_tensor(v) for n, v in zip(names, engine.weights_ema.values)}
+           if engine.weights_ema is not None else None)
     optimizer = _optimizer_state(engine)
     if not write:
         return
@@ -59,6 +63,11 @@ def save_engine(engine, folder: str | Path, *, write: bool = True) -> None:
                                lora_config(engine.model.transformer))
     if old is not None:
         save_file({k: v.contiguous() for k, v in old.items()}, str(folder / "old_adapter.safetensors"))
+    if ema is not None:
+        save_file({k: v.contiguous() for k, v in ema.items()}, str(folder / "ema.safetensors"))
+        if engine.use_lora:
+            engine.model.save_lora(folder / "ema_adapter", {peft_key(k): v for k, v in ema.items()},
+                                   lora_config(engine.model.transformer))
     torch.save(optimizer, folder / "optimizer.pt")
     state = {"lr_scheduler": engine.learner.lr_scheduler.state_dict(), "counters": engine.counters(),
              "use_lora": engine.use_lora, "trainable_names": names}
@@ -70,8 +79,13 @@ def load_engine(engine, folder: str | Path) -> None:
     needed = ["trainable.safetensors", "optimizer.pt", "engine_state.json"]
     if engine.has_old_adapter:
         needed.append("old_adapter.safetensors")
+    if engine.weights_ema is not None:
+        needed.append("ema.safetensors")
     missing = [n for n in needed if not (folder / n).is_file()]
     if missing:
+        if missing == ["ema.safetensors"]:
+            raise CheckpointError(f"checkpoint `{folder}` holds no EMA of its weights (missing {missing}): the run "
+                                  "that wrote it kept none; resume it with actor.ema_decay=0 as it ran")
         raise CheckpointError(f"checkpoint `{folder}` is incomplete (missing {missing}): resume from another "
                               f"global_step_N folder or set trainer.resume_mode=disable")
     state = read_checkpoint_file(folder / "engine_state.json", lambda path: json.loads(path.read_text()))
@@ -83,10 +97,20 @@ def load_engine(engine, folder: str | Path) -> None:
     for name in ["trainable.safetensors"] + (["old_adapter.safetensors"] if engine.has_old_adapter else []):
         read_checkpoint_file(folder / name,
                              lambda path: load_trainable_state(engine.model.transformer, load_file(str(path))))
+    if engine.weights_ema is not None:
+        read_checkpoint_file(folder / "ema.safetensors", lambda path: _load_ema(engine, load_file(str(path))))
     read_checkpoint_file(folder / "optimizer.pt", lambda path: _set_optimizer_state(
         engine, torch.load(path, weights_only=True, map_location="cpu")))
     engine.learner.lr_scheduler.load_state_dict(state["lr_scheduler"])
     engine.set_counters(state["counters"])
+
+
+def _load_ema(engine, state: dict[str, torch.Tensor]) -> None:
+    names = engine.trainable_names()
+    if set(state) != set(names):
+        raise ValueError(f"the EMA holds {len(state)} tensors, the model trains {len(names)}")
+    for name, value in zip(names, engine.weights_ema.values):
+        copy_full_into(value, state[name])
 
 
 def read_checkpoint_file(path: Path, read):

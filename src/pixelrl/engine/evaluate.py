@@ -144,8 +144,9 @@ def format_failures(before: dict, after: dict | None = None) -> str:
 
 def load_for_eval(model_path: str | None = None, checkpoint: str | None = None):
     """The model to evaluate: a pipeline folder (or `builtin:shapes`), or a training checkpoint
-    (its base model with the trained weights of `global_step_N/actor` applied). A folder loads
-    with its family's defaults and the options its pixelrl_model.json declares."""
+    (its base model with the trained weights of `global_step_N/actor` applied, their EMA when the
+    run kept one). A folder loads with its family's defaults and the options its
+    pixelrl_model.json declares."""
     from pathlib import Path
 
     from pixelrl.models.loader import load_configured_model, load_folder_model
@@ -161,6 +162,8 @@ def load_for_eval(model_path: str | None = None, checkpoint: str | None = None):
     model = load_configured_model(cfg.model, model_path)
     engine = PolicyEngine(model, cfg)
     load_engine(engine, folder / "actor")
+    if engine.weights_ema is not None:  # the weights the run's validation scored (actor.ema_decay)
+        engine.weights_ema.copy_to_params()
     return engine.model
 
 

@@ -16,6 +16,7 @@ from pixelrl.algos.losses import REFERENCE_STEP_KEYS, get_loss, require_keys
 from pixelrl.engine.flops import FlopMeter, matmul_peak_flops, peak_memory_gb
 from pixelrl.engine.learner import Learner
 from pixelrl.engine.objectives import OBJECTIVE_CLASSES, side_by_side, step_groups
+from pixelrl.engine.weights_ema import WeightsEMA
 from pixelrl.core.batch import Batch
 from pixelrl.core.config import PixelRLConfig, actor_optimizer_steps
 from pixelrl.core.errors import ConfigError
@@ -26,7 +27,7 @@ from pixelrl.sampling.rollout import SamplingSettings, rollout, step_with_log_pr
 from pixelrl.sampling.schedule import schedule_sigmas
 from pixelrl.sampling.windows import Window, full_window
 
-POLICIES = ("current", "old", "reference")
+POLICIES = ("current", "old", "reference", "ema")
 
 
 class PolicyEngine:
@@ -86,6 +87,9 @@ class PolicyEngine:
         # the lr where it got to).
         self.learner = Learner.from_actor_config(model.trainable_parameters, cfg.actor,
                                                  total_steps=actor_optimizer_steps(cfg)) if trains else None
+        # the EMA of the trained weights that validation scores and checkpoints carry (actor.ema_decay)
+        self.weights_ema = (WeightsEMA(model.trainable_parameters(), cfg.actor.ema_decay, cfg.actor.ema_update_interval)
+                            if trains and cfg.actor.ema_decay > 0 else None)
         # Counts optimizer steps; a batch remembers the version that sampled it, so the engine
         # knows when the current weights ARE the rollout policy.
         self.policy_version = 0
@@ -173,7 +177,8 @@ class PolicyEngine:
         `current` is the weights as they are now; `old` is the `old` adapter when the loss keeps
         one, else the current weights (in a colocated engine the old policy of a transition loss
         is the current one before this step's update); `reference` is the base model: LoRA
-        adapters disabled, or the frozen copy kept for full fine-tuning.
+        adapters disabled, or the frozen copy kept for full fine-tuning; `ema` is the EMA of the
+        trained weights (actor.ema_decay), or the current weights when the engine keeps none.
         """
         if which not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {which!r}")
@@ -188,6 +193,9 @@ class PolicyEngine:
     def _weights_of(self, which: str):
         if which == "old" and self.has_old_adapter:
             with adapter_active(self.model.transformer, "old"):
+                yield
+        elif which == "ema" and self.weights_ema is not None:
+            with self.weights_ema.swapped_in():
                 yield
         elif which != "reference":
             yield
@@ -340,6 +348,10 @@ class PolicyEngine:
                 step_metrics = self.learner.step(loss_total)
                 if step_metrics.pop("stepped"):
                     self.policy_version += 1
+                    if self.weights_ema is not None:
+                        decay = self.weights_ema.update(self.policy_version)
+                        if decay is not None:
+                            log("weights_ema_decay", decay)
                 for name, value in step_metrics.items():
                     log(name, value)
         self.model.transformer.eval()

@@ -25,6 +25,7 @@ from pixelrl.core.seeding import derive_seed
 from pixelrl.engine.distributed import (all_reduce_sum, copy_full_into, full_tensor, optimizer_state,
                                         set_optimizer_state)
 from pixelrl.engine.learner import Learner
+from pixelrl.engine.weights_ema import holding
 from pixelrl.models.qwen_vl import QwenVLModel, TokenBatch, ValueModel
 from pixelrl.rewards.multi import WeightedReward
 
@@ -124,14 +125,8 @@ class VLMEngine:
     def ema_weights(self):
         """The actor's trainable parameters hold their EMA inside the block (to validate the EMA
         actor) and get their own values back, bit for bit, when it ends."""
-        saved = [p.detach().clone() for p in self.trainable]
-        with torch.no_grad():
-            torch._foreach_copy_(self.trainable, self.ema)
-        try:
+        with holding(self.trainable, self.ema):
             yield
-        finally:
-            with torch.no_grad():
-                torch._foreach_copy_(self.trainable, saved)
 
     # --- helpers -------------------------------------------------------------------------
     def _micro(self, n: int):

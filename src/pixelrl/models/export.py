@@ -12,15 +12,19 @@ from pixelrl.core.errors import ModelFolderError
 
 
 def export_checkpoint(actor_dir: str | Path, base_model: str | Path, out: str | Path, *, model_type: str,
-                      adapter_only: bool = False, trained_options: dict | None = None) -> Path:
+                      adapter_only: bool = False, trained_options: dict | None = None, weights: str = "actor") -> Path:
     """`model_type` is the run's `model.type`: its family knows how its pipeline loads.
+    `weights`: `actor` (the trained weights) or `ema` (their EMA, kept when actor.ema_decay > 0).
     `trained_options`: the run's values of the options a folder can declare (max_sequence_length),
     written into the pipeline folder's pixelrl_model.json so that it loads as it was trained."""
     from pixelrl.core.assets import resolve
     from pixelrl.models.loader import model_family, write_declared_options
 
     actor_dir, base_model, out = Path(actor_dir), Path(resolve(str(base_model))), Path(out)
-    adapter = actor_dir / "adapter"
+    if weights not in ("actor", "ema"):
+        raise ValueError(f"weights must be 'actor' or 'ema', got {weights!r}")
+    adapter = actor_dir / ("ema_adapter" if weights == "ema" else "adapter")
+    state_file = actor_dir / ("ema.safetensors" if weights == "ema" else "trainable.safetensors")
     if adapter_only:
         if not adapter.is_dir():
             raise ModelFolderError(f"`{actor_dir}` holds no LoRA adapter (a full fine-tune): export without --adapter-only")
@@ -32,7 +36,10 @@ def export_checkpoint(actor_dir: str | Path, base_model: str | Path, out: str | 
         pipe.fuse_lora()
         pipe.unload_lora_weights()
     else:
-        state = load_file(str(actor_dir / "trainable.safetensors"))
+        if not state_file.is_file():
+            raise ModelFolderError(f"`{actor_dir}` holds no {state_file.name}"
+                                   + (": the run kept no EMA (actor.ema_decay 0)" if weights == "ema" else ""))
+        state = load_file(str(state_file))
         missing, unexpected = pipe.transformer.load_state_dict(state, strict=False)
         if unexpected:
             raise ModelFolderError(f"`{actor_dir}` weights do not match the base transformer: {unexpected[:3]}")

@@ -329,9 +329,11 @@ class PolicyGradientTrainer:
         window = full_window(vk.num_steps) if vk.noise_level > 0 else Window(0, 0)
         # val_batch_size prompts per generation call (rounded up to a multiple of the workers)
         chunk = len(rows) if not cfg.data.val_batch_size else -(-cfg.data.val_batch_size // self.actor.size) * self.actor.size
+        # the EMA of the trained weights when the run keeps one (flow_grpo and DiffusionNFT validate it)
+        policy = "ema" if cfg.actor.ema_decay > 0 else "current"
         images = torch.cat([
             self.actor.rollout(prompts[i:i + chunk], seeds[i:i + chunk], window=window, settings=settings,
-                               num_steps=vk.num_steps)["images"]
+                               num_steps=vk.num_steps, policy=policy)["images"]
             for i in range(0, len(rows), chunk)])[:real]
         rows = rows[:real]
         scores = self.rewards(images, [r["prompt"] for r in rows], [r["metadata"] for r in rows])
