@@ -113,6 +113,8 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("negative LoRA rank", [*SHAPES, "model.lora_rank=-1"], "model.lora_rank"),
     ("AWM with its EMA term on the whole denoiser (the EMA is a second LoRA adapter)",
      ["train", "--config-name", "shapes_awm", "model.lora_rank=0"], "model.lora_rank"),
+    ("sampling AWM's EMA adapter while fine-tuning the whole denoiser",
+     ["train", "--config-name", "shapes_demo", "algorithm.rollout_policy=old"], "algorithm.rollout_policy"),
     ("zero images per prompt", [*SHAPES, "rollout.n=0"], "rollout.n"),
     ("zero sampling steps", [*SHAPES, "rollout.num_steps=0"], "rollout.num_steps"),
     ("negative clip ratio", [*SHAPES, "diffusion_loss.clip_ratio=-0.1"], "diffusion_loss.clip_ratio"),

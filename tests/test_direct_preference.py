@@ -141,6 +141,26 @@ def test_awm_without_its_ema_term_fine_tunes_the_whole_denoiser(tiny_pixel_path)
         assert torch.equal(engine.model.predict_velocity(x_t, t, text), v_base)
 
 
+def test_awm_keeps_its_ema_adapter_only_when_the_loss_or_the_rollouts_read_it(tiny_pixel_path):
+    """AWM's `old` adapter (its EMA) exists for the ema_beta term and for rollouts that sample it;
+    with neither there is nothing to build, blend or checkpoint. Full fine-tuning has no second
+    adapter, so sampling the old policy with it is refused."""
+    from pixelrl.core.config_loading import load_config
+    from pixelrl.core.errors import ConfigError
+
+    def old_adapter(ema_beta, rollout_policy="current"):
+        engine, _ = _engine(tiny_pixel_path, "awm", diffusion_loss__params={"num_timesteps": 2, "ema_beta": ema_beta},
+                            algorithm__rollout_policy=rollout_policy)
+        return engine.has_old_adapter, any(".old." in n for n, _ in engine.model.transformer.named_parameters())
+
+    assert old_adapter(1.0) == (True, True)
+    assert old_adapter(0.0) == (False, False)
+    assert old_adapter(0.0, rollout_policy="old") == (True, True)
+    with pytest.raises(ConfigError, match="algorithm.rollout_policy"):
+        load_config("awm_tiny", [f"model.path={tiny_pixel_path}", "model.lora_rank=0",
+                                 "diffusion_loss.params.ema_beta=0.0", "algorithm.rollout_policy=old"])
+
+
 @pytest.mark.parametrize("config", ["nft_tiny", "dpo_tiny"])
 def test_direct_preference_resume_is_exact_with_the_old_adapter(config, tmp_path, tiny_pixel_path):
     steps4 = ("trainer.total_training_steps=4", "trainer.save_freq=2", "data.train_batch_size=2")

@@ -289,6 +289,10 @@ def validate(cfg: PixelRLConfig) -> None:
                               "rows from a .jsonl or .parquet file: write one with `pixelrl make-preferences`")
     if cfg.algorithm.rollout_policy == "old" and "v_old" not in LOSSES.get(cfg.diffusion_loss.name).step_keys:
         raise ConfigError("algorithm.rollout_policy", "old", f"{cfg.diffusion_loss.name} keeps no old adapter")
+    if cfg.algorithm.rollout_policy == "old" and m.lora_rank == 0:
+        raise ConfigError("algorithm.rollout_policy", "old", "the old policy is a second LoRA adapter, which full "
+                          "fine-tuning (model.lora_rank=0) does not keep: sample with rollout_policy=current or "
+                          "train a LoRA")
     _choice("trainer.strategy", t.strategy, ("ddp", "fsdp2"))
     _check_backend(t)
     check_best_metric(t)

@@ -53,8 +53,10 @@ class PolicyEngine:
         torch.manual_seed(cfg.seed)
         self.use_lora = mcfg.lora_rank > 0
         self._frozen_reference = None
-        # DiffusionNFT's old policy / AWM's EMA: a second, frozen adapter that starts as a copy
-        self.has_old_adapter = self.use_lora and "v_old" in self.loss.step_keys
+        # DiffusionNFT's old policy / AWM's EMA: a second, frozen adapter that starts as a copy,
+        # kept when the loss reads it under these options (AWM's ema_beta > 0) or rollouts sample it
+        self.has_old_adapter = self.use_lora and ("v_old" in self.loss.step_keys_needed(self.loss_options)
+                                                  or cfg.algorithm.rollout_policy == "old")
         if self.use_lora:
             targets = mcfg.lora_target_modules or model.default_lora_targets
             add_lora(model.transformer, rank=mcfg.lora_rank, alpha=mcfg.lora_alpha,
