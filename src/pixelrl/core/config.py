@@ -173,6 +173,9 @@ class DataConfig:
     prompts: list[str] = field(default_factory=list)  # inline prompts, used when no train file is given
     prompt_key: str = "prompt"
     train_batch_size: int = 8  # prompts per step (each repeated rollout.n times)
+    # {data_source: k}: every training row of that source appears k times per epoch (unlisted
+    # sources once; 0 leaves a source out), to train more on what the model is weakest at
+    source_weights: dict = field(default_factory=dict)
     val_batch_size: int = 0  # prompts per validation generation call; 0 = the whole set at once
     shuffle: bool = True
     seed: int = 1

@@ -280,6 +280,9 @@ def validate(cfg: PixelRLConfig) -> None:
                               "online DPO trains one pair per prompt: the prompts per step must split into "
                               "trainer.n_workers x mini-batches")
     _choice("algorithm.sample_source", cfg.algorithm.sample_source, ("online", "offline"))
+    if cfg.algorithm.sample_source == "offline" and d.source_weights:
+        raise ConfigError("data.source_weights", dict(d.source_weights), "weights prompt rows by their data_source; "
+                          "offline preference pairs are read as they are: remove it")
     if cfg.algorithm.sample_source == "offline":
         if cfg.algorithm.trainer_type != "direct_preference" or cfg.diffusion_loss.name != "diffusion_dpo":
             raise ConfigError("algorithm.sample_source", "offline", "offline preference data trains Diffusion-DPO: "

@@ -29,6 +29,9 @@ def validate_vlm(cfg: PixelRLConfig) -> None:
         field = "data.train_files" if d.train_files else "data.val_files" if d.val_files else "data.prompts"
         raise ConfigError(field, list(getattr(d, field.split(".")[1])), "vlm.task=shapes_qa draws its questions "
                           "from the built-in task: remove it, or set vlm.task=files to train on these files")
+    if d.source_weights:
+        raise ConfigError("data.source_weights", dict(d.source_weights), "weights the diffusion trainers' prompt "
+                          "rows; a vision-language run reads its questions as they are: remove it")
     _choice("vlm.estimator", v.estimator, SEQUENCE_ESTIMATORS + TOKEN_ESTIMATORS)
     _choice("vlm.policy_loss", v.policy_loss, ("ppo", "gspo", "cpg"))
     _choice("vlm.aggregation", v.aggregation, AGGREGATIONS)

@@ -92,6 +92,10 @@ class PromptDataset(torch.utils.data.Dataset):
     def from_prompts(cls, prompts: list[str], data_source: str = "inline") -> "PromptDataset":
         return cls([{"prompt": p, "data_source": data_source, "metadata": {}} for p in prompts])
 
+    def weighted(self, weights: dict[str, int]) -> "PromptDataset":
+        """Each row repeated in place `weights[row's data_source]` times (1 for unlisted sources)."""
+        return PromptDataset([row for row in self.rows for _ in range(weights.get(row["data_source"], 1))])
+
     def __len__(self) -> int:
         return len(self.rows)
 

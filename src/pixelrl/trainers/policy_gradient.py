@@ -54,8 +54,25 @@ def datasets_of(cfg: PixelRLConfig):
     else:
         train = (PromptDataset.from_files(d.train_files, d.prompt_key) if d.train_files
                  else PromptDataset.from_prompts(d.prompts))
+        if d.source_weights:
+            check_source_weights(d.source_weights, {row["data_source"] for row in train.rows})
+            train = train.weighted(d.source_weights)
     val = PromptDataset.from_files(d.val_files, d.prompt_key) if d.val_files else None
     return train, val
+
+
+def check_source_weights(weights: dict, sources: set[str]) -> None:
+    """`data.source_weights` names sources of the training rows, with whole numbers >= 0, not all 0."""
+    unknown = sorted(set(weights) - sources)
+    if unknown:
+        raise ConfigError("data.source_weights", dict(weights), f"no training row has data_source {unknown}; "
+                          f"the training files' sources are {sorted(sources)}")
+    bad = {k: v for k, v in weights.items() if isinstance(v, bool) or not isinstance(v, int) or v < 0}
+    if bad:
+        raise ConfigError("data.source_weights", dict(weights), f"{bad}: each weight is how many times a row of "
+                          "that source appears per epoch, a whole number >= 0")
+    if all(weights.get(source, 1) == 0 for source in sources):
+        raise ConfigError("data.source_weights", dict(weights), "leaves no training row: give some source a weight >= 1")
 
 
 def _every(freq: int, step: int, last: int | bool) -> bool:
