@@ -42,8 +42,9 @@ def test_two_worker_run_writes_metrics_and_a_checkpoint_that_reloads(ray_cluster
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
 def test_two_ranks_hold_identical_weights_equal_to_a_one_worker_run(ray_cluster, tiny_pixel_path, strategy):
-    """Data parallelism must be invisible: after two updates both ranks hold the same weights,
-    and they equal (to float reordering) what one worker computes on the same global batch."""
+    """Data parallelism must be invisible: after two updates both ranks hold the same weights and
+    the same EMA of them, and both equal (to float reordering) what one worker computes on the
+    same global batch."""
     import numpy as np
 
     from pixelrl.core.config_loading import load_config, to_yaml
@@ -52,7 +53,7 @@ def test_two_ranks_hold_identical_weights_equal_to_a_one_worker_run(ray_cluster,
 
     cfg = load_config("flow_grpo_tiny", [f"model.path={tiny_pixel_path}", "trainer.n_workers=2",
                                          f"trainer.strategy={strategy}", "actor.lr=1e-3",
-                                         "algorithm.drop_zero_advantage=false"])
+                                         "algorithm.drop_zero_advantage=false", "actor.ema_decay=0.5"])
     rewards = RewardGroup([dict(f) for f in cfg.reward.functions], backend="local")
     prompts = ["a red circle", "two blue squares", "a cat on a house", "a green tree"]
 
@@ -73,6 +74,7 @@ def test_two_ranks_hold_identical_weights_equal_to_a_one_worker_run(ray_cluster,
     (rank0, rank1), two_metrics = train(group)
     (single,), one_metrics = train(LocalWorkerGroup(to_yaml(cfg)))
     assert rank0.keys() == rank1.keys() == single.keys()
+    assert sum(k.startswith("ema/") for k in single) == len(single) // 2
     assert all(np.array_equal(rank0[k], rank1[k]) for k in rank0)
     assert two_metrics["critic/rewards/mean"] == pytest.approx(one_metrics["critic/rewards/mean"], abs=1e-6)
     moved = max(float(np.abs(single[k]).max()) for k in single if "lora_B" in k)

@@ -121,11 +121,15 @@ class PolicyWorker(RankProcess):
         return self.engine.policy_version
 
     def trainable_state(self) -> dict:
-        """This rank's full (unsharded) trainable weights as numpy arrays (to check ranks agree)."""
-        from pixelrl.engine.distributed import full_trainable_state
+        """This rank's full (unsharded) trainable weights as numpy arrays (to check ranks agree),
+        with their EMA under `ema/<name>` when the engine keeps one."""
+        from pixelrl.engine.distributed import full_tensor, full_trainable_state
 
-        state = full_trainable_state(self.engine.model.transformer, self.engine.trainable_names())
-        return {k: v.numpy() for k, v in state.items()}
+        names = self.engine.trainable_names()
+        state = {k: v.numpy() for k, v in full_trainable_state(self.engine.model.transformer, names).items()}
+        if self.engine.weights_ema is not None:
+            state.update({f"ema/{n}": full_tensor(v).numpy() for n, v in zip(names, self.engine.weights_ema.values)})
+        return state
 
     def fsdp_units(self) -> list[str]:
         """Class names of this rank's FSDP2 units (empty under DDP or in one process)."""
