@@ -30,6 +30,14 @@ def check_timesteps(params) -> None:
         raise ConfigError("diffusion_loss.params.timestep_fraction", params.timestep_fraction, "must be in (0, 1]")
 
 
+def check_strata(num_timesteps: int, num_steps: int) -> None:
+    """AWM's K strata {1}, {2, 3}, ... of the sampling grid need a grid of at least 2K steps."""
+    if num_steps < 2 * num_timesteps:
+        raise ConfigError("diffusion_loss.params.num_timesteps", num_timesteps,
+                          f"{num_timesteps} strata of the sampling grid need rollout.num_steps >= "
+                          f"{2 * num_timesteps} (it is {num_steps}): use at most {num_steps // 2} timesteps")
+
+
 def draw_timesteps(kind: str, batch_size: int, *, grid: torch.Tensor, train_sigmas: torch.Tensor,
                    generator: torch.Generator, num_timesteps: int = 1, fraction: float = 1.0) -> torch.Tensor:
     """[B, K] noise levels t in (0, 1] at which each sample is trained.
@@ -51,8 +59,7 @@ def draw_timesteps(kind: str, batch_size: int, *, grid: torch.Tensor, train_sigm
         return torch.stack([grid[torch.randperm(n, generator=generator)[:k]] for _ in range(batch_size)])
     if kind == "grid_stratified":
         k = num_timesteps
-        if n < 2 * k:
-            raise ConfigError("diffusion_loss.params.num_timesteps", k, f"{k} strata need rollout.num_steps >= {2 * k}")
+        check_strata(k, n)
         low = torch.tensor([1] + [2 * j for j in range(1, k)])
         width = torch.tensor([1] + [2] * (k - 1))
         offsets = (torch.rand(batch_size, k, generator=generator) * width).long()

@@ -194,6 +194,7 @@ def _check_rollout_pool(cfg: PixelRLConfig) -> None:
 def validate(cfg: PixelRLConfig) -> None:
     """Cross-field checks: each error names the field to change and how."""
     from pixelrl.algos.advantages import ADVANTAGE_ESTIMATORS
+    from pixelrl.algos.forward_process import check_strata
     from pixelrl.algos.kl import KL_TYPES
     from pixelrl.algos.losses import LOSSES
     from pixelrl.models.base import DTYPES
@@ -226,10 +227,8 @@ def validate(cfg: PixelRLConfig) -> None:
     _choice("rollout.sde_type", r.sde_type, [s for s in SDE_TYPES if s != "ode"])
     _choice("diffusion_loss.name", cfg.diffusion_loss.name, LOSSES.names())
     bound = LOSSES.get(cfg.diffusion_loss.name).bind(cfg.diffusion_loss)  # the loss's own params, checked
-    if getattr(bound, "timesteps", None) == "grid_stratified" and r.num_steps < 2 * bound.num_timesteps:
-        raise ConfigError("diffusion_loss.params.num_timesteps", bound.num_timesteps,
-                          f"{bound.num_timesteps} strata of the sampling grid need rollout.num_steps >= "
-                          f"{2 * bound.num_timesteps} (it is {r.num_steps}): use at most {r.num_steps // 2} timesteps")
+    if getattr(bound, "timesteps", None) == "grid_stratified":
+        check_strata(bound.num_timesteps, r.num_steps)
     if cfg.diffusion_loss.name == "grpo_guard" and r.sde_type == "cps":
         raise ConfigError("rollout.sde_type", r.sde_type, "grpo_guard rescales by the step's std, and the cps "
                           "log-prob has no variance term: use rollout.sde_type=sde with grpo_guard")

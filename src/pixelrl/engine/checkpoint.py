@@ -57,21 +57,23 @@ def save_engine(engine, folder: str | Path, *, write: bool = True) -> None:
     if not write:
         return
     folder.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "trainable.safetensors"))
-    if engine.use_lora:
-        engine.model.save_lora(folder / "adapter", {peft_key(k): v for k, v in weights.items()},
-                               lora_config(engine.model.transformer))
+    _write_weights(engine, weights, folder / "trainable.safetensors", folder / "adapter")
     if old is not None:
         save_file({k: v.contiguous() for k, v in old.items()}, str(folder / "old_adapter.safetensors"))
     if ema is not None:
-        save_file({k: v.contiguous() for k, v in ema.items()}, str(folder / "ema.safetensors"))
-        if engine.use_lora:
-            engine.model.save_lora(folder / "ema_adapter", {peft_key(k): v for k, v in ema.items()},
-                                   lora_config(engine.model.transformer))
+        _write_weights(engine, ema, folder / "ema.safetensors", folder / "ema_adapter")
     torch.save(optimizer, folder / "optimizer.pt")
     state = {"lr_scheduler": engine.learner.lr_scheduler.state_dict(), "counters": engine.counters(),
              "use_lora": engine.use_lora, "trainable_names": names}
     (folder / "engine_state.json").write_text(json.dumps(state, indent=1))
+
+
+def _write_weights(engine, state: dict[str, torch.Tensor], file: Path, adapter_folder: Path) -> None:
+    """Trainable tensors by name (for resume) and, for a LoRA, the family's diffusers adapter layout."""
+    save_file({k: v.contiguous() for k, v in state.items()}, str(file))
+    if engine.use_lora:
+        engine.model.save_lora(adapter_folder, {peft_key(k): v for k, v in state.items()},
+                               lora_config(engine.model.transformer))
 
 
 def load_engine(engine, folder: str | Path) -> None:
