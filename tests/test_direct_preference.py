@@ -161,6 +161,55 @@ def test_awm_keeps_its_ema_adapter_only_when_the_loss_or_the_rollouts_read_it(ti
                                  "diffusion_loss.params.ema_beta=0.0", "algorithm.rollout_policy=old"])
 
 
+def _gradient_of_one_update(engine, train) -> torch.Tensor:
+    """The gradient an update accumulates, taken instead of its optimizer step."""
+    grads = []
+
+    def keep(loss_total):
+        grads.append(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).clone()
+                                for p in engine.learner.params]))
+        engine.learner.zero_grad()
+        return {"stepped": 0.0}
+
+    engine.learner.step = keep
+    engine.update(train)
+    (grad,) = grads
+    return grad
+
+
+@pytest.mark.parametrize("loss", ["awm", "diffusion_nft"])
+def test_group_noise_noises_a_group_alike_and_cancels_what_its_images_share(loss, tiny_pixel_path):
+    """With `group_noise` the rows of one uid get the same timesteps and noise (other groups other
+    draws). Two identical images with advantages +1 and -1 then pull exactly against each other
+    (no gradient, up to float rounding), where independent noise leaves a gradient of pure noise; and a batch that does
+    not say which rows form a group is refused."""
+    from pixelrl.algos.losses import MissingBatchKeysError
+    from pixelrl.core.batch import Batch
+
+    params = {"awm": {"num_timesteps": 2, "beta_ref": 0.0, "ema_beta": 0.0},
+              "diffusion_nft": {"ref_kl_coef": 0.0, "timestep_fraction": 0.4}}[loss]
+    shared, _ = _engine(tiny_pixel_path, loss, diffusion_loss__params={**params, "group_noise": True})
+    x0 = shared.rollout(["a red circle", "a cat", "a cat"], [1, 2, 3])["x0"]
+    rows = Batch({"x0": x0[[0, 0, 1, 2]], "advantages": torch.tensor([1.0, -1.0, 1.0, -1.0])},
+                 {"prompts": ["a red circle"] * 2 + ["a cat"] * 2, "uids": ["a", "a", "b", "b"]})
+    shared.objective.context(rows)
+    t, eps = rows["fm_t"], rows["fm_eps"]
+    assert torch.equal(t[0], t[1]) and torch.equal(eps[0], eps[1]) and torch.equal(eps[2], eps[3])
+    assert not torch.equal(eps[0], eps[2])
+
+    independent, _ = _engine(tiny_pixel_path, loss, diffusion_loss__params=params)
+    independent.objective.context(rows)
+    assert not torch.equal(rows["fm_eps"][0], rows["fm_eps"][1])
+
+    twins = Batch({"x0": x0[[0, 0]], "advantages": torch.tensor([1.0, -1.0])},
+                  {"prompts": ["a red circle"] * 2, "uids": ["a", "a"]})
+    cancelled, noise = _gradient_of_one_update(shared, twins), _gradient_of_one_update(independent, twins)
+    assert noise.abs().max() > 1e-6 and cancelled.abs().max() < 1e-5 * noise.abs().max()  # 0 up to rounding
+    with pytest.raises(MissingBatchKeysError, match="uids"):
+        shared.update(Batch({"x0": x0[[0, 0]], "advantages": torch.tensor([1.0, -1.0])},
+                            {"prompts": ["a red circle"] * 2}))
+
+
 @pytest.mark.parametrize("config", ["nft_tiny", "dpo_tiny"])
 def test_direct_preference_resume_is_exact_with_the_old_adapter(config, tmp_path, tiny_pixel_path):
     steps4 = ("trainer.total_training_steps=4", "trainer.save_freq=2", "data.train_batch_size=2")

@@ -135,6 +135,7 @@ class DiffusionNFTParams:
     # int(N * fraction) are trained (9 of 10)
     timesteps: str = "grid_permutation"
     timestep_fraction: float = 0.99
+    group_noise: bool = False  # see AWMParams.group_noise
 
     def __post_init__(self):
         positive("beta", self.beta)
@@ -189,6 +190,10 @@ class AWMParams:
     # one grid index from each stratum {1}, {2, 3}, {4, 5}, ... per sample: 6 timesteps
     timesteps: str = "grid_stratified"
     num_timesteps: int = 6
+    # pixelrl's option, off in the references: every image of a prompt's group is noised with the
+    # same timesteps and noise, as Diffusion-DPO noises a pair. The advantages of a group sum to 0,
+    # so the part of the gradient the images share through (t, eps) cancels, not only in expectation
+    group_noise: bool = False
 
     def __post_init__(self):
         check_timesteps(self)

@@ -229,6 +229,9 @@ def validate(cfg: PixelRLConfig) -> None:
     bound = LOSSES.get(cfg.diffusion_loss.name).bind(cfg.diffusion_loss)  # the loss's own params, checked
     if getattr(bound, "timesteps", None) == "grid_stratified":
         check_strata(bound.num_timesteps, r.num_steps)
+    if getattr(bound, "group_noise", False) and r.n < 2:
+        raise ConfigError("diffusion_loss.params.group_noise", True, f"shares noise within a prompt's group, and "
+                          f"rollout.n={r.n} makes groups of one: set rollout.n >= 2 or group_noise=false")
     if cfg.diffusion_loss.name == "grpo_guard" and r.sde_type == "cps":
         raise ConfigError("rollout.sde_type", r.sde_type, "grpo_guard rescales by the step's std, and the cps "
                           "log-prob has no variance term: use rollout.sde_type=sde with grpo_guard")

@@ -14,7 +14,8 @@ forwards feed the loss, is the objective's business:
   timestep per sample; the clean sample x0 is noised with fresh noise, x_t = (1 - t) x0 + t eps,
   and the loss sees the velocity of the policy (with gradient) and, when it asks for them, of
   the reference (adapters disabled) and of the `old` adapter (both without gradient). Pairs
-  (Diffusion-DPO) share their noise and timestep. No guidance, as in the references.
+  (Diffusion-DPO) share their noise and timestep, and so do the samples of a prompt's group
+  with `diffusion_loss.params.group_noise`. No guidance, as in the references.
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ from pixelrl.core.seeding import derive_seed
 from pixelrl.models.base import PromptEmbeds
 from pixelrl.sampling.sde import mean_over_dims
 from pixelrl.sampling.rollout import SamplingSettings
+
+
+def group_indices(uids: list) -> torch.Tensor:
+    """[B] index of each row's group (rows with equal uid), numbered in order of first appearance."""
+    first: dict = {}
+    return torch.tensor([first.setdefault(uid, len(first)) for uid in uids], dtype=torch.long)
 
 
 def step_groups(num_steps: int, per_forward: int) -> list[list[int]]:
@@ -133,19 +140,23 @@ class FlowMatchingObjective:
         self.train_sigmas = FlowMatchEulerDiscreteScheduler.from_config(engine.model.scheduler.config).sigmas.float()
 
     def check_batch(self, batch: Batch) -> None:
-        require_keys(f"loss `{self.engine.loss.name}`", (*self.engine.loss.batch_keys, "prompts"), batch.keys())
+        group = ("uids",) if getattr(self.engine.loss_options, "group_noise", False) else ()
+        require_keys(f"loss `{self.engine.loss.name}`", (*self.engine.loss.batch_keys, "prompts", *group), batch.keys())
 
     def context(self, batch: Batch) -> UpdateContext:
         """Draw every sample's timesteps and noises for this update (deterministic from the
         engine seed and update count, so a resumed run draws the same ones)."""
         e, opts = self.engine, self.engine.loss_options
         gen = torch.Generator().manual_seed(derive_seed(e.cfg.seed * 1_000_003 + e.update_calls, "flow_matching"))
-        t = draw_timesteps(opts.timesteps, len(batch), grid=e.sigmas[:-1], train_sigmas=self.train_sigmas,
+        # one draw per sample, or (group_noise) one per prompt group, given to each of its samples
+        row_draw = group_indices(batch["uids"]) if getattr(opts, "group_noise", False) else torch.arange(len(batch))
+        draws = int(row_draw.max()) + 1 if len(batch) else 0
+        t = draw_timesteps(opts.timesteps, draws, grid=e.sigmas[:-1], train_sigmas=self.train_sigmas,
                            generator=gen, num_timesteps=getattr(opts, "num_timesteps", 1),
                            fraction=getattr(opts, "timestep_fraction", 1.0))
         x0 = batch["x0"]
-        batch["fm_t"] = t
-        batch["fm_eps"] = torch.randn((len(batch), t.shape[1], *x0.shape[1:]), generator=gen)
+        batch["fm_t"] = t[row_draw]
+        batch["fm_eps"] = torch.randn((draws, t.shape[1], *x0.shape[1:]), generator=gen)[row_draw]
         return UpdateContext(None, "")
 
     def num_substeps(self, batch: Batch) -> int:

@@ -31,7 +31,8 @@ def train_on_clean_samples(actor, rollout: Rollout, cfg, num_workers: int = 1,
             train.info["num_mini_batches"] = mini_batches_per_epoch(cfg)
         else:  # DiffusionNFT, AWM: every sample, or (drop_zero_advantage) those with A != 0
             train = without_zero_advantages(Batch({"x0": batch["x0"], "advantages": batch["advantages"]},
-                                                  {"prompts": batch["prompts"]}, dict(batch.info)),
+                                                  {"prompts": batch["prompts"], "uids": batch["uids"]},
+                                                  dict(batch.info)),
                                             rollout.step, cfg, num_workers)
     with timer.phase("update_actor"):
         actor_metrics = actor.update(train)
