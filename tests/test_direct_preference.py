@@ -181,8 +181,8 @@ def _gradient_of_one_update(engine, train) -> torch.Tensor:
 def test_group_noise_noises_a_group_alike_and_cancels_what_its_images_share(loss, tiny_pixel_path):
     """With `group_noise` the rows of one uid get the same timesteps and noise (other groups other
     draws). Two identical images with advantages +1 and -1 then pull exactly against each other
-    (no gradient, up to float rounding), where independent noise leaves a gradient of pure noise; and a batch that does
-    not say which rows form a group is refused."""
+    (no gradient, up to float rounding), where independent noise leaves a gradient of pure noise;
+    and a batch that does not say which rows form a group is refused."""
     from pixelrl.algos.losses import MissingBatchKeysError
     from pixelrl.core.batch import Batch
 

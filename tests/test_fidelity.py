@@ -145,6 +145,9 @@ def test_awm_drops_zero_advantage_samples_too():
     cfg.algorithm.drop_zero_advantage = False
     _, metrics = direct_preference_step(actor, reward_fn, ["a", "b"], [{}, {}], 1, cfg)
     assert len(actor.updated) == 8 and metrics["training/trained_fraction"] == 1.0
+    # the trained batch says which rows form a group (what `group_noise` shares its draws by)
+    rows = list(zip(actor.updated["uids"], actor.updated["prompts"]))
+    assert all((u1 == u2) == (p1 == p2) for u1, p1 in rows for u2, p2 in rows)
 
 
 def test_trained_timesteps_do_not_replay_the_window_draw():
