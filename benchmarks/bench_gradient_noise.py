@@ -10,8 +10,8 @@ cosine between two batches' gradients. Run it with nothing else on the machine (
 cores).
 
     python benchmarks/bench_gradient_noise.py                                # the Flow-GRPO demo config
-    python benchmarks/bench_gradient_noise.py --batches 12 --set model.path=builtin:shapes
-    python benchmarks/bench_gradient_noise.py --config shapes_awm --set model.path=builtin:shapes_v2
+    python benchmarks/bench_gradient_noise.py --batches 12
+    python benchmarks/bench_gradient_noise.py --config shapes_awm
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("pretrain-shapes starting from a folder that is no pipeline", ["pretrain-shapes", "{tmp}/s", "--init", "{tmp}"],
      "--init"),
     ("pretrain-shapes starting from a pipeline with wider text encoders",
-     ["pretrain-shapes", "{tmp}/s", "--init", "builtin:shapes_v2", "--text-width", "256"], "--init"),
+     ["pretrain-shapes", "{tmp}/s", "--init", "builtin:shapes", "--text-width", "256"], "--init"),
     ("pretrain-shapes weighting an unknown category", ["pretrain-shapes", "{tmp}/s", "--category-weights", "circles=2"],
      "--category-weights"),
     ("pretrain-shapes weighting every category 0",

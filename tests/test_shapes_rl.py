@@ -8,7 +8,17 @@ import torch
 from pixelrl.core.assets import BUILTIN
 
 
-@pytest.mark.parametrize("name", ["shapes", "shapes_v2", "shapes_v3"])
+def test_one_shapes_model_ships_and_retired_names_say_what_replaces_them():
+    from pixelrl.core.assets import ASSETS, resolve
+    from pixelrl.core.errors import ConfigError
+
+    assert sorted(p.name for p in ASSETS.iterdir() if p.name.startswith("shapes_sd3")) == ["shapes_sd3"]
+    for retired in ("builtin:shapes_v2", "builtin:shapes_v3"):
+        with pytest.raises(ConfigError, match="use builtin:shapes"):
+            resolve(retired)
+
+
+@pytest.mark.parametrize("name", ["shapes"])
 def test_shipped_weights_load_and_generate_recognisable_shapes(name):
     from pixelrl.data.shapes import evaluation_items
     from pixelrl.engine.evaluate import evaluate_geneval, load_for_eval
@@ -25,7 +35,7 @@ def test_shipped_weights_load_and_generate_recognisable_shapes(name):
 
 
 def test_the_demo_trains_the_retrained_model_and_pays_only_exact_scenes():
-    """What `make demo` runs: `builtin:shapes_v3`, paid 1 for exactly the requested scene and 0 for
+    """What `make demo` runs: `builtin:shapes`, paid 1 for exactly the requested scene and 0 for
     an image that passes GenEval's "at least" check with an unrequested object in it."""
     from conftest import with_extra_object
     from pixelrl.core.config_loading import load_config
@@ -34,7 +44,7 @@ def test_the_demo_trains_the_retrained_model_and_pays_only_exact_scenes():
     from pixelrl.rewards import get_reward
 
     cfg = load_config(DEMO_CONFIG, [])
-    assert cfg.model.path == "builtin:shapes_v3"
+    assert cfg.model.path == "builtin:shapes"
     (spec,) = cfg.reward.functions
     reward = get_reward(spec["name"], **spec["options"])
     items = [it for it in evaluation_items("test", per_category=2) if it["category"] in ("two_object", "position")]

@@ -231,7 +231,7 @@ def add_parsers(sub) -> None:
     pre.add_argument("--lr", type=positive_float, default=1e-3, help="peak learning rate (AdamW)")
     pre.add_argument("--init", default=None, metavar="PIPELINE",
                      help="start from this pipeline's weights and architecture (a step_N or final folder of a "
-                          "pretraining run, or builtin:shapes_v2) instead of random ones")
+                          "pretraining run, or builtin:shapes) instead of random ones")
     pre.add_argument("--category-weights", default=None, metavar="CAT=W,...",
                      help="draw the scenes' categories in proportion to these weights (unlisted: 1), e.g. "
                           "two_object=2,position=2,color_attr=2; default uniform")

@@ -9,10 +9,6 @@ from pixelrl.core.errors import ConfigError
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 BUILTIN = {
     "shapes": ASSETS / "shapes_sd3",  # the project-trained shapes model (pipeline folder)
-    # the same denoiser with wider text encoders, pretrained longer
-    "shapes_v2": ASSETS / "shapes_sd3_v2",
-    # shapes_v2 pretrained further with twice the two-shape scenes: the demo's base model
-    "shapes_v3": ASSETS / "shapes_sd3_v3",
     "shapes/train": ASSETS / "shapes_prompts" / "train.jsonl",
     # 64 rows per category (small categories cycle), so RL batches are not mostly color_attr
     "shapes/train_balanced": ASSETS / "shapes_prompts" / "train_balanced.jsonl",
@@ -24,6 +20,8 @@ BUILTIN = {
     "shapes_qa_vlm": ASSETS / "shapes_qa_vlm",  # the project-trained shapes-QA Qwen2-VL (model folder)
 }
 PREFIX = "builtin:"
+# names of models no longer shipped: a config that still names one gets the replacement
+RETIRED = {"shapes_v2": "shapes", "shapes_v3": "shapes"}
 
 
 def resolve(path: str, field: str = "model.path") -> str:
@@ -31,6 +29,10 @@ def resolve(path: str, field: str = "model.path") -> str:
     if not isinstance(path, str) or not path.startswith(PREFIX):
         return path
     name = path[len(PREFIX):]
+    if name in RETIRED:
+        raise ConfigError(field, path, f"{path} is no longer shipped: use {PREFIX}{RETIRED[name]} (the former "
+                          "builtin:shapes_v3, the one shapes model since 2026-11-27; docs/shapes.md keeps the "
+                          "older models' results as history)")
     if name not in BUILTIN:
         raise ConfigError(field, path, f"unknown built-in; choose one of {[PREFIX + k for k in BUILTIN]}")
     target = BUILTIN[name]

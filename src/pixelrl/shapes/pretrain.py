@@ -253,7 +253,7 @@ def pretrain_shapes(out_dir: str | Path, *, steps: int = 6000, seed: int = 0, ba
                           "give more steps than that, or --lr-schedule constant")
     world_vocabulary, stream_class, validate, default_per_item = WORLDS[world]
     per_item = eval_per_category or default_per_item
-    init_name = None if init is None else str(init)  # as given: builtin:shapes_v2 resolves per install
+    init_name = None if init is None else str(init)  # as given: builtin:shapes resolves per install
     if init is not None:
         init = Path(resolve(init_name, "--init"))
         if arch is not None:
@@ -262,7 +262,7 @@ def pretrain_shapes(out_dir: str | Path, *, steps: int = 6000, seed: int = 0, ba
         if not all((init / part).exists() for part in ("model_index.json", "transformer", DECLARED_OPTIONS_FILE)):
             raise ConfigError("--init", init_name, "not a shapes pipeline folder (model_index.json, transformer/ "
                               f"and {DECLARED_OPTIONS_FILE}, as pretrain-shapes writes them): give a checkpoints/"
-                              "step_N or final folder of a pretraining run, or builtin:shapes_v2")
+                              "step_N or final folder of a pretraining run, or builtin:shapes")
     stream = stream_class(seed, category_weights=category_weights)  # refuses weights for the text world
     arch = arch or SHAPES_ARCH
     out = Path(out_dir)
