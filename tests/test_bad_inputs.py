@@ -118,7 +118,7 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("AWM with its EMA term on the whole denoiser (the EMA is a second LoRA adapter)",
      ["train", "--config-name", "shapes_awm", "model.lora_rank=0"], "model.lora_rank"),
     ("more AWM timestep strata than the sampling grid holds",
-     ["train", "--config-name", "shapes_demo", "diffusion_loss.params.num_timesteps=8"],
+     ["train", "--config-name", "shapes_demo", "diffusion_loss.params.num_timesteps=9"],
      "diffusion_loss.params.num_timesteps"),
     ("noise shared within groups of one image",
      ["train", "--config-name", "shapes_demo", "diffusion_loss.params.group_noise=true", "rollout.n=1"],

@@ -1,12 +1,15 @@
 """The direct-preference trainer: old-adapter schedules and updates, pairing, timestep draws,
 the reference forward, exact resume and learning on the tiny model."""
 
+import math
+
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from conftest import read_metrics, tiny_config, train_cli
 from pixelrl.algos.forward_process import best_worst_pairs, draw_timesteps, old_policy_decay
+from pixelrl.core.errors import ConfigError
 
 LOCAL = ("trainer.backend=local", "trainer.logger=[jsonl]", "trainer.experiment_name=flow_grpo_tiny")
 
@@ -34,15 +37,64 @@ def test_timestep_draws():
     perm = draw_timesteps("grid_permutation", 4, grid=grid, train_sigmas=grid, generator=gen, fraction=0.99)
     assert perm.shape == (4, 9)  # int(10 x 0.99)
     assert all(len(set(row.tolist())) == 9 and set(row.tolist()) <= set(grid.tolist()) for row in perm)
-    strata = draw_timesteps("grid_stratified", 200, grid=grid, train_sigmas=grid, generator=gen, num_timesteps=4)
-    # strata {1}, {2, 3}, {4, 5}, {6, 7} of the grid indices
-    index = {round(v, 4): i for i, v in enumerate(grid.tolist())}
-    picked = [{index[round(v, 4)] for v in strata[:, j].tolist()} for j in range(4)]
-    assert picked == [{1}, {2, 3}, {4, 5}, {6, 7}]
     table = torch.linspace(1, 0.001, 1000)
     ln = draw_timesteps("logit_normal", 500, grid=grid, train_sigmas=table, generator=gen, num_timesteps=2)
     assert ln.shape == (500, 2) and set(ln.flatten().tolist()) <= set(table.tolist())
     assert abs(float(ln.mean()) - 0.5) < 0.05  # logit-normal(0, 1) is symmetric about the middle
+
+
+def _reference_awm_strata(time_type: str, num_steps: int, train_timesteps: int, fraction: float = 0.9):
+    """The AWM reference's index ranges (scripts/train_sd3_awm.py, time_type discrete*), transcribed:
+    the set of grid indices each stratum can draw, index = lower + floor(u (upper - lower))."""
+    if time_type == "discrete_with_init":
+        b = torch.linspace(1, int(num_steps * fraction), steps=train_timesteps).long()
+        lows, ups = [0] + b[:-1].tolist(), [1] + b[1:].tolist()
+    else:
+        start = 1 if time_type == "discrete_wo_init" else 0
+        b = torch.linspace(start, int(num_steps * fraction), steps=train_timesteps + 1).long()
+        lows, ups = b[:-1].tolist(), b[1:].tolist()
+    return [set(range(lo, up)) for lo, up in zip(lows, ups)]
+
+
+@pytest.mark.parametrize("time_type, num_steps, k", [("discrete_wo_init", 10, 4), ("discrete_wo_init", 14, 6),
+                                                     ("discrete_wo_init", 40, 6), ("discrete", 14, 6),
+                                                     ("discrete_with_init", 14, 6)])
+def test_awm_grid_strata_are_the_references(time_type, num_steps, k):
+    """Every stratum draws exactly the grid indices the AWM reference's can: {1, 2}, {3, 4}, {5, 6},
+    {7, 8} at 10 steps and 4 timesteps (the demo), {1}, {2, 3}, ..., {10, 11} at 14 and 6 (the paper)."""
+    grid = torch.linspace(1.0, 0.02, num_steps)
+    strata = draw_timesteps(time_type, 3000, grid=grid, train_sigmas=grid, generator=torch.Generator().manual_seed(0),
+                            num_timesteps=k, fraction=0.9)
+    index = {round(v, 5): i for i, v in enumerate(grid.tolist())}
+    picked = [{index[round(v, 5)] for v in strata[:, j].tolist()} for j in range(k)]
+    assert picked == _reference_awm_strata(time_type, num_steps, k)
+    if (time_type, num_steps, k) == ("discrete_wo_init", 10, 4):
+        assert picked == [{1, 2}, {3, 4}, {5, 6}, {7, 8}]
+
+
+def test_awm_continuous_strata_follow_the_reference_shift_and_bounds():
+    """stratified_uniform: t = 3u / (1 + 2u) with u in [0.2, 1], one draw in each K-th of it;
+    stratified_logit_normal: shifted sigmoid of a stratified normal, never under 0.01."""
+    gen = torch.Generator().manual_seed(0)
+    grid = torch.linspace(1.0, 0.1, 10)
+    uni = draw_timesteps("stratified_uniform", 2000, grid=grid, train_sigmas=grid, generator=gen, num_timesteps=4)
+    raw = uni / (3 - 2 * uni)  # the inverse of t = 3u / (1 + 2u)
+    for k in range(4):
+        lo, hi = 0.2 + 0.8 * k / 4, 0.2 + 0.8 * (k + 1) / 4
+        assert float(raw[:, k].min()) >= lo - 1e-5 and float(raw[:, k].max()) <= hi + 1e-5
+    ln = draw_timesteps("stratified_logit_normal", 2000, grid=grid, train_sigmas=grid, generator=gen, num_timesteps=3,
+                        time_shift=1.0)
+    assert float(ln.min()) >= 0.01
+    # with shift 1, stratum k of K holds the k-th tertile of sigmoid(N(0, 1)): the middle one straddles 0.5
+    assert float(ln[:, 0].max()) < 0.5 < float(ln[:, 2].min())
+
+
+def test_awm_strata_that_leave_one_empty_are_refused_with_the_bound():
+    from pixelrl.algos.forward_process import check_strata
+
+    check_strata("discrete_wo_init", 6, 14, 0.9)
+    with pytest.raises(ConfigError, match="int\\(rollout.num_steps x timestep_fraction\\) = 9"):
+        check_strata("discrete_wo_init", 9, 10, 0.9)
 
 
 def _engine(path, loss, **overrides):
@@ -260,3 +312,57 @@ def test_each_direct_preference_method_raises_jpeg_compressibility(loss, tiny_pi
     after = mean_reward(engine, reward, eval_prompts, eval_seeds)
     assert after > before + gain, (before, after)
     assert all(m["actor/skipped_nonfinite"] == 0.0 for m in history)
+
+
+def test_awm_ratio_against_old_errors_by_hand_and_its_clip():
+    """ratio = exp(logp - logp_old) with ghuber logp = -t ((err + 1e-10)^p - 1e-10^p) / p; the
+    surrogate max(-A' r, -A' clamp(r, 0, 2)) stops the gradient of a sample whose ratio left [0, 2]
+    in the direction its advantage pushes (the reference's clip_range 1)."""
+    from pixelrl.algos import get_loss
+    from pixelrl.core.config import DiffusionLossConfig
+
+    loss = get_loss("awm")
+    opts = loss.bind(DiffusionLossConfig(name="awm", params={"beta_ref": 0.0, "ema_beta": 0.0}))
+    x0, eps = torch.zeros(2, 1), torch.zeros(2, 1)
+    t = torch.tensor([0.5, 0.5])
+    v = torch.tensor([[0.1], [0.1]], requires_grad=True)  # err = 0.01 for both samples
+    err_old = torch.tensor([0.01, 1.0])  # sample 0: on the old policy; sample 1: the policy moved far
+    step = {"x0": x0, "eps": eps, "t": t, "v": v, "v_ref": None, "v_old": None,
+            "advantages": torch.tensor([5.0, 5.0]), "err_old": err_old}
+    value, metrics = loss(step, opts)
+
+    def logp(err):
+        return -0.5 * ((err + 1e-10) ** 0.25 - 1e-10 ** 0.25) / 0.25
+
+    ratio1 = math.exp(logp(0.01) - logp(1.0))  # = exp(0.5 * 4 * (1 - 0.316...)) = 3.93: clipped at 2
+    assert ratio1 > 2
+    # A' = 1 for both: the loss is mean(-1, -min(ratio1, 2)) because max(-r, -clamp(r)) = -2 for r > 2
+    assert value.item() == pytest.approx(-(1.0 + 2.0) / 2, rel=1e-6)
+    assert metrics["clipfrac"].item() == pytest.approx(0.5)
+    value.backward()
+    assert v.grad[1].abs().item() == 0.0 and v.grad[0].abs().item() > 0  # the clipped sample gets none
+
+
+def test_awm_scores_the_old_policy_before_an_update_of_two_optimizer_steps(tiny_pixel_path):
+    """Two optimizer steps on one rollout batch: the first is on-policy (ratio exactly 1), the
+    second compares against the old errors scored before the update, so the ratio moves off 1.
+    One optimizer step scores nothing extra (the reference's on-policy GenEval schedule)."""
+    from pixelrl.core.batch import Batch
+
+    def run(mini):
+        engine, _ = _engine(tiny_pixel_path, "awm", actor__lr=0.05, actor__ppo_mini_batch_size=mini,
+                            actor__shuffle=False, diffusion_loss__params={"num_timesteps": 2, "beta_ref": 0.0,
+                                                                          "ema_beta": 0.0})
+        batch = engine.rollout(["a red circle", "a cat"] * 2, [1, 2, 3, 4])
+        engine.flop_meter.take(peak_flops=1.0)
+        train = Batch({"x0": batch["x0"], "advantages": torch.tensor([1.0, -1.0, 1.0, -1.0])},
+                      {"prompts": batch["prompts"]}, dict(batch.info))
+        return engine.update(train), train
+
+    one, one_batch = run(0)
+    assert "fm_old_err" not in one_batch and one["ratio_mean"] == 1.0
+    assert one["perf/denoiser_forwards"] == 2 * 1  # 2 timesteps x 1 micro-batch: no old pass
+    two, two_batch = run(2)
+    assert two_batch["fm_old_err"].shape == (4, 2)
+    assert two["perf/denoiser_forwards"] == 2 + 2 * 2  # the old pass, then 2 mini-batches x 2 timesteps
+    assert abs(two["ratio_mean"] - 1.0) > 1e-6  # the second step's ratio is not 1

@@ -136,10 +136,43 @@ def test_rollout_correction_weights_truncate_reject_and_report():
     assert metrics["rollout_corr/logp_abs_diff_step3"] == pytest.approx(math.log(2.0) / 2)
     assert metrics["rollout_corr/logp_abs_diff_step4"] == pytest.approx(math.log(3.0) / 3)
     assert metrics["rollout_corr/logp_abs_diff_step5"] == 0.0 and "rollout_corr/logp_abs_diff_step0" not in metrics
-    # rejection works on the untruncated weight: sample 0 (3.0 > 2.5) and sample 1 (0.5 < 0.6)
-    weights, metrics = rollout_correction_weights(old, rollout, threshold=2.0, lower=0.6, upper=2.5)
+    # any_step rejection works on the untruncated weight: sample 0 (3.0 > 2.5) and sample 1 (0.5 < 0.6)
+    weights, metrics = rollout_correction_weights(old, rollout, threshold=2.0, lower=0.6, upper=2.5,
+                                                  rs_level="any_step")
     assert torch.equal(weights[:2], torch.zeros(2, 2)) and torch.equal(weights[2], torch.ones(2))
-    assert metrics["rollout_corr/rejected_frac"] == pytest.approx(2 / 3)
+    assert metrics["rollout_corr/rejected_sample_frac"] == pytest.approx(2 / 3)
+
+
+def test_rollout_rejection_levels_by_hand():
+    """verl's rejection levels on [B, W] sample-steps with bounds [0.5, 2]: token drops only the
+    steps outside, sequence judges the product of a sample's ratios, geometric their geometric
+    mean; the log-ratio is clamped to +-20 before exp (verl's SAFETY_BOUND)."""
+    from pixelrl.algos.rollout_correction import rollout_correction_weights
+
+    log = math.log
+    # sample 0: ratios (3, 1/2) -> product 1.5, geometric mean sqrt(1.5); sample 1: (1.5, 1.5) ->
+    # product 2.25, geometric 1.5; sample 2: (1, 1)
+    old = torch.tensor([[log(3.0), log(0.5)], [log(1.5), log(1.5)], [0.0, 0.0]])
+    rollout = torch.zeros(3, 2)
+
+    def kept(level):
+        weights, metrics = rollout_correction_weights(old, rollout, threshold=10.0, upper=2.0, rs_level=level)
+        return (weights > 0).int().tolist(), metrics
+
+    token, metrics = kept("token")
+    assert token == [[0, 1], [1, 1], [1, 1]]  # only the step with ratio 3 leaves [0.5, 2]
+    assert metrics["rollout_corr/rejected_step_frac"] == pytest.approx(1 / 6)
+    assert metrics["rollout_corr/rejected_sample_frac"] == pytest.approx(1 / 3)
+    assert kept("sequence")[0] == [[1, 1], [0, 0], [1, 1]]  # 1.5 kept, 2.25 rejected
+    assert kept("geometric")[0] == [[1, 1], [1, 1], [1, 1]]  # sqrt(1.5) and 1.5 inside
+    assert kept("any_step")[0] == [[0, 0], [1, 1], [1, 1]]
+    # sequence importance weights: the product, truncated
+    weights, _ = rollout_correction_weights(old, rollout, threshold=2.0, is_level="sequence")
+    assert torch.allclose(weights, torch.tensor([[1.5, 1.5], [2.0, 2.0], [1.0, 1.0]]))
+    # a log-ratio of 100 is clamped to 20 before exp: a finite weight, rejected by an upper bound
+    far = torch.tensor([[100.0, 0.0]])
+    weights, _ = rollout_correction_weights(far, torch.zeros(1, 2), threshold=float("inf"), is_level="sequence")
+    assert torch.allclose(weights, torch.full((1, 2), math.exp(20.0)))
 
 
 def test_multi_reward_sum_of_advantages():

@@ -18,36 +18,72 @@ from pixelrl.core.errors import ConfigError
 from pixelrl.sampling.sde import mean_over_dims
 
 
-TIMESTEP_SAMPLERS = ("logit_normal", "grid_permutation", "grid_stratified")
+# AWM's grid strata (the reference's `time_type`s): K strata of the sampler's grid indices up to
+# int(N * fraction), one index drawn uniformly from each. `discrete_wo_init` (the released default)
+# starts at index 1 (t = 1, pure noise, is never trained), `discrete` at 0, `discrete_with_init`
+# always trains index 0 and splits 1.. into K - 1 strata.
+GRID_STRATA = ("discrete_wo_init", "discrete", "discrete_with_init")
+# AWM's continuous samplers (the reference's `logit_normal` and `uniform` time_types): K stratified
+# draws per sample, then shifted by `time_shift`
+CONTINUOUS_STRATA = ("stratified_logit_normal", "stratified_uniform")
+TIMESTEP_SAMPLERS = ("logit_normal", "grid_permutation", *GRID_STRATA, *CONTINUOUS_STRATA)
 
 
 def check_timesteps(params) -> None:
     if params.timesteps not in TIMESTEP_SAMPLERS:
-        raise ConfigError("diffusion_loss.params.timesteps", params.timesteps, f"choose one of {list(TIMESTEP_SAMPLERS)}")
+        hint = " (grid_stratified, pixelrl's earlier AWM rule, became discrete_wo_init: the reference's)" \
+            if params.timesteps == "grid_stratified" else ""
+        raise ConfigError("diffusion_loss.params.timesteps", params.timesteps,
+                          f"choose one of {list(TIMESTEP_SAMPLERS)}{hint}")
     if hasattr(params, "num_timesteps"):
         positive("num_timesteps", params.num_timesteps)
     if hasattr(params, "timestep_fraction") and not 0 < params.timestep_fraction <= 1:
         raise ConfigError("diffusion_loss.params.timestep_fraction", params.timestep_fraction, "must be in (0, 1]")
 
 
-def check_strata(num_timesteps: int, num_steps: int) -> None:
-    """AWM's K strata {1}, {2, 3}, ... of the sampling grid need a grid of at least 2K steps."""
-    if num_steps < 2 * num_timesteps:
+def grid_strata(kind: str, num_steps: int, num_timesteps: int, fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """[K] lower and upper (exclusive) grid indices of each stratum, as the AWM reference computes
+    them: boundaries = linspace(start, int(N * fraction), strata + 1), floored."""
+    top = int(num_steps * fraction)
+    start, strata = (0, num_timesteps) if kind == "discrete" else (1, num_timesteps - (kind == "discrete_with_init"))
+    boundaries = torch.linspace(start, top, strata + 1).long()
+    lower, upper = boundaries[:-1], boundaries[1:]
+    if kind == "discrete_with_init":
+        lower, upper = torch.cat([torch.tensor([0]), lower]), torch.cat([torch.tensor([1]), upper])
+    return lower, upper
+
+
+def check_strata(kind: str, num_timesteps: int, num_steps: int, fraction: float) -> None:
+    """Every stratum must hold at least one grid index (the reference then draws its lower bound
+    for every empty one, training one timestep several times)."""
+    if kind not in GRID_STRATA:
+        return
+    lower, upper = grid_strata(kind, num_steps, num_timesteps, fraction)
+    if bool((upper <= lower).any()):
+        top = int(num_steps * fraction)
         raise ConfigError("diffusion_loss.params.num_timesteps", num_timesteps,
-                          f"{num_timesteps} strata of the sampling grid need rollout.num_steps >= "
-                          f"{2 * num_timesteps} (it is {num_steps}): use at most {num_steps // 2} timesteps")
+                          f"{num_timesteps} `{kind}` strata of grid indices up to int(rollout.num_steps x "
+                          f"timestep_fraction) = {top} leave some stratum empty: use fewer timesteps, or raise "
+                          f"rollout.num_steps (it is {num_steps}) or timestep_fraction ({fraction})")
+
+
+def _shift(t: torch.Tensor, shift: float) -> torch.Tensor:
+    return shift * t / (1 + (shift - 1) * t)
 
 
 def draw_timesteps(kind: str, batch_size: int, *, grid: torch.Tensor, train_sigmas: torch.Tensor,
-                   generator: torch.Generator, num_timesteps: int = 1, fraction: float = 1.0) -> torch.Tensor:
+                   generator: torch.Generator, num_timesteps: int = 1, fraction: float = 1.0,
+                   time_shift: float = 3.0) -> torch.Tensor:
     """[B, K] noise levels t in (0, 1] at which each sample is trained.
 
     - logit_normal (Diffusion-DPO on flow models): u ~ sigmoid(N(0, 1)), t = train_sigmas[floor(1000 u)]
       of the 1000-step training schedule; K = num_timesteps.
     - grid_permutation (DiffusionNFT): the N sampler grid values (sigmas[:-1], t = 1 included), a
       random permutation per sample, the first K = max(1, int(N * fraction)).
-    - grid_stratified (AWM): K strata {1}, {2, 3}, {4, 5}, ... of grid indices, one uniform index
-      from each per sample; needs N >= 2K.
+    - discrete_wo_init / discrete / discrete_with_init (AWM): one uniform grid index from each of
+      the K strata of `grid_strata`, per sample (the reference shares one draw per micro-batch).
+    - stratified_logit_normal (AWM): u_k = (k + U) / K, t = shift(sigmoid(Phi^-1(u_k))) clamped
+      to >= 0.01; stratified_uniform: t = shift(0.2 + 0.8 (k + U) / K). Per sample.
     """
     n = grid.numel()
     if kind == "logit_normal":
@@ -57,13 +93,17 @@ def draw_timesteps(kind: str, batch_size: int, *, grid: torch.Tensor, train_sigm
     if kind == "grid_permutation":
         k = max(1, int(n * fraction))
         return torch.stack([grid[torch.randperm(n, generator=generator)[:k]] for _ in range(batch_size)])
-    if kind == "grid_stratified":
-        k = num_timesteps
-        check_strata(k, n)
-        low = torch.tensor([1] + [2 * j for j in range(1, k)])
-        width = torch.tensor([1] + [2] * (k - 1))
-        offsets = (torch.rand(batch_size, k, generator=generator) * width).long()
-        return grid[low + offsets]
+    if kind in GRID_STRATA:
+        check_strata(kind, num_timesteps, n, fraction)
+        lower, upper = grid_strata(kind, n, num_timesteps, fraction)
+        u = torch.rand(batch_size, num_timesteps, generator=generator)
+        return grid[lower + (u * (upper - lower)).long()]
+    if kind in CONTINUOUS_STRATA:
+        u = (torch.arange(num_timesteps) + torch.rand(batch_size, num_timesteps, generator=generator)) / num_timesteps
+        if kind == "stratified_uniform":
+            return _shift(0.2 + 0.8 * u, time_shift)
+        normal = torch.distributions.Normal(0.0, 1.0)
+        return _shift(torch.sigmoid(normal.icdf(u.clamp(1e-7, 1 - 1e-7))), time_shift).clamp(min=0.01)
     raise ConfigError("diffusion_loss.params.timesteps", kind, f"choose one of {list(TIMESTEP_SAMPLERS)}")
 
 
@@ -185,11 +225,17 @@ AWM_WEIGHTINGS = ("ghuber", "uniform", "t", "t**2", "huber")
 class AWMParams:
     weighting: str = "ghuber"  # the released default
     p: float = 0.25  # ghuber exponent
-    beta_ref: float = 1e-3  # weight of mean((v - v_ref)^2): GenEval 1e-3, OCR 3e-3, PickScore 1e-4
+    beta_ref: float = 1e-3  # weight of mean((v - v_ref)^2); the reference's GenEval and OCR runs 3e-3, PickScore 1e-4
     ema_beta: float = 1.0  # weight of mean((v - v_ema)^2) against the `old` adapter kept as an EMA
-    # one grid index from each stratum {1}, {2, 3}, {4, 5}, ... per sample: 6 timesteps
-    timesteps: str = "grid_stratified"
+    # the reference's `discrete_wo_init`: one grid index from each of 6 strata of the indices
+    # 1 .. int(N x 0.9) per sample ({1}, {2, 3}, ..., {10, 11} at N = 14)
+    timesteps: str = "discrete_wo_init"
     num_timesteps: int = 6
+    timestep_fraction: float = 0.9
+    time_shift: float = 3.0  # the continuous samplers' shift (the reference's config.time_shift)
+    # PPO clip of the ratio exp(logp - logp_old) on every optimizer step that is not on-policy
+    # (the reference's train.clip_range: 1, so the ratio is kept in [0, 2])
+    clip_range: float = 1.0
     # pixelrl's option, off in the references: every image of a prompt's group is noised with the
     # same timesteps and noise, as Diffusion-DPO noises a pair. The advantages of a group sum to 0,
     # so the part of the gradient the images share through (t, eps) cancels, not only in expectation
@@ -197,6 +243,8 @@ class AWMParams:
 
     def __post_init__(self):
         check_timesteps(self)
+        positive("time_shift", self.time_shift)
+        positive("clip_range", self.clip_range)
         if self.weighting not in AWM_WEIGHTINGS:
             raise ConfigError("diffusion_loss.params.weighting", self.weighting, f"choose one of {list(AWM_WEIGHTINGS)}")
         positive("p", self.p)
@@ -231,18 +279,26 @@ def awm_log_prob(err: torch.Tensor, t: torch.Tensor, weighting: str = "ghuber", 
                weighted_step_keys={"v_ref": "beta_ref", "v_old": "ema_beta"})
 def awm_loss(step: dict, cfg) -> tuple[torch.Tensor, dict]:
     """Advantage-weighted matching: err = mean_dims((v - (eps - x0))^2) in float64,
-    logp = awm_log_prob(err, t), ratio = exp(logp - detach(logp)) (1 in value),
-    L = mean(-A' ratio) + beta_ref mean((v - v_ref)^2) + ema_beta mean((v - v_ema)^2),
-    A' = clamp(A, -c, c) / c. The gradient is -A' d logp: a per-sample weighted flow-matching loss.
+    logp = awm_log_prob(err, t), ratio = exp(logp - logp_old) with logp_old from `err_old` (the old
+    policy's error at the same t and eps, on an optimizer step that is not on-policy) or detach(logp)
+    (on-policy: 1 in value), A' = clamp(A, -c, c) / c,
+    L = mean(max(-A' ratio, -A' clamp(ratio, 1 - clip_range, 1 + clip_range)))
+        + beta_ref mean((v - v_ref)^2) + ema_beta mean((v - v_ema)^2).
+    On-policy the gradient is -A' d logp: a per-sample weighted flow-matching loss.
     A term whose weight is 0 is left out (its velocity is None: the engine skips that forward)."""
     v = step["v"]
     err = mean_over_dims((v.double() - (step["eps"] - step["x0"]).double()) ** 2)
     logp = awm_log_prob(err, step["t"], cfg.weighting, cfg.p)
-    ratio = torch.exp(logp - logp.detach())
+    err_old = step.get("err_old")
+    logp_old = logp.detach() if err_old is None else awm_log_prob(err_old.double(), step["t"], cfg.weighting, cfg.p)
+    ratio = torch.exp(logp - logp_old)
     adv = step["advantages"].double().clamp(-cfg.adv_clip_max, cfg.adv_clip_max) / cfg.adv_clip_max
-    policy = (-adv * ratio).mean()
+    clipped = ratio.clamp(1 - cfg.clip_range, 1 + cfg.clip_range)
+    policy = torch.maximum(-adv * ratio, -adv * clipped).mean()
     loss = policy.to(v.dtype)
-    metrics = {"policy_loss": policy.detach().float(), "fm_error": err.detach().mean().float()}
+    metrics = {"policy_loss": policy.detach().float(), "fm_error": err.detach().mean().float(),
+               "clipfrac": ((ratio.detach() - 1).abs() > cfg.clip_range).float().mean(),
+               "ratio_mean": ratio.detach().mean().float()}
     for weight, key, name in ((cfg.beta_ref, "v_ref", "ref_deviation"), (cfg.ema_beta, "v_old", "ema_deviation")):
         if weight:
             deviation = mean_over_dims((v - step[key].detach()) ** 2).mean()

@@ -123,8 +123,13 @@ class AlgorithmConfig:
     drop_zero_advantage: bool = True
     rollout_correction: str = "bypass"  # bypass | decoupled
     rollout_is_threshold: float = 2.0  # decoupled: truncate importance weights at this value
-    rollout_rs_lower: float | None = None  # decoupled: reject a sample whose weight falls below ...
-    rollout_rs_upper: float | None = None  # ... or rises above these bounds
+    rollout_is: str = "token"  # the weight of each sample-step (token) or of the sample's product (sequence)
+    # decoupled: reject (weight 0) where the rollout_rs statistic leaves [lower, upper] (lower
+    # defaults to 1 / upper, as verl): token (each step's ratio), sequence (the sample's product of
+    # ratios), geometric (their geometric mean), any_step (the whole sample when any step leaves)
+    rollout_rs: str = "token"
+    rollout_rs_lower: float | None = None
+    rollout_rs_upper: float | None = None
     # Several rewards: `sum_rewards` normalises sum_k w_k r_k; `sum_advantages` (MixGRPO's
     # advantage_aggr) normalises each reward separately and sums w_k A_k.
     reward_aggregation: str = "sum_rewards"

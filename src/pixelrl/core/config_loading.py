@@ -172,6 +172,21 @@ def _positive(field: str, value, allow_zero: bool = False, allow_inf: bool = Fal
         raise ConfigError(field, value, "must be " + ("non-negative" if allow_zero else "positive"))
 
 
+def _check_rollout_correction(a) -> None:
+    from pixelrl.algos.rollout_correction import IS_LEVELS, RS_LEVELS, rejection_bounds
+
+    _choice("algorithm.rollout_is", a.rollout_is, IS_LEVELS)
+    _choice("algorithm.rollout_rs", a.rollout_rs, RS_LEVELS)
+    _positive("algorithm.rollout_is_threshold", a.rollout_is_threshold)
+    for field in ("rollout_rs_lower", "rollout_rs_upper"):
+        if getattr(a, field) is not None:
+            _positive(f"algorithm.{field}", getattr(a, field), allow_zero=field == "rollout_rs_lower")
+    lo, hi = rejection_bounds(a.rollout_rs_lower, a.rollout_rs_upper)
+    if lo > hi:
+        raise ConfigError("algorithm.rollout_rs_lower", lo, f"is above algorithm.rollout_rs_upper ({hi}): every "
+                          "sample-step would be rejected; set lower <= upper")
+
+
 def _check_rollout_pool(cfg: PixelRLConfig) -> None:
     """Modes that sample ahead need a separate rollout pool, and only transition losses re-score
     (and so correct) a stale batch."""
@@ -227,8 +242,8 @@ def validate(cfg: PixelRLConfig) -> None:
     _choice("rollout.sde_type", r.sde_type, [s for s in SDE_TYPES if s != "ode"])
     _choice("diffusion_loss.name", cfg.diffusion_loss.name, LOSSES.names())
     bound = LOSSES.get(cfg.diffusion_loss.name).bind(cfg.diffusion_loss)  # the loss's own params, checked
-    if getattr(bound, "timesteps", None) == "grid_stratified":
-        check_strata(bound.num_timesteps, r.num_steps)
+    if hasattr(bound, "num_timesteps"):
+        check_strata(bound.timesteps, bound.num_timesteps, r.num_steps, getattr(bound, "timestep_fraction", 1.0))
     if getattr(bound, "group_noise", False) and r.n < 2:
         raise ConfigError("diffusion_loss.params.group_noise", True, f"shares noise within a prompt's group, and "
                           f"rollout.n={r.n} makes groups of one: set rollout.n >= 2 or group_noise=false")
@@ -250,6 +265,7 @@ def validate(cfg: PixelRLConfig) -> None:
     _choice("diffusion_loss.kl_type", cfg.diffusion_loss.kl_type, KL_TYPES)
     _choice("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADVANTAGE_ESTIMATORS.names())
     _choice("algorithm.rollout_correction", cfg.algorithm.rollout_correction, ("bypass", "decoupled"))
+    _check_rollout_correction(cfg.algorithm)
     _choice("algorithm.reward_aggregation", cfg.algorithm.reward_aggregation, ("sum_rewards", "sum_advantages"))
     from pixelrl.algos.forward_process import OLD_POLICY_SCHEDULES
 

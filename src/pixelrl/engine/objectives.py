@@ -78,6 +78,9 @@ class TransitionObjective:
         return UpdateContext(SamplingSettings(**batch.info["sampling"]),
                              "old_log_probs" if "old_log_probs" in batch else "log_probs")
 
+    def before_update(self, batch: Batch, ctx: UpdateContext, optimizer_steps: int) -> None:
+        """The rollout's log-probs are the old policy's: nothing to score before training."""
+
     @staticmethod
     def trained_steps(micro: Batch) -> torch.Tensor:
         """[B, K] window-step indices to train: `train_step_index` if given, else all W in order."""
@@ -153,7 +156,7 @@ class FlowMatchingObjective:
         draws = int(row_draw.max()) + 1 if len(batch) else 0
         t = draw_timesteps(opts.timesteps, draws, grid=e.sigmas[:-1], train_sigmas=self.train_sigmas,
                            generator=gen, num_timesteps=getattr(opts, "num_timesteps", 1),
-                           fraction=getattr(opts, "timestep_fraction", 1.0))
+                           fraction=getattr(opts, "timestep_fraction", 1.0), time_shift=getattr(opts, "time_shift", 3.0))
         x0 = batch["x0"]
         batch["fm_t"] = t[row_draw]
         batch["fm_eps"] = torch.randn((draws, t.shape[1], *x0.shape[1:]), generator=gen)[row_draw]
@@ -162,11 +165,10 @@ class FlowMatchingObjective:
     def num_substeps(self, batch: Batch) -> int:
         return batch["fm_t"].shape[1]
 
-    def substeps_loss(self, micro: Batch, ks: list[int], ctx: UpdateContext):
-        (k,) = ks  # config validation keeps forward-process losses at one sub-step per forward
+    def _noised(self, micro: Batch, k: int):
+        """Timestep k of every sample: (clean samples, t, eps, x_t, a velocity function of x_t)."""
         e = self.engine
         device = e.model.device
-        needs = set(e.loss.step_keys_needed(e.loss_options))
         text = e.model.encode_prompts(micro["prompts"])
         t = micro["fm_t"][:, k].to(device)
         eps = micro["fm_eps"][:, k].to(device)
@@ -180,6 +182,38 @@ class FlowMatchingObjective:
             # sampling scale, as the rollouts had it (a CFG family's scale needs a negative branch)
             return e.model.predict_velocity(x_t, times, cond, guidance_scale=e.cfg.rollout.guidance_scale)
 
+        return clean, t, eps, x_t, velocity
+
+    def _samples_from_old_policy(self) -> bool:
+        return self.engine.cfg.algorithm.rollout_policy == "old"
+
+    def before_update(self, batch: Batch, ctx: UpdateContext, optimizer_steps: int) -> None:
+        """A loss with an off-policy ratio (AWM's `clip_range`) needs the old policy's error at
+        every drawn (t, eps) whenever some optimizer step will not be on-policy: after the first
+        step of the update, on a stale batch, or when the samples came from the `old` adapter (the
+        AWM reference's off_policy mode). Scored here, before any step, without gradient; the
+        reference does the same pass (train_sd3_awm.py, `old_log_probs`)."""
+        e = self.engine
+        if getattr(e.loss_options, "clip_range", None) is None:
+            return
+        if optimizer_steps <= 1 and ctx.on_policy and not self._samples_from_old_policy():
+            return
+        old_errors = []
+        with torch.no_grad(), e.policy("old" if self._samples_from_old_policy() else "current"):
+            for micro in batch.split(max(1, e.cfg.actor.ppo_micro_batch_size)):
+                per_k = []
+                for k in range(self.num_substeps(batch)):
+                    clean, _, eps, _, velocity = self._noised(micro, k)
+                    per_k.append(mean_over_dims((velocity().double() - (eps - clean[0]).double()) ** 2).cpu())
+                old_errors.append(torch.stack(per_k, dim=1))
+        batch["fm_old_err"] = torch.cat(old_errors)
+
+    def substeps_loss(self, micro: Batch, ks: list[int], ctx: UpdateContext):
+        (k,) = ks  # config validation keeps forward-process losses at one sub-step per forward
+        e = self.engine
+        device = e.model.device
+        needs = set(e.loss.step_keys_needed(e.loss_options))
+        clean, t, eps, x_t, velocity = self._noised(micro, k)
         v = velocity()
         with torch.no_grad():
             v_ref = v_old = None
@@ -199,6 +233,10 @@ class FlowMatchingObjective:
         else:
             inputs = {"x0": clean[0], "x_t": x_t, "t": t, "eps": eps, "v": v, "v_ref": v_ref, "v_old": v_old,
                       "advantages": micro["advantages"].to(device).float()}
+            # off-policy: the old policy's error scored before the update; on-policy the current
+            # forward is the old policy, and the loss takes it detached (a ratio of exactly 1)
+            if "fm_old_err" in micro and (not ctx.on_policy or self._samples_from_old_policy()):
+                inputs["err_old"] = micro["fm_old_err"][:, k].to(device)
         return e.loss(inputs, e.loss_options)
 
 

@@ -319,6 +319,8 @@ class PolicyEngine:
         if num_samples % num_mini:
             raise ValueError(f"{num_samples} samples on this worker do not split into {num_mini} mini-batches")
         mini_size = num_samples // num_mini
+        ctx.on_policy = self.policy_version == rollout_version
+        objective.before_update(batch, ctx, acfg.ppo_epochs * num_mini)
         micro_size = max(1, acfg.ppo_micro_batch_size)
         num_substeps = objective.num_substeps(batch)
         groups = step_groups(num_substeps, acfg.window_steps_per_forward)

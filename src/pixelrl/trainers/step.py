@@ -187,7 +187,8 @@ def train_on(actor, rollout: Rollout, cfg, num_workers: int = 1, actor_version: 
             a = cfg.algorithm
             train["is_weights"], correction_metrics = rollout_correction_weights(
                 train["old_log_probs"], train["log_probs"], step_indices=train["step_indices"],
-                threshold=a.rollout_is_threshold, lower=a.rollout_rs_lower, upper=a.rollout_rs_upper)
+                threshold=a.rollout_is_threshold, is_level=a.rollout_is, lower=a.rollout_rs_lower,
+                upper=a.rollout_rs_upper, rs_level=a.rollout_rs)
     if cfg.diffusion_loss.kl_coef > 0:
         with timer.phase("ref"):
             train.update(actor.score(train, "reference"))
