@@ -26,7 +26,7 @@ def batch_gradients(config: str, overrides: list[str], batches: int) -> dict:
     """K gradients at the starting weights: `grads`, `images` per batch, mean `batch_s` and
     `reward`, and the `engine` (its weights as they started)."""
     from pixelrl.core.config import optimizer_steps_per_rollout
-    from pixelrl.core.config_loading import load_config
+    from pixelrl.config import load_config
     from pixelrl.data.prompts import collate_rows
     from pixelrl.engine.policy_engine import PolicyEngine
     from pixelrl.rewards.multi import WeightedReward

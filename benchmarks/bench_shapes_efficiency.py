@@ -36,7 +36,7 @@ MEASURED_LAYOUT = ["trainer.backend=local", "trainer.n_workers=1"]  # one proces
 
 def train(method: str, out: Path, budget: float, save_every_s: float, overrides: list[str]) -> Path:
     """One budgeted run; returns its run folder (already complete runs are reused)."""
-    from pixelrl.core.config_loading import load_config
+    from pixelrl.config import load_config
     from pixelrl.trainers.policy_gradient import PolicyGradientTrainer, run_dir_of
 
     config, _ = METHODS[method]
@@ -57,7 +57,7 @@ def train(method: str, out: Path, budget: float, save_every_s: float, overrides:
 
 def evaluate_run(method: str, run: Path, per_category: int) -> list[dict]:
     """Held-out strict score of the base model and of every checkpoint, with images and seconds."""
-    from pixelrl.core.config_loading import load_config
+    from pixelrl.config import load_config
     from pixelrl.data.shapes import evaluation_items
     from pixelrl.engine.evaluate import evaluate_geneval, load_for_eval
 

@@ -49,7 +49,7 @@ def run_one(overrides: list[str], steps: int) -> dict:
 
     import torch
 
-    from pixelrl.core.config_loading import load_config
+    from pixelrl.config import load_config
     from pixelrl.trainers.vlm_ppo import VLMPPOTrainer
 
     with tempfile.TemporaryDirectory() as out:

@@ -56,7 +56,7 @@ def paper_config(name, *overrides):
     model folder this machine does not have (validation checks only that it exists)."""
     import tempfile
 
-    from pixelrl.core.config_loading import load_config
+    from pixelrl.config import load_config
     from pixelrl.core.errors import ConfigError
 
     stand_in = f"model.path={tempfile.mkdtemp(prefix='pixelrl_stand_in_')}"
@@ -156,7 +156,7 @@ def any_tiny_vlm_path(request):
 
 def vlm_config(path, tmp_path, *overrides):
     """The shapes-QA GRPO config shrunk for tests (4 questions x 4 answers, 12 held-out items, in-process)."""
-    from pixelrl.core.config_loading import load_config
+    from pixelrl.config import load_config
 
     return load_config("vlm_grpo_shapes_qa", [
         f"model.path={path}", f"trainer.default_local_dir={tmp_path}", "data.train_batch_size=4", "rollout.n=4",

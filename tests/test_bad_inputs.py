@@ -76,6 +76,7 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("pretrain-shapes weighting categories of the text world",
      ["pretrain-shapes", "{tmp}/s", "--world", "text", "--category-weights", "two_object=2"], "--category-weights"),
     ("eval --task text on the train split", ["eval", "--task", "text", "--split", "train"], "--split"),
+    ("make-preferences over an existing preference file", ["make-preferences", "{prefs}"], "already holds"),
     ("make-preferences with 0 images per prompt", ["make-preferences", "{tmp}/p", "--n", "0"], "--n"),
     ("make-preferences with margin inf", ["make-preferences", "{tmp}/p", "--margin", "inf"], "--margin"),
     ("make-preferences with 0 pairs", ["make-preferences", "{tmp}/p", "--pairs-per-prompt", "0"],
@@ -92,6 +93,9 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("export a checkpoint whose adapter folder is a link out", ["export", "{ckpt_link_dir}", "{tmp}/out"],
      "outside the checkpoint"),
     ("export onto an existing file", ["export", "{ckpt}", "{file}"], "exists and is a file"),
+    ("export into the checkpoint it exports", ["export", "{ckpt}", "{ckpt}/exported"], "checkpoint rotation"),
+    ("export a torn adapter", ["export", "{ckpt_torn}", "{tmp}/out", "--adapter-only", "--base-model", "{tmp}"],
+     "does not read"),
     ("export a diffusion checkpoint's EMA", ["export", "{ckpt}", "{tmp}/out", "--weights", "ema"], "--weights"),
     ("export into a non-empty folder", ["export", "{ckpt}", "{run}"], "not empty"),
     ("export with a relative model path from elsewhere", ["export", "{ckpt}", "{tmp}/out"], "--base-model"),
@@ -126,6 +130,26 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("sampling AWM's EMA adapter while fine-tuning the whole denoiser",
      ["train", "--config-name", "shapes_demo", "algorithm.rollout_policy=old"], "algorithm.rollout_policy"),
     ("zero images per prompt", [*SHAPES, "rollout.n=0"], "rollout.n"),
+    # validation settings, checked before training instead of failing at the first validation
+    ("zero images per validation prompt", [*SHAPES, "val_kwargs.n=0"], "val_kwargs.n"),
+    ("zero validation sampling steps", [*SHAPES, "val_kwargs.num_steps=0"], "val_kwargs.num_steps"),
+    ("negative validation batch", [*SHAPES, "data.val_batch_size=-1"], "data.val_batch_size"),
+    ("validation noise nan", [*SHAPES, "val_kwargs.noise_level=nan"], "val_kwargs.noise_level"),
+    ("negative validation noise", [*SHAPES, "val_kwargs.noise_level=-1"], "val_kwargs.noise_level"),
+    ("save every -3 steps", [*SHAPES, "trainer.save_freq=-3"], "trainer.save_freq"),
+    ("validate every -2 steps", [*SHAPES, "trainer.test_freq=-2"], "trainer.test_freq"),
+    ("an Adam beta above 1", [*SHAPES, "actor.betas=[1.5,0.999]"], "actor.betas"),
+    ("weight decay nan", [*SHAPES, "actor.weight_decay=nan"], "actor.weight_decay"),
+    ("negative warm-up", [*SHAPES, "actor.warmup_steps=-1"], "actor.warmup_steps"),
+    ("a cosine floor above the rate", [*SHAPES, "actor.min_lr_ratio=2"], "actor.min_lr_ratio"),
+    ("negative reward CPUs", [*SHAPES, "reward.num_cpus=-1"], "reward.num_cpus"),
+    ("negative T5 length", [*SHAPES, "model.max_sequence_length=-1"], "model.max_sequence_length"),
+    ("the only reward weighted 0", [*SHAPES, "reward.functions=[{name: shapes_geneval, weight: 0}]"],
+     "reward.functions[].weight"),
+    ("a blank inline prompt", [*SHAPES, "data.train_files=[]", "data.prompts=[' ']"], "data.prompts"),
+    ("an unknown rejection level", [*SHAPES, "algorithm.rollout_rs=batch"], "algorithm.rollout_rs"),
+    ("rejection bounds the wrong way round", [*SHAPES, "algorithm.rollout_rs_lower=3", "algorithm.rollout_rs_upper=2"],
+     "algorithm.rollout_rs_lower"),
     ("zero sampling steps", [*SHAPES, "rollout.num_steps=0"], "rollout.num_steps"),
     ("negative clip ratio", [*SHAPES, "diffusion_loss.clip_ratio=-0.1"], "diffusion_loss.clip_ratio"),
     ("cosine lr no longer than its warm-up", [*SHAPES, "actor.lr_schedule=cosine", "actor.warmup_steps=160"],
@@ -298,6 +322,13 @@ def _make_places(root: Path) -> None:
     (root / "ckpt_link_file" / "actor" / "adapter").mkdir()
     (root / "ckpt_link_file" / "actor" / "adapter" / "pytorch_lora_weights.safetensors").symlink_to(root / "a_file")
     (root / "ckpt_link_dir" / "actor" / "adapter").symlink_to(root / "run")
+    (root / "prefs").mkdir()
+    (root / "prefs" / "preferences.jsonl").write_text('{"prompt": "a red circle"}\n')
+    # an adapter whose weights file was cut short (a header promising more bytes than follow)
+    (root / "ckpt_torn" / "actor" / "adapter").mkdir(parents=True)
+    (root / "ckpt_torn" / "config.yaml").write_text("model:\n  path: runs/tiny_sd3\n")
+    (root / "ckpt_torn" / "actor" / "adapter" / "pytorch_lora_weights.safetensors").write_bytes(
+        b"\x40\x00\x00\x00\x00\x00\x00\x00" + b'{"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}')
 
 
 def _tree(folder: Path) -> dict[str, float]:
@@ -311,6 +342,7 @@ def replay(argv: list[str], root: Path, workdir: Path) -> tuple[int, str]:
     places = {"{tmp}": str(workdir), "{file}": str(root / "a_file"), "{run}": str(root / "run"),
               "{ckpt_no_actor}": str(root / "ckpt_no_actor"), "{ckpt}": str(root / "ckpt"),
               "{ckpt_link_file}": str(root / "ckpt_link_file"), "{ckpt_link_dir}": str(root / "ckpt_link_dir"),
+              "{ckpt_torn}": str(root / "ckpt_torn"), "{prefs}": str(root / "prefs"),
               "{broken_plugin}": str(root / "broken_plugin.py"), "{pretrain_run}": str(root / "pretrain_run")}
     filled = []
     for arg in argv:

@@ -5,7 +5,7 @@ import tempfile
 
 import pytest
 
-from pixelrl.core.config_loading import load_config
+from pixelrl.config import load_config
 from pixelrl.core.errors import ConfigError
 from pixelrl.data.prompts import DatasetError, PromptDataset, make_loader, read_prompt_file
 
@@ -20,7 +20,7 @@ def _error(*overrides, config="flow_grpo_tiny"):
 
 
 def test_every_bundled_config_loads_and_validates(tmp_path):
-    from pixelrl.core.config_loading import CONFIG_DIR
+    from pixelrl.core.config_io import CONFIG_DIR
 
     names = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
     assert len(names) >= 10

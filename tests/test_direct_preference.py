@@ -163,7 +163,7 @@ def test_awm_without_its_ema_term_fine_tunes_the_whole_denoiser(tiny_pixel_path)
     """With ema_beta 0 AWM reads no old policy, so `model.lora_rank=0` is accepted and an update
     moves every denoiser weight that the loss reaches; with the EMA term on, the config is refused."""
     from pixelrl.core.batch import Batch
-    from pixelrl.core.config_loading import load_config
+    from pixelrl.config import load_config
     from pixelrl.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="model.lora_rank"):
@@ -197,7 +197,7 @@ def test_awm_keeps_its_ema_adapter_only_when_the_loss_or_the_rollouts_read_it(ti
     """AWM's `old` adapter (its EMA) exists for the ema_beta term and for rollouts that sample it;
     with neither there is nothing to build, blend or checkpoint. Full fine-tuning has no second
     adapter, so sampling the old policy with it is refused."""
-    from pixelrl.core.config_loading import load_config
+    from pixelrl.config import load_config
     from pixelrl.core.errors import ConfigError
 
     def old_adapter(ema_beta, rollout_policy="current"):

@@ -189,7 +189,7 @@ def test_window_steps_in_one_forward_give_the_same_update(make_engine, tiny_sd3_
 
 
 def test_losses_with_batch_statistics_refuse_shared_forwards():
-    from pixelrl.core.config_loading import load_config
+    from pixelrl.config import load_config
     from pixelrl.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="actor.window_steps_per_forward"):

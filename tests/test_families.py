@@ -117,7 +117,7 @@ def test_flux_is_guidance_distilled_and_sharded_over_its_double_and_single_block
 
 
 def test_qwen_image_guides_with_a_negative_branch_and_shards_its_blocks(tiny_qwen_image_path):
-    from pixelrl.core.config_loading import load_config
+    from pixelrl.config import load_config
     from pixelrl.core.errors import ConfigError
     from pixelrl.models.qwen_image import QwenImageModel
 
@@ -130,7 +130,7 @@ def test_qwen_image_guides_with_a_negative_branch_and_shards_its_blocks(tiny_qwe
 
 
 def test_wan_samples_videos_and_refuses_frame_counts_its_vae_cannot_take(tiny_wan_path, tiny_pixel_path):
-    from pixelrl.core.config_loading import load_config
+    from pixelrl.config import load_config
     from pixelrl.core.errors import ConfigError
     from pixelrl.models.wan import WanModel
 
@@ -147,7 +147,7 @@ def test_wan_samples_videos_and_refuses_frame_counts_its_vae_cannot_take(tiny_wa
 
 
 def test_flux_refuses_zero_t5_tokens_and_an_image_size_its_packing_cannot_take(tiny_flux_path):
-    from pixelrl.core.config_loading import load_config
+    from pixelrl.config import load_config
     from pixelrl.core.errors import ConfigError
 
     base = [f"model.path={tiny_flux_path}"]
@@ -167,7 +167,7 @@ def test_flow_grpo_moves_the_reward_and_exports_a_pipeline_diffusers_loads(reque
     of the policy rises on unseen seeds, and `pixelrl export` writes a folder the family's pipeline
     loads with the LoRA fused in, sampling what pixelrl samples."""
     from pixelrl.cli import main
-    from pixelrl.core.config_loading import load_config
+    from pixelrl.config import load_config
     from pixelrl.engine.checkpoint import load_engine
     from pixelrl.engine.evaluate import fixed_seed_reward
     from pixelrl.rewards import WeightedReward

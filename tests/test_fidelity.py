@@ -11,7 +11,7 @@ from pixelrl.algos import group_advantages
 from pixelrl.algos.advantages import zero_advantage_keep
 from pixelrl.core.batch import Batch
 from conftest import paper_config
-from pixelrl.core.config_loading import load_config
+from pixelrl.config import load_config
 from pixelrl.core.config import optimizer_steps_per_rollout
 from pixelrl.core.errors import ConfigError
 

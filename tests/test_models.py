@@ -161,7 +161,7 @@ def test_a_folder_loads_with_the_options_it_declares(tmp_path, tiny_pixel_path):
     defaults; a malformed one is one clear error."""
     import shutil
 
-    from pixelrl.core.config_loading import load_config
+    from pixelrl.config import load_config
     from pixelrl.core.errors import ConfigError, ModelFolderError
     from pixelrl.engine.evaluate import load_for_eval
 

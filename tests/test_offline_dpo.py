@@ -120,7 +120,7 @@ def test_encode_inverts_decode(tiny_sd3_path, tiny_pixel_path):
 def test_offline_dpo_through_pixelrl_train_learns_from_a_written_dataset(tmp_path, tiny_pixel_path):
     """Chosen images are flat colours, rejected ones noise: after training on the pairs, the
     policy's own samples compress better (JPEG reward) than the base model's."""
-    from pixelrl.core.config_loading import load_config
+    from pixelrl.config import load_config
     from pixelrl.engine.checkpoint import load_engine
     from pixelrl.engine import PolicyEngine
     from pixelrl.engine.evaluate import fixed_seed_reward as mean_reward

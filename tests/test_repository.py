@@ -52,3 +52,39 @@ def test_every_declared_dependency_is_imported():
         if not re.search(rf"^\s*(import|from)\s+{re.escape(module)}\b", code, re.M):
             unused.append(name)
     assert not unused, f"declared but never imported: {unused}"
+
+
+# Each package may import only the packages listed before it (function-level imports count).
+# `config` composes and checks the sections, so it sits above everything whose options it checks;
+# `shapes`, `demo` and `cli` are the top: nothing but the CLI imports them.
+LAYERS = ["core", "models", "sampling", "algos", "rewards", "data", "engine", "config", "workers", "trainers",
+          "shapes", "demo", "cli", "__main__"]
+
+
+def _package_imports() -> dict[tuple[str, str], list[str]]:
+    """(importing package, imported package) -> where, for every `import pixelrl.X` / `from pixelrl.X`."""
+    import ast
+
+    edges: dict[tuple[str, str], list[str]] = {}
+    for path in SRC.rglob("*.py"):
+        parts = path.relative_to(SRC).parts
+        package = parts[0] if len(parts) > 1 else parts[0][:-3]
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
+            for name in names:
+                bits = name.split(".")
+                if bits[0] == "pixelrl" and len(bits) > 1 and bits[1] != package:
+                    edges.setdefault((package, bits[1]), []).append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    return edges
+
+
+def test_packages_import_only_the_layers_below_them():
+    edges = _package_imports()
+    packages = {a for a, _ in edges} | {b for _, b in edges}
+    assert packages <= set(LAYERS), f"packages missing from LAYERS: {sorted(packages - set(LAYERS))}"
+    upward = {f"{a} -> {b}": where for (a, b), where in edges.items() if LAYERS.index(b) > LAYERS.index(a)}
+    assert not upward, upward
+    assert not [b for (a, b) in edges if a == "core"], "core is the ground: it imports no other pixelrl package"
+    cycles = sorted({tuple(sorted((a, b))) for (a, b) in edges if (b, a) in edges})
+    assert not cycles, cycles

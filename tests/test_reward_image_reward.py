@@ -184,7 +184,7 @@ def test_bad_checkpoints_and_folders_are_named(released, folder, tmp_path):
 
 def test_the_command_line_converts_and_the_folder_trains_as_a_reward(released, tmp_path):
     from pixelrl.cli import main
-    from pixelrl.core.config_loading import load_config
+    from pixelrl.config import load_config
 
     checkpoint, blip, _ = released
     out = tmp_path / "ir"

@@ -82,7 +82,7 @@ def test_weights_that_overflow_the_sum_are_an_error():
 
 
 def test_unknown_reward_option_is_named():
-    from pixelrl.core.config_loading import load_config
+    from pixelrl.config import load_config
     from pixelrl.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="qualty"):
@@ -111,7 +111,7 @@ def test_delayed_reward_returns_the_named_rewards_scores_after_its_wait():
     ({"reward_options": {"sharpness": 1}}, "options.reward_options"),
 ])
 def test_delayed_reward_options_are_checked_with_the_config(tiny_pixel_path, options, field):
-    from pixelrl.core.config_loading import load_config
+    from pixelrl.config import load_config
     from pixelrl.core.errors import ConfigError
 
     spec = "{name: delayed, weight: 1.0, options: %s}" % str(options).replace("'", "")

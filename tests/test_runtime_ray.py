@@ -47,7 +47,8 @@ def test_two_ranks_hold_identical_weights_equal_to_a_one_worker_run(ray_cluster,
     same global batch."""
     import numpy as np
 
-    from pixelrl.core.config_loading import load_config, to_yaml
+    from pixelrl.core.config_io import to_yaml
+    from pixelrl.config import load_config
     from pixelrl.workers.group import LocalWorkerGroup, RayWorkerGroup, RewardGroup
     from pixelrl.trainers.step import policy_gradient_step
 
@@ -138,7 +139,8 @@ def test_fsdp2_on_two_ray_workers_shards_each_familys_blocks_and_ranks_agree(ray
     the ranks hold the same weights."""
     import numpy as np
 
-    from pixelrl.core.config_loading import load_config, to_yaml
+    from pixelrl.core.config_io import to_yaml
+    from pixelrl.config import load_config
     from pixelrl.trainers.step import policy_gradient_step
     from pixelrl.workers.group import RayWorkerGroup, RewardGroup
 
@@ -166,7 +168,8 @@ def test_a_worker_killed_by_a_signal_is_reported_with_what_its_log_says(ray_clus
     import re
     import signal
 
-    from pixelrl.core.config_loading import load_config, to_yaml
+    from pixelrl.core.config_io import to_yaml
+    from pixelrl.config import load_config
     from pixelrl.workers.group import RayWorkerGroup, WorkerDiedError
 
     group = RayWorkerGroup(to_yaml(load_config("flow_grpo_tiny", [f"model.path={tiny_pixel_path}"])), 1, 1)
@@ -190,7 +193,8 @@ def test_a_crashed_rank_is_reported_before_a_peer_that_raised(ray_cluster, tiny_
     import os
     import signal
 
-    from pixelrl.core.config_loading import load_config, to_yaml
+    from pixelrl.core.config_io import to_yaml
+    from pixelrl.config import load_config
     from pixelrl.workers.group import RayWorkerGroup, WorkerDiedError
 
     def collective_broke(worker):

@@ -38,7 +38,7 @@ def test_the_demo_trains_the_retrained_model_and_pays_only_exact_scenes():
     """What `make demo` runs: `builtin:shapes`, paid 1 for exactly the requested scene and 0 for
     an image that passes GenEval's "at least" check with an unrequested object in it."""
     from conftest import with_extra_object
-    from pixelrl.core.config_loading import load_config
+    from pixelrl.config import load_config
     from pixelrl.data.shapes import evaluation_items, render
     from pixelrl.demo import DEMO_CONFIG
     from pixelrl.rewards import get_reward
@@ -74,7 +74,7 @@ def test_a_short_run_of_each_method_on_the_shipped_model_raises_its_reward(confi
     prompts: the fixed-seed mean reward of the trained policy on them beats the base model's."""
     from conftest import read_metrics
     from pixelrl.cli import main
-    from pixelrl.core.config_loading import load_config
+    from pixelrl.config import load_config
     from pixelrl.data.shapes import prompt_splits
     from pixelrl.engine.evaluate import generate, load_for_eval
     from pixelrl.rewards import get_reward

@@ -212,7 +212,7 @@ def test_exact_weight_pays_full_marks_only_for_a_scene_with_nothing_extra():
 
 
 def test_shapes_reward_options_are_checked_with_the_config():
-    from pixelrl.core.config_loading import load_config
+    from pixelrl.config import load_config
     from pixelrl.core.errors import ConfigError
 
     for options, field in (("{extra_object_penalty: -1}", "extra_object_penalty"),

@@ -5,7 +5,7 @@ import torch
 from conftest import vlm_config, vlm_run_killed_after_checkpoint
 
 from pixelrl.algos import token_ppo as T
-from pixelrl.core.config_loading import to_yaml
+from pixelrl.core.config_io import to_yaml
 from pixelrl.core.errors import ConfigError
 from pixelrl.data import shapes_qa
 from pixelrl.models.qwen_vl import QwenVLModel, response_mask_from

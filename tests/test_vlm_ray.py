@@ -71,7 +71,7 @@ def test_fsdp2_shards_actor_and_critic_per_block_and_both_train(ray_cluster, req
     runs the same forwards) and training move the actor and the critic, the same on both ranks."""
     import json
 
-    from pixelrl.core.config_loading import to_yaml
+    from pixelrl.core.config_io import to_yaml
     from pixelrl.workers.group import RayWorkerGroup
     from pixelrl.workers.vlm_worker import VLMWorker
 

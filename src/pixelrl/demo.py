@@ -151,7 +151,7 @@ DEMO_CONFIG = "shapes_demo"
 
 def run_demo(overrides: list[str], per_category: int = 64, config_name: str = DEMO_CONFIG) -> dict:
     from pixelrl.core.config import validation_guidance
-    from pixelrl.core.config_loading import load_config
+    from pixelrl.config import load_config
     from pixelrl.core.errors import ConfigError
     from pixelrl.data.shapes import evaluation_items
     from pixelrl.engine.evaluate import (bootstrap_overall, diversity, evaluate_geneval, format_failures, format_table,

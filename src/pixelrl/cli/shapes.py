@@ -146,6 +146,11 @@ def cmd_make_preferences(args) -> int:
     from pixelrl.engine.preference_data import make_preferences
     from pixelrl.workers.group import RewardGroup
 
+    from pixelrl.core.errors import ConfigError
+
+    if (Path(args.out) / "preferences.jsonl").exists():
+        raise ConfigError("OUT", args.out, "already holds a preferences.jsonl (and its images), which this would "
+                          "overwrite: write to a new folder, or delete that one first")
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     options = reward_options(args)
     rows = PromptDataset.from_files([args.prompts]).rows

@@ -11,7 +11,7 @@ from pixelrl.core.paths import check_no_links_out, check_output_dir, check_outpu
 
 
 def cmd_train(args) -> int:
-    from pixelrl.core.config_loading import load_config
+    from pixelrl.config import load_config
     from pixelrl.trainers.restarts import fit_with_restarts
 
     cfg = load_config(args.config_name, args.overrides)
@@ -50,7 +50,7 @@ def cmd_plot(args) -> int:
 
 def cmd_export(args) -> int:
     from pixelrl.core.assets import resolve
-    from pixelrl.core.config_loading import from_yaml_text
+    from pixelrl.core.config_io import from_yaml_text
     from pixelrl.core.errors import ConfigError
     from pixelrl.models.export import export_checkpoint
     from pixelrl.models.loader import DECLARABLE_OPTIONS
@@ -66,6 +66,10 @@ def cmd_export(args) -> int:
                           "config.yaml and actor/)")
     check_no_links_out(ckpt, "<checkpoint>")
     out = Path(args.out)
+    holder = ckpt.resolve().parent if ckpt.resolve().parent.name == "checkpoints" else ckpt.resolve()
+    if out.resolve().is_relative_to(holder):
+        raise ConfigError("<out>", str(out), f"is inside {holder}, which checkpoint rotation "
+                          "(trainer.max_ckpt_to_keep) deletes from: export outside the run's checkpoints folder")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError("<out>", str(out), "exists and is " + ("a file" if not out.is_dir() else "not empty")
                           + ": export into a new or empty folder")
@@ -80,7 +84,7 @@ def cmd_export(args) -> int:
         raise ConfigError("--base-model", str(base), "the base model folder does not exist here (a run's relative "
                           "model.path is relative to where it trained): pass --base-model PATH")
     if saved.type == "qwen_vl":
-        from pixelrl.models.qwen_vl.export import export_vlm_checkpoint
+        from pixelrl.engine.vlm_export import export_vlm_checkpoint
 
         if args.adapter_only:
             raise ConfigError("--adapter-only", True, "a vision-language checkpoint exports as a whole Qwen2-VL folder "
@@ -107,7 +111,7 @@ def cmd_demo_jpeg(args) -> int:
     model built on first use, with a fixed-seed evaluation before and after."""
     import torch
 
-    from pixelrl.core.config_loading import load_config
+    from pixelrl.config import load_config
     from pixelrl.engine import PolicyEngine
     from pixelrl.engine.checkpoint import load_engine
     from pixelrl.engine.evaluate import fixed_seed_reward

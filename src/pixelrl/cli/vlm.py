@@ -24,7 +24,7 @@ def cmd_demo_vlm(args) -> int:
     """configs/vlm_grpo_shapes_qa.yaml: held-out accuracy per question type before and after."""
     import torch
 
-    from pixelrl.core.config_loading import load_config
+    from pixelrl.config import load_config
     from pixelrl.data.shapes_qa import colour_only_accuracy
     from pixelrl.engine.pretrain_vlm import summarise_correctness
     from pixelrl.trainers.vlm_ppo import VLMPPOTrainer, task_items

@@ -44,7 +44,7 @@ def read_records(path: Path, required_key: str, kinds: str = ".jsonl, .parquet o
     """(row number, record) of a .jsonl or .parquet file; a bad line names the file and row."""
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json"):
-        with path.open() as handle:
+        with path.open(encoding="utf-8-sig") as handle:  # a byte-order mark is not part of the first row
             for number, line in enumerate(handle, start=1):
                 if line.strip():
                     try:
@@ -70,7 +70,7 @@ def read_prompt_file(path: str | Path, prompt_key: str = "prompt") -> list[dict]
         raise DatasetError(f"prompt file `{path}` does not exist: check data.train_files / data.val_files")
     if path.suffix.lower() == ".txt":
         rows = [{"prompt": line.strip(), "data_source": path.stem, "metadata": {}}
-                for line in path.read_text().splitlines() if line.strip()]
+                for line in path.read_text(encoding="utf-8-sig").splitlines() if line.strip()]
     else:
         rows = [_normalise(path, number, record, prompt_key) for number, record in read_records(path, prompt_key)]
     if not rows:

@@ -153,7 +153,7 @@ def load_for_eval(model_path: str | None = None, checkpoint: str | None = None):
 
     if checkpoint is None:
         return load_folder_model(str(model_path or "builtin:shapes"))
-    from pixelrl.core.config_loading import from_yaml_text
+    from pixelrl.core.config_io import from_yaml_text
     from pixelrl.engine.checkpoint import load_engine
     from pixelrl.engine.policy_engine import PolicyEngine
 

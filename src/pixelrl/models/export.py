@@ -11,6 +11,19 @@ from safetensors.torch import load_file
 from pixelrl.core.errors import ModelFolderError
 
 
+def _check_weights_read(folder: Path) -> None:
+    """Every safetensors file of `folder` reads whole: its header parses and every tensor loads."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelFolderError(f"`{folder}` holds no .safetensors weights: the checkpoint is incomplete")
+    for path in files:
+        try:
+            load_file(path)
+        except Exception as err:  # safetensors raises its own error types for a torn or foreign file
+            raise ModelFolderError(f"`{path}` does not read ({type(err).__name__}: {err}): the checkpoint is "
+                                   "damaged; export an earlier global_step_N") from None
+
+
 def export_checkpoint(actor_dir: str | Path, base_model: str | Path, out: str | Path, *, model_type: str,
                       adapter_only: bool = False, trained_options: dict | None = None, weights: str = "actor") -> Path:
     """`model_type` is the run's `model.type`: its family knows how its pipeline loads.
@@ -28,6 +41,7 @@ def export_checkpoint(actor_dir: str | Path, base_model: str | Path, out: str | 
     if adapter_only:
         if not adapter.is_dir():
             raise ModelFolderError(f"`{actor_dir}` holds no LoRA adapter (a full fine-tune): export without --adapter-only")
+        _check_weights_read(adapter)  # a copy of a torn file would look like a good export
         shutil.copytree(adapter, out, dirs_exist_ok=True)
         return out
     pipe = model_family(model_type).load_pipeline(base_model)

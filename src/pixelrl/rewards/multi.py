@@ -80,12 +80,14 @@ def _per_frame(name: str, fn: RewardFn, videos, prompts, metadata) -> dict[str, 
 
 def _call(name: str, fn: RewardFn, images, prompts, metadata):
     """A reward that raises stops the run with its name, the exception and where it was raised
-    (the file and line in the reward's own code), not a trace through the trainer."""
+    (the file and line in the reward's own code), not a trace through the trainer. A reward that
+    calls sys.exit() fails the same way (it would otherwise end training with exit 0 and no
+    checkpoint); KeyboardInterrupt is left alone, since it is how Ctrl-C reaches the trainer."""
     try:
         return fn(images, prompts, metadata)
     except PixelRLError:
         raise
-    except Exception as err:
+    except (Exception, SystemExit) as err:
         import traceback
 
         frame = traceback.extract_tb(err.__traceback__)[-1]

@@ -25,6 +25,35 @@ from pixelrl.rewards.wire import ENCODINGS, WireError, decode_scores, encode_req
 RETRIED_STATUSES = (502, 503, 504)
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """urllib follows a redirect with the request's headers, the bearer token included: a server
+    (or anything in between) answering 3xx would receive the token at another address and supply
+    the scores. The client only talks to the address it was given; a 3xx becomes an HTTPError."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
+class _PastDeadline(TimeoutError):
+    pass
+
+
+def _read_within(response, deadline: float, timeout_s: float) -> bytes:
+    """The body, in chunks, failing once the whole request has taken `timeout_s`: the socket
+    timeout bounds each read, so a server trickling a byte at a time would otherwise never time out."""
+    chunks = []
+    while True:
+        chunk = response.read1(65536) if hasattr(response, "read1") else response.read(65536)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        if time.monotonic() > deadline:
+            raise _PastDeadline(f"the answer took more than timeout_s={timeout_s} s in all")
+
+
 def check_remote_options(options: dict, field: str) -> None:
     url = options.get("url", "")
     parts = urlsplit(url) if isinstance(url, str) else None
@@ -57,14 +86,22 @@ def remote(url: str = "", key: str | None = None, token_env: str = "PIXELRL_REWA
             if attempt:
                 time.sleep(backoff_s * 2 ** (attempt - 1))
             try:
-                with urllib.request.urlopen(urllib.request.Request(endpoint, body, headers), timeout=timeout_s) as r:
-                    return r.read()
+                deadline = time.monotonic() + timeout_s
+                with _OPENER.open(urllib.request.Request(endpoint, body, headers), timeout=timeout_s) as r:
+                    return _read_within(r, deadline, timeout_s)
             except urllib.error.HTTPError as err:
+                if 300 <= err.code < 400:
+                    raise RewardError(f"reward server {url} answered {err.code}, a redirect to "
+                                      f"{err.headers.get('Location')!r}: the client does not follow redirects (the "
+                                      "token and the batch would go to another address); set url to the server "
+                                      "itself") from None
                 message = _server_message(err)
                 if err.code not in RETRIED_STATUSES:
                     hint = f" (set ${token_env} to the server's token)" if err.code == 401 else ""
                     raise RewardError(f"reward server {url} answered {err.code}: {message}{hint}") from None
                 last = f"{err.code}: {message}"
+            except _PastDeadline as err:
+                last = str(err)
             except (TimeoutError, socket.timeout):
                 last = f"no answer within timeout_s={timeout_s} s"
             except urllib.error.URLError as err:

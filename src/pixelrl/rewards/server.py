@@ -49,12 +49,40 @@ def check_server_settings(host: str, token: str | None, max_request_mb: float, t
         raise ConfigError("--max-request-mb", max_request_mb, "a size in MB > 0")
 
 
+class _CappedHTTPServer(ThreadingHTTPServer):
+    """At most `max_connections` open at once: a connection past the cap is closed as soon as it
+    is accepted, so idle or slow clients cannot use up the process's file descriptors (and with
+    them every valid client's requests)."""
+
+    daemon_threads = True
+
+    def __init__(self, address, handler, max_connections: int):
+        self._slots = threading.BoundedSemaphore(max_connections)
+        super().__init__(address, handler)
+
+    def process_request(self, request, client_address):
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except Exception:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 class RewardServer:
     """Serves `reward` (a registered name, built with `options`) on host:port until `close()`."""
 
     def __init__(self, reward: str, options: dict | None = None, host: str = "127.0.0.1", port: int = 0,
                  token: str | None = None, max_request_mb: float = 64.0, limits: Limits = Limits(),
-                 read_timeout_s: float = 30.0, token_env: str = "PIXELRL_REWARD_TOKEN"):
+                 read_timeout_s: float = 30.0, token_env: str = "PIXELRL_REWARD_TOKEN", max_connections: int = 64):
         check_server_settings(host, token, max_request_mb, token_env)
         self.name, self.limits = reward, limits
         self.reward_fn = get_reward(reward, **dict(options or {}))
@@ -62,8 +90,7 @@ class RewardServer:
         self.expected_auth = f"Bearer {token}".encode() if token else None
         self.requests_scored = 0
         self._score_lock = threading.Lock()
-        self._httpd = ThreadingHTTPServer((host, port), _handler_class(self, read_timeout_s))
-        self._httpd.daemon_threads = True
+        self._httpd = _CappedHTTPServer((host, port), _handler_class(self, read_timeout_s), max_connections)
         self._thread: threading.Thread | None = None
 
     @property
@@ -98,8 +125,10 @@ class RewardServer:
         return header is not None and hmac.compare_digest(header.encode(), self.expected_auth)
 
     def score(self, body: bytes) -> bytes:
-        images, prompts, metadata = decode_request(body, self.limits)
+        # decoding holds the same lock as scoring: one request's decoded images (at most
+        # limits.max_total_pixels) are in memory at a time, however many clients send at once
         with self._score_lock, torch.no_grad():
+            images, prompts, metadata = decode_request(body, self.limits)
             try:
                 out = self.reward_fn(torch.from_numpy(images), prompts, metadata)
                 scores = check_reward_output(self.name, out, len(prompts))

@@ -40,6 +40,9 @@ class WireError(PixelRLError):
 class Limits:
     max_images: int = 1024
     max_pixels: int = 4096 * 4096  # per image
+    # decoded pixels of one request in all, checked from the PNG headers before anything is
+    # decoded: 64 Mpx is 192 MB of RGB, where 1,024 images of 16 Mpx would ask for 48 GB
+    max_total_pixels: int = 64 * 1024 * 1024
 
 
 def _json_value(value):
@@ -79,7 +82,8 @@ def _b64(text, what: str) -> bytes:
         raise WireError(f"{what} is not valid base64") from None
 
 
-def _decode_png(text, index: int, limits: Limits) -> np.ndarray:
+def _open_png(text, index: int, limits: Limits):
+    """The PNG, opened lazily (its header only), after the per-image size check."""
     raw = _b64(text, f"images.data[{index}]")
     try:
         image = Image.open(io.BytesIO(raw), formats=["PNG"])  # lazy: reads the header only
@@ -89,10 +93,21 @@ def _decode_png(text, index: int, limits: Limits) -> np.ndarray:
     if width * height > limits.max_pixels:
         raise WireError(f"images.data[{index}] is {width}x{height}, over this server's {limits.max_pixels} pixels",
                         status=413)
+    return image
+
+
+def _decode_png(image, index: int) -> np.ndarray:
     try:
         return np.asarray(image.convert("RGB"), dtype=np.uint8)
     except Exception:
         raise WireError(f"images.data[{index}] is a damaged PNG image") from None
+
+
+def _check_total_pixels(total: int, limits: Limits) -> None:
+    if total > limits.max_total_pixels:
+        raise WireError(f"the request's images hold {total} pixels in all, over this server's "
+                        f"{limits.max_total_pixels}; send fewer or smaller images per request (the remote reward's "
+                        "batch_size)", status=413)
 
 
 def decode_request(body: bytes, limits: Limits = Limits()) -> tuple[np.ndarray, list[str], list[dict]]:
@@ -101,6 +116,10 @@ def decode_request(body: bytes, limits: Limits = Limits()) -> tuple[np.ndarray, 
         request = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise WireError("the body is not JSON (this server takes JSON only; pickled payloads are refused)") from None
+    except RecursionError:
+        raise WireError("the JSON is nested too deeply to read; send flat metadata") from None
+    except ValueError as err:  # e.g. an integer of more digits than Python converts
+        raise WireError(f"the JSON holds a value this server does not read ({err})") from None
     if not isinstance(request, dict):
         raise WireError("the body must be a JSON object with protocol, prompts, metadata and images")
     if request.get("protocol") != PROTOCOL:
@@ -120,7 +139,9 @@ def decode_request(body: bytes, limits: Limits = Limits()) -> tuple[np.ndarray, 
         data = images.get("data")
         if not isinstance(data, list) or len(data) != batch:
             raise WireError(f"images.data must be a list of {batch} base64 PNG images, one per prompt")
-        arrays = [_decode_png(text, i, limits) for i, text in enumerate(data)]
+        opened = [_open_png(text, i, limits) for i, text in enumerate(data)]
+        _check_total_pixels(sum(image.size[0] * image.size[1] for image in opened), limits)
+        arrays = [_decode_png(image, i) for i, image in enumerate(opened)]
         if len({a.shape for a in arrays}) != 1:
             raise WireError(f"images differ in size {sorted({a.shape for a in arrays})}; send one size per request")
         return np.stack(arrays), prompts, metadata
@@ -130,6 +151,7 @@ def decode_request(body: bytes, limits: Limits = Limits()) -> tuple[np.ndarray, 
         raise WireError(f"images.shape must be [{batch}, H, W, 3] with positive integers, got {shape!r}")
     if shape[1] * shape[2] > limits.max_pixels:
         raise WireError(f"images are {shape[2]}x{shape[1]}, over this server's {limits.max_pixels} pixels", status=413)
+    _check_total_pixels(batch * shape[1] * shape[2], limits)
     raw = _b64(images.get("data"), "images.data")
     if len(raw) != batch * shape[1] * shape[2] * 3:
         raise WireError(f"images.data holds {len(raw)} bytes; shape {shape} needs {batch * shape[1] * shape[2] * 3}")

@@ -20,7 +20,7 @@ import torch
 from PIL import Image
 
 from pixelrl.core.config import PixelRLConfig, validation_guidance
-from pixelrl.core.config_loading import saved_yaml, to_yaml
+from pixelrl.core.config_io import saved_yaml, to_yaml
 from pixelrl.data.preferences import PreferenceDataset, collate_preferences
 from pixelrl.data.prompts import PromptDataset, collate_rows, make_loader
 from pixelrl.engine.evaluate import diversity
@@ -32,6 +32,7 @@ from pixelrl.trainers.ahead import AheadProducer
 from pixelrl.trainers.checkpointing import (BestCheckpoint, check_resume_config, find_resume_folder, load_rollouts,
                                            load_trainer_state, save_checkpoint)
 from pixelrl.trainers.direct_preference import offline_preference_step, train_on_clean_samples
+from pixelrl.trainers.run_folder import RunFolderLock, refuse_fresh_start_over_checkpoints, with_run_folder
 from pixelrl.trainers.step import make_rollout, train_on
 from pixelrl.trainers.tracking import Tracker, image_grid
 
@@ -82,6 +83,21 @@ def _every(freq: int, step: int, last: int | bool) -> bool:
         return False
     is_last = last if isinstance(last, bool) else step == last
     return is_last or (freq > 0 and step % freq == 0)
+
+
+def validation_or_error(validate) -> tuple[dict, Exception | None]:
+    """A validation's metrics, or the error it raised: the loop saves the step before raising it
+    (`save_due`), so a validation that fails never costs the trained steps."""
+    try:
+        return validate(), None
+    except Exception as err:
+        return {}, err
+
+
+def save_due(save_freq: int, step: int, last: bool, new_best: bool, val_error: Exception | None) -> bool:
+    """Save on the schedule, at a new best validation, and before a failed validation's error
+    ends the run (unless saving is off, save_freq -1)."""
+    return _every(save_freq, step, last) or new_best or (val_error is not None and save_freq != -1)
 
 
 def mean_over_sources(metrics: dict[str, float], sources: list[str]) -> dict[str, float]:
@@ -194,9 +210,14 @@ class PolicyGradientTrainer:
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict:
-        """Train; returns {"history": [per-step metrics], "val": [validation metrics]}."""
+        """Train; returns {"history": [per-step metrics], "val": [validation metrics]}. The run
+        folder is this process's while it trains."""
+        return with_run_folder(self.run_dir, self._fit)
+
+    def _fit(self, lock: RunFolderLock) -> dict:
         cfg, t = self.cfg, self.cfg.trainer
         # before anything is written or started: a checkpoint made for another model or batch stops here
+        refuse_fresh_start_over_checkpoints(self.ckpt_root, t.resume_mode)
         resume = find_resume_folder(self.ckpt_root, t.resume_mode)
         if resume is not None:
             for warning in check_resume_config(resume, self.saved_yaml):
@@ -205,6 +226,7 @@ class PolicyGradientTrainer:
         if t.best_metric and val_set is None:
             raise ConfigError("trainer.best_metric", t.best_metric, "the run has no validation prompts to pick a "
                               "checkpoint by: set data.val_files (or use a prompt set with a validation split)")
+        lock.acquire()  # before the first write, after every check that can refuse the run
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(self.saved_yaml)
         offline = cfg.algorithm.sample_source == "offline"
@@ -228,7 +250,7 @@ class PolicyGradientTrainer:
 
             tracker = Tracker(t.logger, self.run_dir, t.project_name, t.experiment_name,
                               OmegaConf.to_container(OmegaConf.create(self.saved_yaml)), console=self.console,
-                              resumed_step=start_step if resume is not None else None)
+                              resumed_step=start_step)  # rows past it (or all, from scratch) will run again
             history, val_history = [], []
             try:
                 if t.val_before_train and val_set is not None and start_step == 0:
@@ -305,9 +327,10 @@ class PolicyGradientTrainer:
                 self._dump(Path(t.rollout_data_dir) / f"step_{step:06d}", batch)
             if t.log_image_grid_every and step % t.log_image_grid_every == 0 and batch is not None:
                 self._grid(tracker, "train/samples", batch, step)
-            new_best = False
+            new_best, val_error = False, None
             if val_set is not None and _every(t.test_freq, step, last):
-                val_metrics = reward_errors.guard(step, lambda: self.validate(val_set, step, tracker))
+                val_metrics, val_error = validation_or_error(
+                    lambda: reward_errors.guard(step, lambda: self.validate(val_set, step, tracker)))
                 metrics.update(val_metrics)
                 if val_metrics:
                     val_history.append(val_metrics)
@@ -317,10 +340,12 @@ class PolicyGradientTrainer:
             tracker.log(metrics, step)
             history.append(metrics)
             reward_errors.stop_if_too_many()  # after the row (it shows the failure), before the checkpoint
-            if _every(t.save_freq, step, last) or new_best:
+            if save_due(t.save_freq, step, last, new_best, val_error):
                 save_checkpoint(self.ckpt_root, step, self.actor.save, loader.state_dict(), self.saved_yaml,
                                 t.max_ckpt_to_keep, queued=ahead.queued() if ahead is not None else None,
                                 best=self.best)
+            if val_error is not None:
+                raise val_error
             progress.update(1)
             if "critic/rewards/mean" in metrics:
                 progress.set_postfix(reward=f"{metrics['critic/rewards/mean']:.4f}")

@@ -13,55 +13,14 @@ from __future__ import annotations
 import time
 
 from pixelrl.core.config import PixelRLConfig
-from pixelrl.core.config_loading import saved_yaml, to_yaml
-from pixelrl.data import shapes_qa
+from pixelrl.core.config_io import saved_yaml, to_yaml
+from pixelrl.data.qa_tasks import check_task_data, task_items
 from pixelrl.engine.pretrain_vlm import summarise_correctness
 from pixelrl.trainers.checkpointing import (BestCheckpoint, check_resume_config, find_resume_folder, load_trainer_state,
                                            save_checkpoint)
-from pixelrl.trainers.policy_gradient import _every, run_dir_of
+from pixelrl.trainers.policy_gradient import _every, run_dir_of, save_due, validation_or_error
+from pixelrl.trainers.run_folder import RunFolderLock, refuse_fresh_start_over_checkpoints, with_run_folder
 from pixelrl.trainers.tracking import Tracker
-
-# RL draws its train items far from the ones supervised pretraining saw (which start at 0).
-RL_ITEM_OFFSET = 10**8
-
-
-def task_items(cfg: PixelRLConfig, split: str, start: int, count: int) -> list[dict]:
-    """Items `start .. start + count - 1` of `split` ("train", or "test" for validation)."""
-    if cfg.vlm.task == "files":
-        from pixelrl.data import qa_files
-
-        rows = task_rows(cfg, split)
-        if split == "train":
-            return qa_files.train_items(rows, start, count, cfg.data.seed, cfg.data.shuffle)
-        return [qa_files.load_item(row) for row in rows[start:start + count]]
-    offset = RL_ITEM_OFFSET + cfg.data.seed * 10**7 if split == "train" else 0
-    return shapes_qa.items(split, offset + start, count)
-
-
-def task_rows(cfg: PixelRLConfig, split: str) -> tuple[dict, ...]:
-    """The checked rows of `vlm.task: files` for `split` (train: data.train_files, else data.val_files)."""
-    from pixelrl.data import qa_files
-
-    field = "data.train_files" if split == "train" else "data.val_files"
-    files = cfg.data.train_files if split == "train" else cfg.data.val_files
-    return qa_files.open_qa_files(tuple(str(f) for f in files), cfg.data.prompt_key, field)
-
-
-def check_task_data(cfg: PixelRLConfig) -> None:
-    """Open the dataset files on the driver, so a bad row or too few held-out rows stops the run
-    before any worker starts."""
-    from pixelrl.core.errors import ConfigError
-
-    if cfg.vlm.task != "files":
-        return
-    task_rows(cfg, "train")
-    t = cfg.trainer
-    if t.val_before_train or t.test_freq != -1:
-        held_out = len(task_rows(cfg, "test"))
-        if cfg.vlm.val_items > held_out:
-            raise ConfigError("vlm.val_items", cfg.vlm.val_items, f"data.val_files hold {held_out} rows: use at most "
-                              f"that many (a multiple of trainer.n_workers={t.n_workers})")
-
 
 class VLMPPOTrainer:
     def __init__(self, cfg: PixelRLConfig, console=print):
@@ -103,12 +62,17 @@ class VLMPPOTrainer:
         return {f"val/{k}": v for k, v in result.items()}
 
     def fit(self) -> dict:
+        return with_run_folder(self.run_dir, self._fit)  # the run folder is this process's while it trains
+
+    def _fit(self, lock: RunFolderLock) -> dict:
         cfg, t = self.cfg, self.cfg.trainer
+        refuse_fresh_start_over_checkpoints(self.ckpt_root, t.resume_mode)
         resume = find_resume_folder(self.ckpt_root, t.resume_mode)  # checked before anything starts
         if resume is not None:
             for warning in check_resume_config(resume, self.saved_yaml):
                 self.console(warning)
         check_task_data(cfg)
+        lock.acquire()  # before the first write, after every check that can refuse the run
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(self.saved_yaml)
         total = t.total_training_steps
@@ -122,7 +86,7 @@ class VLMPPOTrainer:
                 if self.best is not None:
                     self.best.restore(resume)
                 self.console(f"resumed from {resume} (global step {start_step})")
-            result = self._loop(start_step, total, resumed=resume is not None)
+            result = self._loop(start_step, total)
             if t.backend == "local":
                 result["engine"] = self.actor.workers[0].engine
             else:
@@ -131,10 +95,10 @@ class VLMPPOTrainer:
         finally:
             self.shutdown()
 
-    def _loop(self, start_step: int, total: int, *, resumed: bool) -> dict:
+    def _loop(self, start_step: int, total: int) -> dict:
         t = self.cfg.trainer
         tracker = Tracker(t.logger, self.run_dir, t.project_name, t.experiment_name, {}, console=self.console,
-                          resumed_step=start_step if resumed else None)
+                          resumed_step=start_step)  # rows past it (or all, from scratch) will run again
         history, val_history = [], []
         spent = 0.0
         try:
@@ -150,17 +114,20 @@ class VLMPPOTrainer:
                 spent += time.perf_counter() - began
                 metrics["timing/step_s"] = time.perf_counter() - began
                 last = step == total or (t.time_budget_s > 0 and spent >= t.time_budget_s)
-                new_best = False
+                new_best, val_error = False, None
                 if _every(t.test_freq, step, last):
-                    val = self.validate()
+                    val, val_error = validation_or_error(self.validate)
                     metrics.update(val)
-                    val_history.append(val)
-                    new_best = self.best is not None and self.best.offer(step, val)
+                    if val:
+                        val_history.append(val)
+                        new_best = self.best is not None and self.best.offer(step, val)
                 history.append(metrics)
                 tracker.log(metrics, step)  # the row goes before its checkpoint
-                if _every(t.save_freq, step, last) or new_best:
+                if save_due(t.save_freq, step, last, new_best, val_error):
                     save_checkpoint(self.ckpt_root, step, lambda folder: self.actor.save(str(folder)),
                                     {"step": step}, self.saved_yaml, t.max_ckpt_to_keep, best=self.best)
+                if val_error is not None:
+                    raise val_error
                 if last:
                     break
         finally:

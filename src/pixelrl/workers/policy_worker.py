@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from pixelrl.core.batch import Batch
+from pixelrl.engine.memory import naming_the_phase
 
 
 def _free_port() -> int:
@@ -37,7 +38,7 @@ class RankProcess:
         """The config, with this process's threads set and (for > 1 rank) the group joined."""
         import torch
 
-        from pixelrl.core.config_loading import from_yaml_text
+        from pixelrl.core.config_io import from_yaml_text
         from pixelrl.core.plugins import import_plugins
         from pixelrl.core.quiet import quiet_libraries
         from pixelrl.engine.distributed import init_process_group
@@ -92,21 +93,25 @@ class PolicyWorker(RankProcess):
 
         request = Batch.from_numpy(request)
         started = time.time()
-        batch = self.engine.rollout(request["prompts"], request["seeds"],
-                                    window=Window(*window) if window is not None else None,
-                                    settings=SamplingSettings(**settings) if settings else None, num_steps=num_steps,
-                                    noise_seeds=request.get("noise_seeds"), policy=policy)
+        with naming_the_phase("sampling"):
+            batch = self.engine.rollout(request["prompts"], request["seeds"],
+                                        window=Window(*window) if window is not None else None,
+                                        settings=SamplingSettings(**settings) if settings else None,
+                                        num_steps=num_steps, noise_seeds=request.get("noise_seeds"), policy=policy)
         batch.info.update(gen_start=started, gen_end=time.time())  # wall clock, for timelines
         return batch.to_numpy()
 
     def score(self, payload: dict, policy: str) -> dict:
-        return self.engine.score(Batch.from_numpy(payload), policy).to_numpy()
+        with naming_the_phase("scoring"):
+            return self.engine.score(Batch.from_numpy(payload), policy).to_numpy()
 
     def encode(self, payload: dict) -> dict:
-        return self.engine.encode(Batch.from_numpy(payload)).to_numpy()
+        with naming_the_phase("encoding"):
+            return self.engine.encode(Batch.from_numpy(payload)).to_numpy()
 
     def update(self, payload: dict) -> dict:
-        return self.engine.update(Batch.from_numpy(payload))
+        with naming_the_phase("update"):
+            return self.engine.update(Batch.from_numpy(payload))
 
     def weights(self) -> dict:
         """The trained weights (numpy) and their version; every rank must join (FSDP gathers)."""

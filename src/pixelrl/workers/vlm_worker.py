@@ -34,7 +34,7 @@ class VLMWorker(RankProcess):
     def _my_items(self, split: str, start: int, count: int) -> list:
         """This rank's equal share of items `start .. start + count - 1` of `split`, drawn alone:
         items are a pure function of their index, so no rank renders or decodes another's."""
-        from pixelrl.trainers.vlm_ppo import task_items
+        from pixelrl.data.qa_tasks import task_items
 
         per_rank = count // self.world_size
         return task_items(self.cfg, split, start + self.rank * per_rank, per_rank)

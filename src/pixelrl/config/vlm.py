@@ -11,7 +11,7 @@ from pixelrl.core.errors import ConfigError
 def validate_vlm(cfg: PixelRLConfig) -> None:
     from pixelrl.algos.token_ppo import AGGREGATIONS, KL_ESTIMATORS
     from pixelrl.core.assets import resolve
-    from pixelrl.core.config_loading import _check_backend, _choice, _positive, check_best_metric, check_lr_schedule
+    from pixelrl.config.validation import _check_backend, _choice, _positive, check_best_metric, check_lr_schedule
     from pixelrl.engine.vlm_engine import SEQUENCE_ESTIMATORS, TOKEN_ESTIMATORS
 
     v, r, a, t, d, m = cfg.vlm, cfg.rollout, cfg.actor, cfg.trainer, cfg.data, cfg.model

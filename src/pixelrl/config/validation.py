@@ -1,136 +1,27 @@
-"""Load, merge and validate a run configuration.
-
-Dataclasses (`pixelrl.core.config`) are the schema; a YAML file from `configs/` sets values;
-command-line overrides use OmegaConf dotted syntax (`rollout.n=8`). Unknown keys, wrong types
-and impossible combinations stop start-up with one `ConfigError` naming the field.
+"""Check a run configuration before anything is built: every field and every rule that spans
+sections, each failure one `ConfigError` naming the field, the value and the fix. This package
+sits above the components whose choices it checks (losses, samplers, models, rewards, the
+learner); `pixelrl.core.config_io` below reads and writes the YAML.
 """
 
 from __future__ import annotations
 
 import math
-
 from pathlib import Path
 
 from pixelrl.core.config import PixelRLConfig
+from pixelrl.core.config_io import merge_config
 from pixelrl.core.errors import ConfigError
 from pixelrl.core.plugins import import_plugins
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
-
-
-def config_path(name: str) -> Path:
-    """`name` is a config in pixelrl's configs folder (with or without .yaml) or a YAML path."""
-    candidate = Path(name)
-    if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
-        return candidate
-    bundled = CONFIG_DIR / (name if name.endswith(".yaml") else f"{name}.yaml")
-    if bundled.is_file():
-        return bundled
-    known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
-    raise ConfigError("--config-name", name, f"no such config; use a YAML path or one of {known}")
-
-
-def _load_yaml_chain(path: Path, seen: tuple = ()):
-    """A YAML file, merged over the configs it lists under `defaults` (each relative to it)."""
-    from omegaconf import OmegaConf
-
-    if path in seen:
-        raise ConfigError("defaults", str(path), "configs include each other in a loop")
-    import yaml
-    from omegaconf import DictConfig
-
-    try:
-        node = OmegaConf.load(path)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ConfigError("--config-name", str(path), f"not valid YAML{where}: {problem}; fix the file "
-                          "(indentation, brackets, a `key: value` per line)") from None
-    if not isinstance(node, DictConfig):
-        raise ConfigError("--config-name", str(path), f"the file holds a {type(node).__name__}, not a mapping of "
-                          "config sections (model:, rollout:, ...)")
-    parents = node.pop("defaults", []) if "defaults" in node else []
-    merged = OmegaConf.create()
-    for parent in parents:
-        merged = OmegaConf.merge(merged, _load_yaml_chain(config_path(str(path.parent / f"{parent}.yaml")), seen + (path,)))
-    return OmegaConf.merge(merged, node)
-
 
 def load_config(config_name: str | None = None, overrides: list[str] | tuple = ()) -> PixelRLConfig:
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    schema = OmegaConf.structured(PixelRLConfig)
-    layers = [schema]
-    if config_name:
-        layers.append(_load_yaml_chain(config_path(config_name)))
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(item, None, "overrides are written key=value, e.g. rollout.n=8")
-    layers.append(OmegaConf.from_dotlist(list(overrides)))
-    try:
-        merged = OmegaConf.merge(*layers)
-        from_environment = list(_environment_values(OmegaConf.to_container(merged, resolve=False)))
-        cfg = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as err:
-        field = getattr(err, "full_key", None) or "?"
-        first_line = str(err).splitlines()[0]
-        if "not in" in first_line:
-            parent = field.rsplit(".", 1)[0] if "." in field else ""
-            node = OmegaConf.select(schema, parent) if parent else schema
-            known = sorted(node.keys()) if hasattr(node, "keys") else []
-            raise ConfigError(field, None, f"unknown key; known keys here: {known}") from None
-        raise ConfigError(field, getattr(err, "value", None), first_line) from None
-    # the run's workers get these values; files and trackers get the interpolation text (saved_yaml)
-    cfg._from_environment = from_environment
-    # plugins register names (rewards, losses) that validation checks against
+    """The named config with `overrides`, its plugins imported (they register names that the
+    checks look up) and every field checked."""
+    cfg = merge_config(config_name, overrides)
     cfg.plugins = import_plugins(cfg.plugins)
     validate(cfg)
     return cfg
-
-
-def to_yaml(cfg: PixelRLConfig) -> str:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
-
-
-def _environment_values(node, path: tuple = ()):
-    """(path, raw text) of every value interpolated from the environment (`${oc.env:NAME}`)."""
-    if isinstance(node, dict):
-        for key, value in node.items():
-            yield from _environment_values(value, path + (key,))
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            yield from _environment_values(value, path + (i,))
-    elif isinstance(node, str) and "oc.env:" in node:
-        yield path, node
-
-
-def saved_yaml(cfg: PixelRLConfig) -> str:
-    """The config as written into the run folder, its checkpoints and trackers: a value taken
-    from the environment (a token, a password in a URL) is written as its `${oc.env:...}` text,
-    escaped so reading the file back never looks the variable up. Workers get `to_yaml(cfg)`."""
-    from omegaconf import OmegaConf
-
-    text = to_yaml(cfg)
-    from_environment = getattr(cfg, "_from_environment", None)
-    if not from_environment:
-        return text
-    data = OmegaConf.to_container(OmegaConf.create(text))
-    for path, raw in from_environment:
-        node = data
-        for key in path[:-1]:
-            node = node[key]
-        node[path[-1]] = raw.replace("${", "\\${")
-    return OmegaConf.to_yaml(OmegaConf.create(data))
-
-
-def from_yaml_text(text: str) -> PixelRLConfig:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PixelRLConfig), OmegaConf.create(text)))
 
 
 def _choice(field: str, value, options) -> None:
@@ -170,6 +61,32 @@ def _positive(field: str, value, allow_zero: bool = False, allow_inf: bool = Fal
         raise ConfigError(field, value, "must be a finite number")
     if value < 0 or (value == 0 and not allow_zero):
         raise ConfigError(field, value, "must be " + ("non-negative" if allow_zero else "positive"))
+
+
+def _check_schedule_and_validation(cfg: PixelRLConfig) -> None:
+    """Fields that used to pass and fail later: validation settings at the first validation (after
+    training, before the final checkpoint), optimizer and resource numbers in a library call."""
+    t, vk, a = cfg.trainer, cfg.val_kwargs, cfg.actor
+    for field, value in (("trainer.save_freq", t.save_freq), ("trainer.test_freq", t.test_freq)):
+        if value < -1:
+            raise ConfigError(field, value, "steps between saves / validations: a positive number, 0 (only at the "
+                              "last step) or -1 (never)")
+    _positive("val_kwargs.n", vk.n)
+    _positive("val_kwargs.num_steps", vk.num_steps)
+    _positive("val_kwargs.noise_level", vk.noise_level, allow_zero=True)
+    _positive("data.val_batch_size", cfg.data.val_batch_size, allow_zero=True)  # 0 = the whole set at once
+    betas = list(a.betas)
+    if len(betas) != 2 or any(not (isinstance(b, (int, float)) and 0 <= b < 1) for b in betas):
+        raise ConfigError("actor.betas", betas, "Adam's two decay rates, each in [0, 1), e.g. [0.9, 0.999]")
+    _positive("actor.weight_decay", a.weight_decay, allow_zero=True)
+    _positive("actor.warmup_steps", a.warmup_steps, allow_zero=True)
+    if not 0 <= a.min_lr_ratio <= 1:
+        raise ConfigError("actor.min_lr_ratio", a.min_lr_ratio, "the cosine's floor as a fraction of actor.lr, in [0, 1]")
+    _positive("reward.num_cpus", cfg.reward.num_cpus)
+    _positive("model.max_sequence_length", cfg.model.max_sequence_length, allow_zero=True)
+    if not cfg.data.train_files and cfg.data.prompts and any(not str(p).strip() for p in cfg.data.prompts):
+        raise ConfigError("data.prompts", list(cfg.data.prompts), "an inline prompt is empty or blank: give each "
+                          "prompt some text, or read prompts from data.train_files")
 
 
 def _check_rollout_correction(a) -> None:
@@ -226,7 +143,7 @@ def validate(cfg: PixelRLConfig) -> None:
     r, a, t, d, m = cfg.rollout, cfg.actor, cfg.trainer, cfg.data, cfg.model
     _choice("algorithm.trainer_type", cfg.algorithm.trainer_type, ("policy_gradient", "direct_preference", "vlm_ppo"))
     if cfg.algorithm.trainer_type == "vlm_ppo":
-        from pixelrl.core.config_vlm import validate_vlm
+        from pixelrl.config.vlm import validate_vlm
 
         validate_vlm(cfg)
         _check_rewards_and_loggers(cfg)
@@ -266,6 +183,7 @@ def validate(cfg: PixelRLConfig) -> None:
     _choice("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADVANTAGE_ESTIMATORS.names())
     _choice("algorithm.rollout_correction", cfg.algorithm.rollout_correction, ("bypass", "decoupled"))
     _check_rollout_correction(cfg.algorithm)
+    _check_schedule_and_validation(cfg)
     _choice("algorithm.reward_aggregation", cfg.algorithm.reward_aggregation, ("sum_rewards", "sum_advantages"))
     from pixelrl.algos.forward_process import OLD_POLICY_SCHEDULES
 
@@ -449,6 +367,10 @@ def _check_rewards_and_loggers(cfg: PixelRLConfig) -> None:
                 raise ConfigError(f"{field_name}[{i}].weight", weight, "must be a finite number of modest size "
                                   "(|weight| <= 1e6; the weighted sum is taken in float32)")
             check_reward_options(spec["name"], dict(spec.get("options") or {}), f"{field_name}[{i}].options")
+    if all(spec.get("weight", 1.0) == 0 for spec in cfg.reward.functions):
+        raise ConfigError("reward.functions[].weight", [spec.get("weight", 1.0) for spec in cfg.reward.functions],
+                          "every training reward is weighted 0, so every advantage is 0 and nothing trains: give "
+                          "at least one reward a non-zero weight")
     for logger in t.logger:
         _choice("trainer.logger", logger, ("console", "jsonl", "tensorboard", "wandb"))
     if t.resume_mode not in ("auto", "disable") and not Path(t.resume_mode).is_dir():

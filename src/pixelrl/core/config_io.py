@@ -1,0 +1,130 @@
+"""Read, merge and write run configurations: the YAML plumbing every layer may use.
+
+Dataclasses (`pixelrl.core.config`) are the schema; a YAML file from `configs/` sets values;
+command-line overrides use OmegaConf dotted syntax (`rollout.n=8`). Unknown keys and wrong types
+stop here with one `ConfigError` naming the field; the checks of what the values mean live in
+`pixelrl.config`, above the components whose choices they check.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pixelrl.core.config import PixelRLConfig
+from pixelrl.core.errors import ConfigError
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+
+
+def config_path(name: str) -> Path:
+    """`name` is a config in pixelrl's configs folder (with or without .yaml) or a YAML path."""
+    candidate = Path(name)
+    if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
+        return candidate
+    bundled = CONFIG_DIR / (name if name.endswith(".yaml") else f"{name}.yaml")
+    if bundled.is_file():
+        return bundled
+    known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+    raise ConfigError("--config-name", name, f"no such config; use a YAML path or one of {known}")
+
+
+def _load_yaml_chain(path: Path, seen: tuple = ()):
+    """A YAML file, merged over the configs it lists under `defaults` (each relative to it)."""
+    from omegaconf import OmegaConf
+
+    if path in seen:
+        raise ConfigError("defaults", str(path), "configs include each other in a loop")
+    import yaml
+    from omegaconf import DictConfig
+
+    try:
+        node = OmegaConf.load(path)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError("--config-name", str(path), f"not valid YAML{where}: {problem}; fix the file "
+                          "(indentation, brackets, a `key: value` per line)") from None
+    if not isinstance(node, DictConfig):
+        raise ConfigError("--config-name", str(path), f"the file holds a {type(node).__name__}, not a mapping of "
+                          "config sections (model:, rollout:, ...)")
+    parents = node.pop("defaults", []) if "defaults" in node else []
+    merged = OmegaConf.create()
+    for parent in parents:
+        merged = OmegaConf.merge(merged, _load_yaml_chain(config_path(str(path.parent / f"{parent}.yaml")), seen + (path,)))
+    return OmegaConf.merge(merged, node)
+
+
+def merge_config(config_name: str | None = None, overrides: list[str] | tuple = ()) -> PixelRLConfig:
+    """The schema, the named YAML chain and the dotted overrides merged into a config, not yet
+    checked (`pixelrl.config.load_config` imports the plugins and validates it)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    schema = OmegaConf.structured(PixelRLConfig)
+    layers = [schema]
+    if config_name:
+        layers.append(_load_yaml_chain(config_path(config_name)))
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(item, None, "overrides are written key=value, e.g. rollout.n=8")
+    layers.append(OmegaConf.from_dotlist(list(overrides)))
+    try:
+        merged = OmegaConf.merge(*layers)
+        from_environment = list(_environment_values(OmegaConf.to_container(merged, resolve=False)))
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        field = getattr(err, "full_key", None) or "?"
+        first_line = str(err).splitlines()[0]
+        if "not in" in first_line:
+            parent = field.rsplit(".", 1)[0] if "." in field else ""
+            node = OmegaConf.select(schema, parent) if parent else schema
+            known = sorted(node.keys()) if hasattr(node, "keys") else []
+            raise ConfigError(field, None, f"unknown key; known keys here: {known}") from None
+        raise ConfigError(field, getattr(err, "value", None), first_line) from None
+    # the run's workers get these values; files and trackers get the interpolation text (saved_yaml)
+    cfg._from_environment = from_environment
+    return cfg
+
+
+def to_yaml(cfg: PixelRLConfig) -> str:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def _environment_values(node, path: tuple = ()):
+    """(path, raw text) of every value interpolated from the environment (`${oc.env:NAME}`)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _environment_values(value, path + (key,))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _environment_values(value, path + (i,))
+    elif isinstance(node, str) and "oc.env:" in node:
+        yield path, node
+
+
+def saved_yaml(cfg: PixelRLConfig) -> str:
+    """The config as written into the run folder, its checkpoints and trackers: a value taken
+    from the environment (a token, a password in a URL) is written as its `${oc.env:...}` text,
+    escaped so reading the file back never looks the variable up. Workers get `to_yaml(cfg)`."""
+    from omegaconf import OmegaConf
+
+    text = to_yaml(cfg)
+    from_environment = getattr(cfg, "_from_environment", None)
+    if not from_environment:
+        return text
+    data = OmegaConf.to_container(OmegaConf.create(text))
+    for path, raw in from_environment:
+        node = data
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = raw.replace("${", "\\${")
+    return OmegaConf.to_yaml(OmegaConf.create(data))
+
+
+def from_yaml_text(text: str) -> PixelRLConfig:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PixelRLConfig), OmegaConf.create(text)))

@@ -1,0 +1,20 @@
+"""The GPU benchmark runs its whole path on a CPU at tiny scale, so it cannot rot between the
+sessions that have a GPU: folders build, `pixelrl train` runs each case, the table prints."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_gpu_benchmark_runs_end_to_end_at_tiny_scale(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"), "--scale", "tiny", "--device",
+                           "cpu", "--cases", "sd35_fast", "--steps", "2", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (result,) = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert result["exit"] == 0, result.get("log_tail")
+    assert result["timing_s/step"] > 0 and result["perf/denoiser_backwards"] > 0 and result["steps_measured"] == 1
+    assert "| sd35_fast |" in proc.stdout
