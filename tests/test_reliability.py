@@ -286,3 +286,24 @@ def test_the_vlm_trainer_also_saves_the_step_before_a_failed_validation_stops_it
         trainer.fit()
     assert (trainer.ckpt_root / "global_step_1").is_dir()
     assert [row["step"] for row in read_metrics(trainer.run_dir)] == [1]
+
+
+def test_lora_targets_the_denoiser_does_not_have_are_named_with_its_layers(tmp_path, tiny_sd3_path, capsys):
+    """peft's own error was a traceback from inside the worker; the message now names the field
+    and the denoiser's linear layers to choose from."""
+    code, _ = train_cli(tmp_path, tiny_sd3_path, *TINY_RUN, "trainer.total_training_steps=1",
+                        "model.lora_target_modules=[nope]")
+    err = capsys.readouterr().err
+    assert code == 2 and "model.lora_target_modules" in err and "to_q" in err and "Traceback" not in err
+
+
+def test_a_ray_address_where_no_cluster_answers_is_named_at_once():
+    from types import SimpleNamespace
+
+    from pixelrl.core.errors import ConfigError
+    from pixelrl.workers.group import ensure_ray
+
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match="trainer.ray_address.*no Ray cluster answers there"):
+        ensure_ray(SimpleNamespace(ray_address="127.0.0.1:1", n_workers=1, num_cpus_per_worker=1))
+    assert time.monotonic() - start < 15

@@ -89,6 +89,21 @@ def _check_schedule_and_validation(cfg: PixelRLConfig) -> None:
                           "prompt some text, or read prompts from data.train_files")
 
 
+def _check_device(cfg: PixelRLConfig) -> None:
+    """A device torch cannot name is refused; so is a CUDA device in a one-process run on a machine
+    that has none (Ray workers may sit on other nodes with GPUs, so only the local backend knows)."""
+    import torch
+
+    device = cfg.model.device
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError):
+        raise ConfigError("model.device", device, "not a torch device: use cpu, cuda or cuda:N") from None
+    if kind == "cuda" and cfg.trainer.backend == "local" and not torch.cuda.is_available():
+        raise ConfigError("model.device", device, "no CUDA device is visible here (torch.cuda.is_available() is "
+                          "False): use model.device=cpu, or run on a machine with a GPU and a CUDA build of torch")
+
+
 def _check_rollout_correction(a) -> None:
     from pixelrl.algos.rollout_correction import IS_LEVELS, RS_LEVELS, rejection_bounds
 
@@ -151,6 +166,7 @@ def validate(cfg: PixelRLConfig) -> None:
         return
     _choice("model.type", m.type, MODEL_TYPES.names())
     _choice("model.dtype", m.dtype, sorted(DTYPES))
+    _check_device(cfg)
     _choice("model.lora_init", m.lora_init, LORA_INITS)
     _positive("model.lora_rank", m.lora_rank, allow_zero=True)
     _positive("model.lora_alpha", m.lora_alpha)

@@ -55,9 +55,20 @@ def _load_yaml_chain(path: Path, seen: tuple = ()):
     return OmegaConf.merge(merged, node)
 
 
+def _not_yaml(text: str) -> bool:
+    import yaml
+
+    try:
+        yaml.safe_load(text)
+        return False
+    except yaml.YAMLError:
+        return True
+
+
 def merge_config(config_name: str | None = None, overrides: list[str] | tuple = ()) -> PixelRLConfig:
     """The schema, the named YAML chain and the dotted overrides merged into a config, not yet
     checked (`pixelrl.config.load_config` imports the plugins and validates it)."""
+    import yaml
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -66,9 +77,16 @@ def merge_config(config_name: str | None = None, overrides: list[str] | tuple = 
     if config_name:
         layers.append(_load_yaml_chain(config_path(config_name)))
     for item in overrides:
-        if "=" not in item:
-            raise ConfigError(item, None, "overrides are written key=value, e.g. rollout.n=8")
-    layers.append(OmegaConf.from_dotlist(list(overrides)))
+        key = item.split("=", 1)[0]
+        if "=" not in item or not key or "" in key.split("."):
+            raise ConfigError("<override>", item, "overrides are written section.key=value, e.g. rollout.n=8")
+    try:
+        layers.append(OmegaConf.from_dotlist(list(overrides)))
+    except yaml.YAMLError as err:  # a value OmegaConf parses as YAML, e.g. an unclosed list
+        bad = next((item for item in overrides if _not_yaml(item.split("=", 1)[1])), "?")
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError("<override>", bad, f"the value is not valid YAML ({problem}): close brackets and quotes, "
+                          "e.g. data.prompts=[a cat, a dog]") from None
     try:
         merged = OmegaConf.merge(*layers)
         from_environment = list(_environment_values(OmegaConf.to_container(merged, resolve=False)))

@@ -26,8 +26,19 @@ def add_lora(
     init = True if init == "default" else init
 
     transformer.requires_grad_(False)
+    from peft.utils.error import NoMatchingPeftModuleError
+
+    from pixelrl.core.errors import ConfigError
+
     config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(target_modules), init_lora_weights=init)
-    transformer.add_adapter(config, adapter_name=adapter_name)
+    try:
+        transformer.add_adapter(config, adapter_name=adapter_name)
+    except NoMatchingPeftModuleError:
+        linear = sorted({name.rsplit(".", 1)[-1] for name, module in transformer.named_modules()
+                         if isinstance(module, nn.Linear) and not name.rsplit(".", 1)[-1].isdigit()})
+        raise ConfigError("model.lora_target_modules", list(target_modules), f"no module of the denoiser matches; "
+                          f"name some of its linear layers {linear}, or leave it unset for the family's "
+                          "defaults") from None
     transformer.set_adapter(adapter_name)
     # peft marks the active adapter trainable; make sure no base weight slipped through.
     for name, param in transformer.named_parameters():

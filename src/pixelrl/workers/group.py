@@ -169,6 +169,27 @@ def rollout_options(window=None, settings=None, num_steps=None, policy="current"
             settings.as_dict() if settings is not None else None, num_steps, policy)
 
 
+def check_cluster_answers(address: str, timeout_s: float = 10.0) -> None:
+    """A `host:port` cluster address must accept a connection within `timeout_s`: ray.init would
+    otherwise retry a wrong address for minutes without a word."""
+    import socket
+
+    from pixelrl.core.errors import ConfigError
+
+    if address == "auto" or "://" in address or ":" not in address:
+        return  # Ray resolves these itself
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        raise ConfigError("trainer.ray_address", address, "a cluster address is host:port (the head node's GCS "
+                          "port, 6379 by default), auto, or empty for a local cluster")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as err:
+        raise ConfigError("trainer.ray_address", address, f"no Ray cluster answers there ({err}): start one with "
+                          "`ray start --head`, fix the address, or leave trainer.ray_address and $RAY_ADDRESS "
+                          "empty for a local cluster") from None
+
+
 def ensure_ray(trainer_cfg, extra_cpus: int = 0) -> bool:
     """Join the Ray cluster named by trainer.ray_address or $RAY_ADDRESS, or start a local one
     with enough CPUs for the actor workers (and `extra_cpus`). True when this call started it."""
@@ -178,6 +199,7 @@ def ensure_ray(trainer_cfg, extra_cpus: int = 0) -> bool:
         return False
     address = trainer_cfg.ray_address or os.environ.get("RAY_ADDRESS") or None
     if address:  # the user's cluster, as it is configured (docs/runtime.md: its exposure is theirs to choose)
+        check_cluster_answers(address)
         ray.init(address=address, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
     else:
         start_local_ray(max(os.cpu_count() or 1, trainer_cfg.n_workers * trainer_cfg.num_cpus_per_worker + extra_cpus))
