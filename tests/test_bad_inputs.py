@@ -150,6 +150,8 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("a CUDA device on a machine without one", [*SHAPES, "trainer.backend=local", "trainer.n_workers=1",
                                                  "model.device=cuda"], "model.device"),
     ("a device torch cannot name", [*SHAPES, "model.device=gpu0"], "model.device"),
+    ("a step whose images alone outgrow the machine", [*SHAPES, "rollout.n=200000", "rollout.resolution=512"],
+     "GB of decoded pixels alone"),
     ("an override without a key", [*SHAPES, "=5"], "section.key=value"),
     ("an override with an empty section", [*SHAPES, "rollout..n=3"], "section.key=value"),
     ("an override whose list is not closed", [*SHAPES, "data.prompts=[unclosed"], "not valid YAML"),
