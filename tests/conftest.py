@@ -197,7 +197,7 @@ def experience_with_reward_inputs(cfg, count: int = 4):
     """One VLM experience step on `count` train questions, with what the reward was called on:
     (engine, experience, metrics, {"texts", "questions", "meta"})."""
     from pixelrl.engine.vlm_engine import VLMEngine
-    from pixelrl.trainers.vlm_ppo import task_items
+    from pixelrl.data.qa_tasks import task_items
 
     engine = VLMEngine(cfg)
     captured = {}

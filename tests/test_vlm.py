@@ -101,7 +101,7 @@ def test_grpo_raises_the_reward_of_a_random_tiny_vlm(any_tiny_vlm_path, tmp_path
     a third of the time; the format reward for doing so must climb well above that within 25
     GRPO steps."""
     from pixelrl.engine.vlm_engine import VLMEngine
-    from pixelrl.trainers.vlm_ppo import task_items
+    from pixelrl.data.qa_tasks import task_items
 
     pattern = "(" + "|".join(shapes_qa.answers()) + ")"
     cfg = vlm_config(any_tiny_vlm_path, tmp_path, "actor.lr=3e-3", "rollout.n=8", "actor.ppo_mini_batch_size=16",
@@ -343,7 +343,7 @@ def test_entropy_bonus_alone_raises_the_policy_entropy(tmp_path):
     and the logged bonus is their entropy aggregated like the policy loss. (The shipped model:
     a random one is already at maximal entropy.)"""
     from pixelrl.engine.vlm_engine import VLMEngine
-    from pixelrl.trainers.vlm_ppo import task_items
+    from pixelrl.data.qa_tasks import task_items
 
     def entropy_after_one_step(coef):
         cfg = vlm_config("builtin:shapes_qa_vlm", tmp_path / str(coef), "actor.lr=1e-3", "actor.weight_decay=0",
@@ -372,7 +372,7 @@ def test_old_log_probs_from_the_sampler_equal_the_recomputed_ones(tiny_vlm_path,
     """vlm.recompute_old_logp=false takes PPO's old log-probs and the entropies from sampling:
     the same numbers as the separate scoring forward (to float reordering), without that forward."""
     from pixelrl.engine.vlm_engine import VLMEngine
-    from pixelrl.trainers.vlm_ppo import task_items
+    from pixelrl.data.qa_tasks import task_items
 
     def experience(recompute):
         cfg = vlm_config(tiny_vlm_path, tmp_path / str(recompute), f"vlm.recompute_old_logp={recompute}")

@@ -23,7 +23,8 @@ def _files_overrides(train, val):
 def test_the_built_in_task_written_to_files_trains_and_validates_the_same(tmp_path):
     """Two steps and a validation of the shipped model on shapes-QA, then on the same questions read
     from PNG + jsonl files (in the order the built-in task draws them): every metric equal."""
-    from pixelrl.trainers.vlm_ppo import VLMPPOTrainer, task_items
+    from pixelrl.data.qa_tasks import task_items
+    from pixelrl.trainers.vlm_ppo import VLMPPOTrainer
 
     common = ("model.path=builtin:shapes_qa_vlm", "trainer.total_training_steps=2", "trainer.test_freq=0",
               "trainer.val_before_train=true")

@@ -27,7 +27,8 @@ def cmd_demo_vlm(args) -> int:
     from pixelrl.config import load_config
     from pixelrl.data.shapes_qa import colour_only_accuracy
     from pixelrl.engine.pretrain_vlm import summarise_correctness
-    from pixelrl.trainers.vlm_ppo import VLMPPOTrainer, task_items
+    from pixelrl.data.qa_tasks import task_items
+    from pixelrl.trainers.vlm_ppo import VLMPPOTrainer
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     cfg = load_config("vlm_grpo_shapes_qa", ["trainer.resume_mode=disable", "trainer.val_before_train=true",

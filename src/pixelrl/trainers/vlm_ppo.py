@@ -14,7 +14,7 @@ import time
 
 from pixelrl.core.config import PixelRLConfig
 from pixelrl.core.config_io import saved_yaml, to_yaml
-from pixelrl.data.qa_tasks import check_task_data, task_items
+from pixelrl.data.qa_tasks import check_task_data
 from pixelrl.engine.pretrain_vlm import summarise_correctness
 from pixelrl.trainers.checkpointing import (BestCheckpoint, check_resume_config, find_resume_folder, load_trainer_state,
                                            save_checkpoint)

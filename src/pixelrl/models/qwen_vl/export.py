@@ -10,8 +10,6 @@ transformers and every Qwen2-VL server load the result without pixelrl or peft.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from pixelrl.core.errors import ModelFolderError
