@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from pixelrl.algos.losses import positive, register_loss
 from pixelrl.core.errors import ConfigError
+from pixelrl.sampling.schedule import time_shift as shifted
 from pixelrl.sampling.sde import mean_over_dims
 
 
@@ -67,10 +68,6 @@ def check_strata(kind: str, num_timesteps: int, num_steps: int, fraction: float)
                           f"rollout.num_steps (it is {num_steps}) or timestep_fraction ({fraction})")
 
 
-def _shift(t: torch.Tensor, shift: float) -> torch.Tensor:
-    return shift * t / (1 + (shift - 1) * t)
-
-
 def draw_timesteps(kind: str, batch_size: int, *, grid: torch.Tensor, train_sigmas: torch.Tensor,
                    generator: torch.Generator, num_timesteps: int = 1, fraction: float = 1.0,
                    time_shift: float = 3.0) -> torch.Tensor:
@@ -101,9 +98,9 @@ def draw_timesteps(kind: str, batch_size: int, *, grid: torch.Tensor, train_sigm
     if kind in CONTINUOUS_STRATA:
         u = (torch.arange(num_timesteps) + torch.rand(batch_size, num_timesteps, generator=generator)) / num_timesteps
         if kind == "stratified_uniform":
-            return _shift(0.2 + 0.8 * u, time_shift)
+            return shifted(0.2 + 0.8 * u, time_shift)
         normal = torch.distributions.Normal(0.0, 1.0)
-        return _shift(torch.sigmoid(normal.icdf(u.clamp(1e-7, 1 - 1e-7))), time_shift).clamp(min=0.01)
+        return shifted(torch.sigmoid(normal.icdf(u.clamp(1e-7, 1 - 1e-7))), time_shift).clamp(min=0.01)
     raise ConfigError("diffusion_loss.params.timesteps", kind, f"choose one of {list(TIMESTEP_SAMPLERS)}")
 
 
@@ -253,6 +250,12 @@ class AWMParams:
                 raise ConfigError(f"diffusion_loss.params.{name}", getattr(self, name), "must be >= 0")
 
 
+def flow_matching_error(v: torch.Tensor, eps: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+    """[B] mean_dims((v - (eps - x0))^2) in float64: AWM's per-sample error, of the current policy
+    in the loss and of the old one in the objective's pass before an off-policy update."""
+    return mean_over_dims((v.double() - (eps - x0).double()) ** 2)
+
+
 def awm_log_prob(err: torch.Tensor, t: torch.Tensor, weighting: str = "ghuber", p: float = 0.25) -> torch.Tensor:
     """The surrogate log-likelihood of a per-sample flow-matching error `err` (float64) at noise level t.
 
@@ -287,7 +290,7 @@ def awm_loss(step: dict, cfg) -> tuple[torch.Tensor, dict]:
     On-policy the gradient is -A' d logp: a per-sample weighted flow-matching loss.
     A term whose weight is 0 is left out (its velocity is None: the engine skips that forward)."""
     v = step["v"]
-    err = mean_over_dims((v.double() - (step["eps"] - step["x0"]).double()) ** 2)
+    err = flow_matching_error(v, step["eps"], step["x0"])
     logp = awm_log_prob(err, step["t"], cfg.weighting, cfg.p)
     err_old = step.get("err_old")
     logp_old = logp.detach() if err_old is None else awm_log_prob(err_old.double(), step["t"], cfg.weighting, cfg.p)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pixelrl.algos.forward_process import draw_timesteps
+from pixelrl.algos.forward_process import draw_timesteps, flow_matching_error
 from pixelrl.algos.kl import KL_BATCH_KEYS, step_kl_to_reference
 from pixelrl.algos.losses import REFERENCE_STEP_KEYS, require_keys
 from pixelrl.core.batch import Batch
@@ -204,7 +204,7 @@ class FlowMatchingObjective:
                 per_k = []
                 for k in range(self.num_substeps(batch)):
                     clean, _, eps, _, velocity = self._noised(micro, k)
-                    per_k.append(mean_over_dims((velocity().double() - (eps - clean[0]).double()) ** 2).cpu())
+                    per_k.append(flow_matching_error(velocity(), eps, clean[0]).cpu())
                 old_errors.append(torch.stack(per_k, dim=1))
         batch["fm_old_err"] = torch.cat(old_errors)
 

@@ -10,13 +10,18 @@ from pixelrl.models.base import sigmas_from_scheduler  # noqa: F401  (re-exporte
 SIGMA_SCHEDULES = ("scheduler", "linspace_shift")
 
 
+def time_shift(t: torch.Tensor, shift: float) -> torch.Tensor:
+    """The flow-matching time shift t -> shift t / (1 + (shift - 1) t) (SD3's, with shift 3)."""
+    return shift * t / (1 + (shift - 1) * t)
+
+
 def linspace_shift_sigmas(num_steps: int, shift: float) -> torch.Tensor:
     """DanceGRPO / MixGRPO: sigma = shift s / (1 + (shift - 1) s) for s = linspace(1, 0, N + 1).
 
     Unlike the diffusers scheduler (whose grid ends at 1 / num_train_timesteps before the final
     0), the grid reaches 0 evenly: for shift 3 and N = 10 the two differ by up to 0.24."""
     s = torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float64)
-    return (shift * s / (1 + (shift - 1) * s)).to(torch.float32)
+    return time_shift(s, shift).to(torch.float32)
 
 
 def schedule_sigmas(model, num_steps: int, kind: str, height: int, width: int) -> torch.Tensor:
