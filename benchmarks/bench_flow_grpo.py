@@ -52,7 +52,7 @@ def run_one(args) -> dict:
     from pixelrl.models.wan import build_tiny_wan
     from pixelrl.rewards import RewardSpec, WeightedReward
     from pixelrl.engine import PolicyEngine
-    from pixelrl.trainers.step import policy_gradient_step
+    from pixelrl.testing import transition_step
 
     torch.set_num_threads(args.threads)
     meter = None
@@ -104,14 +104,14 @@ def run_one(args) -> dict:
         reward = WeightedReward([RewardSpec("jpeg_compressibility")])
         prompts = [f"a red circle number {i}" for i in range(args.prompts)]
         for warm in range(args.warmup):  # warm-up (and compilation with --compile)
-            policy_gradient_step(engine, reward, prompts, [{}] * args.prompts, warm + 1, cfg)
+            transition_step(engine, reward, prompts, [{}] * args.prompts, warm + 1, cfg)
         phases: dict[str, float] = {}
         total_time = 0.0
         before = meter.snapshot() if meter is not None else None
         counts = {"perf/denoiser_forwards": 0.0, "perf/denoiser_backwards": 0.0, "perf/tflop": 0.0, "perf/mfu": 0.0}
         for it in range(args.iters):
             start = time.perf_counter()
-            _, metrics = policy_gradient_step(engine, reward, prompts, [{}] * args.prompts, args.warmup + it + 1, cfg)
+            _, metrics = transition_step(engine, reward, prompts, [{}] * args.prompts, args.warmup + it + 1, cfg)
             total_time += time.perf_counter() - start
             for key in counts:  # the engine's FLOP meter: measured forward FLOPs, 3x for graph forwards
                 counts[key] += metrics[key] / args.iters

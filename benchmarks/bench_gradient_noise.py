@@ -1,5 +1,5 @@
 """How many images a policy-gradient step needs before it is more signal than noise: the gradient
-noise scale B_noise (pixelrl.engine.gradient_noise) of a config at its starting weights.
+noise scale B_noise (pixelrl.shapes.gradient_noise) of a config at its starting weights.
 
 K batches of the config's size (different prompts and seeds, as K training steps would draw them)
 are sampled, scored and turned into a gradient by the trainer's own step (`make_rollout` and the
@@ -30,7 +30,7 @@ def batch_gradients(config: str, overrides: list[str], batches: int) -> dict:
     from pixelrl.data.prompts import collate_rows
     from pixelrl.engine.policy_engine import PolicyEngine
     from pixelrl.rewards.multi import WeightedReward
-    from pixelrl.trainers.policy_gradient import CONSUMERS, datasets_of
+    from pixelrl.trainers.controller import CONSUMERS, datasets_of
     from pixelrl.trainers.step import make_rollout
 
     cfg = load_config(config, ["trainer.backend=local", "trainer.n_workers=1", "algorithm.drop_zero_advantage=false",
@@ -74,7 +74,7 @@ def batch_gradients(config: str, overrides: list[str], batches: int) -> dict:
 
 
 def main() -> None:
-    from pixelrl.engine.gradient_noise import gradient_noise_scale
+    from pixelrl.shapes.gradient_noise import gradient_noise_scale
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="shapes_demo_flow_grpo")

@@ -32,7 +32,7 @@ def _inputs(batch: int):
     import torch
     from PIL import Image, ImageDraw, ImageFont
 
-    from pixelrl.data.shapes import evaluation_items, render
+    from pixelrl.shapes.world import evaluation_items, render
 
     items = evaluation_items("test", per_category=max(1, batch // 6 + 1), seed=0)[:batch]
     scenes = torch.from_numpy(np.stack([render(it["metadata"], it["seed"]) for it in items]))
@@ -54,9 +54,9 @@ def _models(root: Path) -> dict[str, str]:
     import torch
     from safetensors.torch import save_file
 
-    from pixelrl.data import shapes_qa
+    from pixelrl.shapes import qa as shapes_qa
     from pixelrl.models.qwen_vl.tiny import build_tiny_qwen_vl
-    from pixelrl.models.tiny import build_tiny_blip_itm, build_tiny_clip
+    from pixelrl.testing import build_tiny_blip_itm, build_tiny_clip
     from pixelrl.rewards.clip import aesthetic_head
 
     clip = build_tiny_clip(root / "clip")

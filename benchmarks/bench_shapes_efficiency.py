@@ -37,7 +37,8 @@ MEASURED_LAYOUT = ["trainer.backend=local", "trainer.n_workers=1"]  # one proces
 def train(method: str, out: Path, budget: float, save_every_s: float, overrides: list[str]) -> Path:
     """One budgeted run; returns its run folder (already complete runs are reused)."""
     from pixelrl.config import load_config
-    from pixelrl.trainers.policy_gradient import PolicyGradientTrainer, run_dir_of
+    from pixelrl.trainers.controller import DiffusionTrainer
+    from pixelrl.trainers.run_folder import run_dir_of
 
     config, _ = METHODS[method]
     # checkpoint spacing in steps from a rough s/step (the measured one is in the metrics)
@@ -50,7 +51,7 @@ def train(method: str, out: Path, budget: float, save_every_s: float, overrides:
     run = run_dir_of(cfg)
     if (run / "done.json").is_file():
         return run
-    PolicyGradientTrainer(cfg, console=lambda *a: None).fit()
+    DiffusionTrainer(cfg, console=lambda *a: None).fit()
     (run / "done.json").write_text(json.dumps({"overrides": overrides, "budget_s": budget}))
     return run
 
@@ -58,8 +59,9 @@ def train(method: str, out: Path, budget: float, save_every_s: float, overrides:
 def evaluate_run(method: str, run: Path, per_category: int) -> list[dict]:
     """Held-out strict score of the base model and of every checkpoint, with images and seconds."""
     from pixelrl.config import load_config
-    from pixelrl.data.shapes import evaluation_items
-    from pixelrl.engine.evaluate import evaluate_geneval, load_for_eval
+    from pixelrl.shapes.world import evaluation_items
+    from pixelrl.engine.evaluate import load_for_eval
+    from pixelrl.shapes.evaluate import evaluate_geneval
 
     cached = run / "efficiency.json"
     if cached.is_file():

@@ -50,7 +50,7 @@ def run_one(overrides: list[str], steps: int) -> dict:
     import torch
 
     from pixelrl.config import load_config
-    from pixelrl.trainers.vlm_ppo import VLMPPOTrainer
+    from pixelrl.vlm.trainer import VLMPPOTrainer
 
     with tempfile.TemporaryDirectory() as out:
         cfg = load_config("vlm_grpo_shapes_qa", [
@@ -59,7 +59,7 @@ def run_one(overrides: list[str], steps: int) -> dict:
         workers = cfg.trainer.n_workers if cfg.trainer.backend == "ray" else 1
         torch.set_num_threads(2 // workers)
         rows = VLMPPOTrainer(cfg, console=lambda line: None).fit()["history"][1:]
-    mean = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0] if k.startswith(("timing/", "response/"))}
+    mean = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0] if k.startswith(("timing_s/", "response/"))}
     samples = cfg.data.train_batch_size * cfg.rollout.n
     micro = min(cfg.actor.ppo_micro_batch_size, (cfg.actor.ppo_mini_batch_size or samples) // workers)
     batches = -(-samples // workers // micro)  # micro-batches per rank
@@ -67,12 +67,12 @@ def run_one(overrides: list[str], steps: int) -> dict:
     scoring = int(cfg.vlm.recompute_old_logp) + (cfg.vlm.kl_coef > 0) + (cfg.vlm.estimator == "gae")
     critic = 1 + (cfg.vlm.estimator == "gae")
     return {
-        "samples/s": samples / mean["timing/step_s"],
+        "samples/s": samples / mean["timing_s/step"],
         # metrics are means over ranks: a rank's tokens times the ranks
-        "tokens/s": mean["response/sequence_tokens"] * workers / mean["timing/step_s"],
-        "step_s": mean["timing/step_s"],
-        "generate_s": mean["timing/generate_s"], "reward_s": mean["timing/reward_s"],
-        "score_s": mean["timing/score_s"], "train_s": mean["timing/train_s"],
+        "tokens/s": mean["response/sequence_tokens"] * workers / mean["timing_s/step"],
+        "step_s": mean["timing_s/step"],
+        "generate_s": mean["timing_s/generate"], "reward_s": mean["timing_s/reward"],
+        "score_s": mean["timing_s/score"], "train_s": mean["timing_s/train"],
         "forwards/step": f"{cfg.vlm.max_new_tokens} gen + {scoring} x {batches} score + {update_passes * critic} train",
         "backwards/step": update_passes * critic,
         # each worker's own peak (its perf/peak_memory_gb), the mean over workers

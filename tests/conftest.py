@@ -131,7 +131,7 @@ def read_metrics(run_dir):
 @pytest.fixture(scope="session")
 def tiny_vlm_path(tmp_path_factory):
     """A tiny random Qwen2-VL with the shapes-QA vocabulary (built offline)."""
-    from pixelrl.data import shapes_qa
+    from pixelrl.shapes import qa as shapes_qa
     from pixelrl.models.qwen_vl.tiny import build_tiny_qwen_vl
 
     return build_tiny_qwen_vl(tmp_path_factory.mktemp("vlm") / "tiny", words=shapes_qa.vocabulary(), seed=0)
@@ -141,7 +141,7 @@ def tiny_vlm_path(tmp_path_factory):
 def tiny_vlm25_path(tmp_path_factory):
     """A tiny random Qwen2.5-VL (windowed vision attention, SwiGLU) with the shapes-QA vocabulary:
     two vision blocks, the first windowed, so the window reordering is exercised."""
-    from pixelrl.data import shapes_qa
+    from pixelrl.shapes import qa as shapes_qa
     from pixelrl.models.qwen_vl.tiny import build_tiny_qwen_vl
 
     return build_tiny_qwen_vl(tmp_path_factory.mktemp("vlm25") / "tiny", words=shapes_qa.vocabulary(), seed=0,
@@ -177,7 +177,7 @@ def vlm_run_killed_after_checkpoint(cfg, monkeypatch, step: int) -> None:
     """Run the vision-language trainer on `cfg` and kill it (from the driver, so Ray workers die
     too) right after it has written its step-`step` checkpoint: an interruption mid-run that,
     unlike a shorter run, keeps the run's lr schedule."""
-    import pixelrl.trainers.vlm_ppo as vlm_ppo
+    import pixelrl.vlm.trainer as vlm_ppo
 
     save = vlm_ppo.save_checkpoint
 
@@ -196,8 +196,8 @@ def vlm_run_killed_after_checkpoint(cfg, monkeypatch, step: int) -> None:
 def experience_with_reward_inputs(cfg, count: int = 4):
     """One VLM experience step on `count` train questions, with what the reward was called on:
     (engine, experience, metrics, {"texts", "questions", "meta"})."""
-    from pixelrl.engine.vlm_engine import VLMEngine
-    from pixelrl.data.qa_tasks import task_items
+    from pixelrl.vlm.engine import VLMEngine
+    from pixelrl.vlm.qa_tasks import task_items
 
     engine = VLMEngine(cfg)
     captured = {}

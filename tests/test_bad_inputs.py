@@ -319,7 +319,7 @@ def _make_places(root: Path) -> None:
     (root / "broken_plugin.py").write_text("import math\nraise RuntimeError('the plugin fails at import')\n")
     run = root / "run"
     (run / "checkpoints" / "global_step_3").mkdir(parents=True)
-    (run / "metrics.jsonl").write_text('{"step": 1, "reward/overall": 0.5}\n')
+    (run / "metrics.jsonl").write_text('{"step": 1, "critic/rewards/mean": 0.5}\n')
     for name, with_actor in (("ckpt", True), ("ckpt_no_actor", False)):
         (root / name / ("actor" if with_actor else "")).mkdir(parents=True, exist_ok=True)
         (root / name / "config.yaml").write_text("model:\n  path: runs/tiny_sd3\n")

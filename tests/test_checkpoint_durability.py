@@ -270,7 +270,6 @@ def test_a_disk_that_fills_during_a_save_stops_the_run_naming_it_and_keeps_the_l
     """The device fills while step 2's checkpoint is written (torch's zip writer reports it
     without an errno): one message, the partial folder removed, step 1 stays the latest and the
     run resumes from it once there is space."""
-    import errno
 
     args = ("trainer.backend=local", "trainer.logger=[jsonl]", "data.train_batch_size=2",
             "actor.ppo_mini_batch_size=4", "trainer.save_freq=1", "trainer.total_training_steps=3")

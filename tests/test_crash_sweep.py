@@ -9,7 +9,6 @@ Each completed run ends bitwise equal to an uninterrupted one, across epoch boun
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess

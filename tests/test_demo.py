@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pixelrl.demo import demo_report
+from pixelrl.shapes.demo import demo_report
 
 
 def _scored(strict_per_item: list[int], exact_per_item: list[int], categories: list[str], extra: float) -> dict:
@@ -47,7 +47,7 @@ def test_a_hacked_gain_fails_the_exact_category_and_diversity_criteria():
 
 
 def test_the_demo_runs_end_to_end_and_writes_its_summary(tmp_path, capsys):
-    from pixelrl.demo import run_demo
+    from pixelrl.shapes.demo import run_demo
 
     # one in-process worker instead of the config's two Ray workers: this tests the demo's report
     summary = run_demo([f"trainer.default_local_dir={tmp_path}", "trainer.backend=local",
@@ -77,7 +77,7 @@ def test_curve_axes_sum_step_times_and_images():
 
 
 def test_validation_curves_average_the_categories(tmp_path):
-    from pixelrl.demo import plot_validation_curves, validation_curves
+    from pixelrl.shapes.demo import plot_validation_curves, validation_curves
 
     rows = [{"step": 0, "val-aux/colors/shapes_strict/mean@4": 0.2, "val-aux/position/shapes_strict/mean@4": 0.4,
              "val-aux/colors/shapes_exact/mean@4": 0.1, "val-aux/position/shapes_exact/mean@4": 0.3,

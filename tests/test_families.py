@@ -171,7 +171,7 @@ def test_flow_grpo_moves_the_reward_and_exports_a_pipeline_diffusers_loads(reque
     from pixelrl.engine.checkpoint import load_engine
     from pixelrl.engine.evaluate import fixed_seed_reward
     from pixelrl.rewards import WeightedReward
-    from pixelrl.trainers.policy_gradient import PolicyGradientTrainer
+    from pixelrl.trainers.controller import DiffusionTrainer
 
     steps, path = 16, request.getfixturevalue(FAMILIES[family][0])
     cfg = load_config(f"flow_grpo_{family}_tiny", [f"model.path={path}", "trainer.backend=local",
@@ -180,7 +180,7 @@ def test_flow_grpo_moves_the_reward_and_exports_a_pipeline_diffusers_loads(reque
     engine, reward = PolicyEngine.from_config(cfg), WeightedReward.from_functions(cfg.reward.functions)
     prompts, seeds = cfg.data.prompts[:4] * 4, list(range(10_000, 10_016))
     before = fixed_seed_reward(engine, reward, prompts, seeds)
-    result = PolicyGradientTrainer(cfg).fit()
+    result = DiffusionTrainer(cfg).fit()
     checkpoint = f"{result['run_dir']}/checkpoints/global_step_{steps}"
     load_engine(engine, f"{checkpoint}/actor")
     after = fixed_seed_reward(engine, reward, prompts, seeds)
@@ -205,15 +205,15 @@ def test_diffusion_nft_moves_the_reward_on_each_family(request, family):
     model: a fixed-seed evaluation of unseen seeds improves."""
     from pixelrl.engine.evaluate import fixed_seed_reward
     from pixelrl.rewards import WeightedReward
-    from pixelrl.trainers.direct_preference import direct_preference_step
+    from pixelrl.testing import forward_process_step
 
-    cfg = _config(request, family, algorithm__trainer_type="direct_preference", diffusion_loss__name="diffusion_nft",
+    cfg = _config(request, family, algorithm__trainer_type="forward_process", diffusion_loss__name="diffusion_nft",
                   algorithm__rollout_policy="old", rollout__noise_level=0.0, actor__lr=NFT_LR[family])
     cfg.data.train_batch_size = 4
     engine, reward = PolicyEngine.from_config(cfg), WeightedReward.from_functions(cfg.reward.functions)
     prompts = ["a red circle", "two blue squares", "a cat", "a house"]
     before = fixed_seed_reward(engine, reward, prompts * 4, list(range(10_000, 10_016)))
-    history = [direct_preference_step(engine, reward, prompts, [{}] * 4, step, cfg)[1] for step in range(1, 13)]
+    history = [forward_process_step(engine, reward, prompts, [{}] * 4, step, cfg)[1] for step in range(1, 13)]
     after = fixed_seed_reward(engine, reward, prompts * 4, list(range(10_000, 10_016)))
     assert after > before + 0.03, (before, after)
     assert all(m["actor/skipped_nonfinite"] == 0.0 for m in history)

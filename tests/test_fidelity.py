@@ -101,7 +101,7 @@ def _producer_cfg(**overrides):
 
 
 def test_the_producer_drops_zero_advantage_samples_and_keeps_the_mini_batch_count():
-    from pixelrl.trainers.step import policy_gradient_step
+    from pixelrl.testing import transition_step
 
     cfg = _producer_cfg(actor__ppo_mini_batch_size=4)
     actor = _RecordingActor(5)
@@ -112,17 +112,17 @@ def test_the_producer_drops_zero_advantage_samples_and_keeps_the_mini_batch_coun
         counters = {"a": iter(rewards["a"]), "b": iter(rewards["b"])}
         return {"overall": torch.tensor([next(counters[p]) for p in prompts])}
 
-    _, metrics = policy_gradient_step(actor, reward_fn, ["a", "b"], [{}, {}], 1, cfg)
+    _, metrics = transition_step(actor, reward_fn, ["a", "b"], [{}, {}], 1, cfg)
     assert metrics["critic/advantages/zero_frac"] == 0.5
     assert len(actor.updated) == 4 and actor.updated.info["num_mini_batches"] == 2
     assert actor.updated["prompts"] == ["b"] * 4 and metrics["training/trained_fraction"] == 0.5
     cfg.algorithm.drop_zero_advantage = False
-    policy_gradient_step(actor, reward_fn, ["a", "b"], [{}, {}], 1, cfg)
+    transition_step(actor, reward_fn, ["a", "b"], [{}, {}], 1, cfg)
     assert len(actor.updated) == 8 and actor.updated.info["num_mini_batches"] == 2
 
 
 def test_awm_drops_zero_advantage_samples_too():
-    from pixelrl.trainers.direct_preference import direct_preference_step
+    from pixelrl.testing import forward_process_step
 
     class CleanSampleActor(_RecordingActor):
         def rollout(self, prompts, seeds, **kwargs):
@@ -130,7 +130,7 @@ def test_awm_drops_zero_advantage_samples_too():
             batch["x0"] = torch.arange(len(prompts), dtype=torch.float32).reshape(-1, 1)
             return batch
 
-    cfg = _producer_cfg(algorithm__trainer_type="direct_preference", diffusion_loss__name="awm",
+    cfg = _producer_cfg(algorithm__trainer_type="forward_process", diffusion_loss__name="awm",
                         rollout__noise_level=0.0)
     rewards = {"a": [1.0] * 4, "b": [0.0, 1.0, 2.0, 3.0]}
 
@@ -139,11 +139,11 @@ def test_awm_drops_zero_advantage_samples_too():
         return {"overall": torch.tensor([next(counters[p]) for p in prompts])}
 
     actor = CleanSampleActor(0)
-    _, metrics = direct_preference_step(actor, reward_fn, ["a", "b"], [{}, {}], 1, cfg)
+    _, metrics = forward_process_step(actor, reward_fn, ["a", "b"], [{}, {}], 1, cfg)
     assert actor.updated["prompts"] == ["b"] * 4 and actor.updated["x0"].flatten().tolist() == [4.0, 5.0, 6.0, 7.0]
     assert (actor.updated["advantages"] != 0).all() and metrics["training/trained_fraction"] == 0.5
     cfg.algorithm.drop_zero_advantage = False
-    _, metrics = direct_preference_step(actor, reward_fn, ["a", "b"], [{}, {}], 1, cfg)
+    _, metrics = forward_process_step(actor, reward_fn, ["a", "b"], [{}, {}], 1, cfg)
     assert len(actor.updated) == 8 and metrics["training/trained_fraction"] == 1.0
     # the trained batch says which rows form a group (what `group_noise` shares its draws by)
     rows = list(zip(actor.updated["uids"], actor.updated["prompts"]))
@@ -153,7 +153,8 @@ def test_awm_drops_zero_advantage_samples_too():
 def test_trained_timesteps_do_not_replay_the_window_draw():
     """The window and the per-sample timestep permutation are separate random decisions."""
     from pixelrl.sampling.windows import trained_step_indices
-    from pixelrl.trainers.step import policy_gradient_step, step_seed
+    from pixelrl.testing import transition_step
+    from pixelrl.trainers.step import step_seed
 
     cfg = _producer_cfg(actor__timestep_fraction=0.6, actor__permute_timesteps=True,
                         algorithm__drop_zero_advantage=False)
@@ -161,7 +162,7 @@ def test_trained_timesteps_do_not_replay_the_window_draw():
     reward_fn = lambda images, prompts, metadata: {"overall": torch.arange(len(prompts), dtype=torch.float32)}  # noqa: E731
     same = 0
     for step in range(1, 6):
-        policy_gradient_step(actor, reward_fn, ["a", "b"], [{}, {}], step, cfg)
+        transition_step(actor, reward_fn, ["a", "b"], [{}, {}], step, cfg)
         shared_stream = trained_step_indices(actor.window.size, 8, num_steps=6, fraction=0.6, permute=True,
                                              seed=step_seed(cfg.rollout.seed, step))
         same += torch.equal(actor.updated["train_step_index"], shared_stream)

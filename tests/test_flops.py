@@ -65,13 +65,13 @@ def test_reference_forwards_are_charged_without_the_adapter(tiny_pixel_path):
     input shape as a policy forward is measured on its own, and costs the base model only."""
     from pixelrl.engine import PolicyEngine
     from pixelrl.rewards import WeightedReward
-    from pixelrl.trainers.step import policy_gradient_step
+    from pixelrl.testing import transition_step
     from conftest import tiny_config
 
     cfg = tiny_config(tiny_pixel_path, diffusion_loss__kl_coef=0.1, rollout__micro_batch_size=4,
                       actor__ppo_micro_batch_size=4, data__train_batch_size=1)
     engine = PolicyEngine.from_config(cfg)
-    policy_gradient_step(engine, WeightedReward.from_functions(cfg.reward.functions), ["a red circle"], [{}], 1, cfg)
+    transition_step(engine, WeightedReward.from_functions(cfg.reward.functions), ["a red circle"], [{}], 1, cfg)
     flops = {variant: count for (variant, _shape), count in engine.flop_meter.per_shape.items()}
     assert set(flops) == {"current", "reference"} and len(engine.flop_meter.per_shape) == 2  # one shape
     assert flops["reference"] < flops["current"]

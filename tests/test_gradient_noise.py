@@ -1,4 +1,4 @@
-"""The gradient noise scale estimator (pixelrl.engine.gradient_noise): hand-computed values and
+"""The gradient noise scale estimator (pixelrl.shapes.gradient_noise): hand-computed values and
 recovery of a known signal and noise."""
 
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from pixelrl.engine.gradient_noise import gradient_noise_scale
+from pixelrl.shapes.gradient_noise import gradient_noise_scale
 
 
 def test_hand_computed_two_parallel_gradients():

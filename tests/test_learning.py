@@ -5,7 +5,7 @@ from pixelrl.engine import PolicyEngine
 from pixelrl.engine.checkpoint import load_engine
 from pixelrl.engine.evaluate import fixed_seed_reward
 from pixelrl.rewards import WeightedReward
-from pixelrl.trainers.policy_gradient import PolicyGradientTrainer
+from pixelrl.trainers.controller import DiffusionTrainer
 
 from conftest import tiny_config
 
@@ -23,7 +23,7 @@ def test_flow_grpo_raises_jpeg_compressibility_on_the_tiny_model(tiny_pixel_path
     engine, reward = PolicyEngine.from_config(cfg), WeightedReward.from_functions(cfg.reward.functions)
     eval_prompts, eval_seeds = PROMPTS * 4, list(range(10_000, 10_016))  # fixed, unseen in training
     before = fixed_seed_reward(engine, reward, eval_prompts, eval_seeds)
-    result = PolicyGradientTrainer(cfg).fit()
+    result = DiffusionTrainer(cfg).fit()
     load_engine(engine, f"{result['run_dir']}/checkpoints/global_step_16/actor")
     after = fixed_seed_reward(engine, reward, eval_prompts, eval_seeds)
     history = result["history"]

@@ -13,7 +13,7 @@ from PIL import Image
 
 from conftest import read_metrics, train_cli
 from pixelrl.data.preferences import DatasetError, PreferenceDataset, read_preference_file
-from pixelrl.engine.preference_data import preference_pairs
+from pixelrl.shapes.preferences import preference_pairs
 
 
 def _png(path, array):

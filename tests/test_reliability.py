@@ -125,12 +125,12 @@ def test_a_validation_that_fails_after_training_keeps_the_final_checkpoint(tmp_p
     """The last step's validation raising (here: a validation generator that breaks) used to end
     the run before its final save: every trained step was lost. Now the step is saved, its row
     logged, and the error still stops the run."""
-    from pixelrl.trainers.policy_gradient import PolicyGradientTrainer
+    from pixelrl.trainers.controller import DiffusionTrainer
 
     def broken(self, val_set, step, tracker):
         raise RuntimeError("validation broke")
 
-    monkeypatch.setattr(PolicyGradientTrainer, "validate", broken)
+    monkeypatch.setattr(DiffusionTrainer, "validate", broken)
     val = tmp_path / "val.txt"
     val.write_text("a red circle\n")
     with pytest.raises(RuntimeError, match="validation broke"):
@@ -272,7 +272,7 @@ def test_every_phase_has_its_knob():
 def test_the_vlm_trainer_also_saves_the_step_before_a_failed_validation_stops_it(tiny_vlm_path, tmp_path,
                                                                                   monkeypatch):
     from conftest import vlm_config
-    from pixelrl.trainers.vlm_ppo import VLMPPOTrainer
+    from pixelrl.vlm.trainer import VLMPPOTrainer
 
     def broken(self):
         raise RuntimeError("validation broke")

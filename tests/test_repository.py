@@ -5,7 +5,6 @@ import dataclasses
 import re
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "pixelrl"
@@ -18,6 +17,32 @@ def test_every_path_the_readme_names_exists():
     assert paths, "the README names no path at all?"
     missing = sorted(p for p in paths if not p.startswith("http") and not (ROOT / p).exists())
     assert not missing, missing
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a markdown heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def test_every_link_between_the_docs_resolves():
+    """A relative link in the README or docs/ names a file that exists and, with `#anchor` into
+    a markdown page, a heading that page has (moving or condensing a page breaks no link)."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"^(https?:|mailto:)", target):
+                continue
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+            elif anchor and file.suffix == ".md":
+                anchors = {_slug(h) for h in re.findall(r"^#+ (.+)$", file.read_text(), flags=re.M)}
+                if anchor not in anchors:
+                    broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, broken
 
 
 def _leaf_fields(cls, prefix=""):
@@ -58,7 +83,7 @@ def test_every_declared_dependency_is_imported():
 # `config` composes and checks the sections, so it sits above everything whose options it checks;
 # `shapes`, `demo` and `cli` are the top: nothing but the CLI imports them.
 LAYERS = ["core", "models", "sampling", "algos", "rewards", "data", "engine", "config", "workers", "trainers",
-          "shapes", "demo", "cli", "__main__"]
+          "vlm", "shapes", "testing", "cli", "__main__"]
 
 
 def _package_imports() -> dict[tuple[str, str], list[str]]:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pixelrl.core.errors import ModelFolderError
-from pixelrl.models.tiny import build_tiny_clip
+from pixelrl.testing import build_tiny_clip
 from pixelrl.rewards import get_reward
 from pixelrl.rewards.hps import convert_checkpoint
 

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pixelrl.core.errors import ConfigError, ModelFolderError
-from pixelrl.models.tiny import build_tiny_blip_itm
+from pixelrl.testing import build_tiny_blip_itm
 from pixelrl.rewards import get_reward
 from pixelrl.rewards.clip import aesthetic_head
 from pixelrl.rewards.image_reward import MEAN, STD, convert_checkpoint

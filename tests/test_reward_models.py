@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import save_file
 
 from pixelrl.core.errors import ConfigError, ModelFolderError
-from pixelrl.models.tiny import build_tiny_clip
+from pixelrl.testing import build_tiny_clip
 from pixelrl.rewards import get_reward
 from pixelrl.rewards.clip import aesthetic_head
 

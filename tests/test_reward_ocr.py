@@ -68,7 +68,7 @@ def test_ocr_detection_keeps_small_images_at_their_size_by_default(monkeypatch):
     those options, and a 32 px render is read at its own size, exactly."""
     import rapidocr_onnxruntime
 
-    from pixelrl.data import shapes_text
+    from pixelrl.shapes import text as shapes_text
 
     built = []
     real = rapidocr_onnxruntime.RapidOCR

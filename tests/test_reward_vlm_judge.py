@@ -93,7 +93,7 @@ def test_the_vlm_trainer_trains_on_the_answer_judge(tiny_vlm_path, tmp_path):
     judge = get_reward("answer_judge", path=str(tiny_vlm_path), template=ANSWER_TEMPLATE)
     engine, exp, metrics, captured = experience_with_reward_inputs(cfg)
     expected = judge(captured["texts"], captured["questions"], captured["meta"])["answer_judge"]
-    assert metrics["reward/answer_judge"] == pytest.approx(float(expected.mean()), rel=1e-5)
-    assert 0 < metrics["reward/answer_judge"] < 1
+    assert metrics["critic/rewards/answer_judge/mean"] == pytest.approx(float(expected.mean()), rel=1e-5)
+    assert 0 < metrics["critic/rewards/answer_judge/mean"] < 1
     train_metrics = engine.train_on(exp, 1)
     assert train_metrics  # an update on the judge's rewards

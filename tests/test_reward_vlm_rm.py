@@ -100,5 +100,5 @@ def test_the_vlm_trainer_trains_on_the_reward_model(tiny_vlm_path, tmp_path):
     engine, exp, metrics, captured = experience_with_reward_inputs(cfg)
     expected = get_reward("answer_reward_model", path=str(folder))(captured["texts"], captured["questions"],
                                                                    captured["meta"])["answer_reward_model"]
-    assert metrics["reward/answer_reward_model"] == pytest.approx(float(expected.mean()), rel=1e-5)
+    assert metrics["critic/rewards/answer_reward_model/mean"] == pytest.approx(float(expected.mean()), rel=1e-5)
     assert engine.train_on(exp, 1)

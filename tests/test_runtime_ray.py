@@ -50,7 +50,7 @@ def test_two_ranks_hold_identical_weights_equal_to_a_one_worker_run(ray_cluster,
     from pixelrl.core.config_io import to_yaml
     from pixelrl.config import load_config
     from pixelrl.workers.group import LocalWorkerGroup, RayWorkerGroup, RewardGroup
-    from pixelrl.trainers.step import policy_gradient_step
+    from pixelrl.testing import transition_step
 
     cfg = load_config("flow_grpo_tiny", [f"model.path={tiny_pixel_path}", "trainer.n_workers=2",
                                          f"trainer.strategy={strategy}", "actor.lr=1e-3",
@@ -61,7 +61,7 @@ def test_two_ranks_hold_identical_weights_equal_to_a_one_worker_run(ray_cluster,
     def train(group):
         try:
             for step in (1, 2):
-                _, metrics = policy_gradient_step(group, rewards, prompts, [{}] * 4, step, cfg, uids=list("abcd"),
+                _, metrics = transition_step(group, rewards, prompts, [{}] * 4, step, cfg, uids=list("abcd"),
                                                   num_workers=group.size)
             return group.trainable_states(), metrics
         finally:
@@ -141,7 +141,7 @@ def test_fsdp2_on_two_ray_workers_shards_each_familys_blocks_and_ranks_agree(ray
 
     from pixelrl.core.config_io import to_yaml
     from pixelrl.config import load_config
-    from pixelrl.trainers.step import policy_gradient_step
+    from pixelrl.testing import transition_step
     from pixelrl.workers.group import RayWorkerGroup, RewardGroup
 
     path = request.getfixturevalue(f"tiny_{family}_path")
@@ -152,7 +152,7 @@ def test_fsdp2_on_two_ray_workers_shards_each_familys_blocks_and_ranks_agree(ray
     try:
         assert group.call("fsdp_units", gather="all") == [units, units]
         start = group.trainable_states()[0]
-        policy_gradient_step(group, rewards, ["a red circle", "a cat", "a tree", "a car"], [{}] * 4, 1, cfg,
+        transition_step(group, rewards, ["a red circle", "a cat", "a tree", "a car"], [{}] * 4, 1, cfg,
                              uids=list("abcd"), num_workers=2)
         rank0, rank1 = group.trainable_states()
     finally:
@@ -225,7 +225,7 @@ def test_pixelrl_train_restarts_a_dead_worker_and_ends_as_an_uninterrupted_run(r
     import os
     import signal
 
-    import pixelrl.trainers.policy_gradient as policy_gradient
+    import pixelrl.trainers.controller as policy_gradient
 
     common = ("trainer.n_workers=2", "trainer.logger=[jsonl]", "trainer.save_freq=2",
               "trainer.total_training_steps=4", "trainer.max_restarts=1")

@@ -6,7 +6,7 @@ import pytest
 
 from pixelrl.core.assets import BUILTIN, resolve
 from pixelrl.core.errors import ConfigError
-from pixelrl.data.shapes import prompt_splits
+from pixelrl.shapes.world import prompt_splits
 
 # a one-block denoiser and one-layer text encoders: the pretraining loop's bookkeeping in seconds
 TINY_ARCH = dict(resolution=32, with_vae=False, text_hidden=16, text_layers=1, text_max_length=16,
@@ -157,7 +157,7 @@ def test_cosine_pretraining_decays_to_zero_and_fixes_its_length(tmp_path):
 
 
 def test_category_weights_set_the_scene_mix():
-    from pixelrl.rewards.shapes import CATEGORIES
+    from pixelrl.shapes.detector import CATEGORIES
     from pixelrl.shapes.pretrain import ShapesStream, parse_category_weights
 
     weights = parse_category_weights("two_object=2, position=2.5,color_attr=0")
@@ -183,7 +183,7 @@ def test_pretraining_continues_from_a_pipeline(tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    from pixelrl.rewards.shapes import CATEGORIES
+    from pixelrl.shapes.detector import CATEGORIES
     from pixelrl.shapes.pretrain import parse_category_weights, pretrain_shapes
 
     kwargs = dict(batch_size=4, lr=3e-3, warmup=1, eval_every=2, eval_per_category=1, log=lambda line: None)

@@ -20,8 +20,9 @@ def test_one_shapes_model_ships_and_retired_names_say_what_replaces_them():
 
 @pytest.mark.parametrize("name", ["shapes"])
 def test_shipped_weights_load_and_generate_recognisable_shapes(name):
-    from pixelrl.data.shapes import evaluation_items
-    from pixelrl.engine.evaluate import evaluate_geneval, load_for_eval
+    from pixelrl.shapes.world import evaluation_items
+    from pixelrl.engine.evaluate import load_for_eval
+    from pixelrl.shapes.evaluate import evaluate_geneval
 
     card = (BUILTIN[name] / "README.md").read_text()
     assert "pixelrl pretrain-shapes" in card
@@ -39,8 +40,8 @@ def test_the_demo_trains_the_retrained_model_and_pays_only_exact_scenes():
     an image that passes GenEval's "at least" check with an unrequested object in it."""
     from conftest import with_extra_object
     from pixelrl.config import load_config
-    from pixelrl.data.shapes import evaluation_items, render
-    from pixelrl.demo import DEMO_CONFIG
+    from pixelrl.shapes.world import evaluation_items, render
+    from pixelrl.shapes.demo import DEMO_CONFIG
     from pixelrl.rewards import get_reward
 
     cfg = load_config(DEMO_CONFIG, [])
@@ -75,7 +76,7 @@ def test_a_short_run_of_each_method_on_the_shipped_model_raises_its_reward(confi
     from conftest import read_metrics
     from pixelrl.cli import main
     from pixelrl.config import load_config
-    from pixelrl.data.shapes import prompt_splits
+    from pixelrl.shapes.world import prompt_splits
     from pixelrl.engine.evaluate import generate, load_for_eval
     from pixelrl.rewards import get_reward
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from pixelrl.data import shapes_text
+from pixelrl.shapes import text as shapes_text
 from pixelrl.rewards import RewardSpec, WeightedReward
 
 
@@ -93,7 +93,7 @@ def test_eval_text_command_scores_ocr_per_item_with_intervals(tmp_path, tiny_pix
     figures are their means with a bootstrap interval around them."""
     import json
 
-    import pixelrl.engine.evaluate as evaluate
+    import pixelrl.shapes.evaluate as evaluate
     from pixelrl.cli import main
 
     def fake_generate(model, prompts, seeds, **kwargs):  # the model's sampler is tested elsewhere

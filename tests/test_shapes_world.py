@@ -5,9 +5,9 @@ import pytest
 import torch
 from PIL import Image, ImageFilter
 
-from pixelrl.data.shapes import all_prompts, evaluation_items, prompt_splits, render, vocabulary
+from pixelrl.shapes.world import all_prompts, evaluation_items, prompt_splits, render, vocabulary
 from pixelrl.rewards import get_reward
-from pixelrl.rewards.shapes import CATEGORIES, detect, score_image
+from pixelrl.shapes.detector import CATEGORIES, detect, score_image
 from conftest import with_extra_object
 
 ITEMS = [item for items in all_prompts().values() for item in items]
@@ -100,7 +100,7 @@ def test_shapes_geneval_reward_signature():
 
 
 def test_exact_scene_score_on_clean_renders_and_with_an_unrequested_object():
-    from pixelrl.rewards.shapes import score_scene
+    from pixelrl.shapes.detector import score_scene
 
     clean = [score_scene(render(it["metadata"], k), it["metadata"])
              for k, it in ((k, ITEMS[(k * 7) % len(ITEMS)]) for k in range(300))]
@@ -164,8 +164,8 @@ def test_surplus_penalty_charges_objects_beyond_the_count_not_failed_attempts():
 def test_failure_modes_of_rendered_scenes():
     """Each failure mode on a render made to have it, scored against "a circle and a square" (and
     "a circle to the left of a square"), and their per-category fractions in `geneval_scores`."""
-    from pixelrl.engine.evaluate import format_failures, geneval_scores
-    from pixelrl.rewards.shapes import score_scene
+    from pixelrl.shapes.evaluate import format_failures, geneval_scores
+    from pixelrl.shapes.detector import score_scene
 
     circle, square = {"shape": "circle", "colour": None, "count": 1}, {"shape": "square", "colour": None, "count": 1}
     triangle = {"shape": "triangle", "colour": None, "count": 1}
@@ -227,7 +227,7 @@ def test_shapes_reward_options_are_checked_with_the_config():
 
 
 def test_bootstrap_interval_by_hand():
-    from pixelrl.engine.evaluate import bootstrap_overall
+    from pixelrl.shapes.evaluate import bootstrap_overall
 
     def rows(category_values):
         return [{"prompt": f"{c}{i}", "seed": i, "category": c, "strict": v}

@@ -1,11 +1,11 @@
-"""Hand-computed checks of the token-policy PPO math (algos/token_ppo.py)."""
+"""Hand-computed checks of the token-policy PPO math (vlm/token_losses.py)."""
 
 import math
 
 import pytest
 import torch
 
-from pixelrl.algos import token_ppo as T
+from pixelrl.vlm import token_losses as T
 
 ones = torch.ones
 

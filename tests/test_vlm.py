@@ -4,10 +4,10 @@ import pytest
 import torch
 from conftest import vlm_config, vlm_run_killed_after_checkpoint
 
-from pixelrl.algos import token_ppo as T
+from pixelrl.vlm import token_losses as T
 from pixelrl.core.config_io import to_yaml
 from pixelrl.core.errors import ConfigError
-from pixelrl.data import shapes_qa
+from pixelrl.shapes import qa as shapes_qa
 from pixelrl.models.qwen_vl import QwenVLModel, response_mask_from
 
 
@@ -100,8 +100,8 @@ def test_grpo_raises_the_reward_of_a_random_tiny_vlm(any_tiny_vlm_path, tmp_path
     """The random model (Qwen2-VL, then Qwen2.5-VL) answers with a word of the answer vocabulary
     a third of the time; the format reward for doing so must climb well above that within 25
     GRPO steps."""
-    from pixelrl.engine.vlm_engine import VLMEngine
-    from pixelrl.data.qa_tasks import task_items
+    from pixelrl.vlm.engine import VLMEngine
+    from pixelrl.vlm.qa_tasks import task_items
 
     pattern = "(" + "|".join(shapes_qa.answers()) + ")"
     cfg = vlm_config(any_tiny_vlm_path, tmp_path, "actor.lr=3e-3", "rollout.n=8", "actor.ppo_mini_batch_size=16",
@@ -113,7 +113,7 @@ def test_grpo_raises_the_reward_of_a_random_tiny_vlm(any_tiny_vlm_path, tmp_path
     for step in range(1, 26):
         exp, metrics = engine.make_experience(items, step)
         engine.train_on(exp, step)
-        rewards.append(metrics["reward/overall"])
+        rewards.append(metrics["critic/rewards/mean"])
     assert sum(rewards[:5]) / 5 < 0.5 and sum(rewards[-5:]) / 5 > 0.8, rewards
 
 
@@ -134,7 +134,7 @@ def _state(engine):
 def test_four_steps_equal_two_plus_two_bitwise(tiny_vlm_path, tmp_path, extra, monkeypatch):
     """A run killed after its step-2 checkpoint and resumed ends bitwise where an uninterrupted run
     ends, with the config's cosine lr (a schedule over the whole run)."""
-    from pixelrl.trainers.vlm_ppo import VLMPPOTrainer
+    from pixelrl.vlm.trainer import VLMPPOTrainer
 
     common = ("trainer.total_training_steps=4", "trainer.save_freq=2", "actor.lr=1e-3", "vlm.critic_lr=1e-3",
               *extra)
@@ -147,17 +147,17 @@ def test_four_steps_equal_two_plus_two_bitwise(tiny_vlm_path, tmp_path, extra, m
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
-    from pixelrl.engine.vlm_engine import VLMEngine
+    from pixelrl.vlm.engine import VLMEngine
 
     start = _state(VLMEngine(vlm_config(tiny_vlm_path, tmp_path / "c", *common)))
     assert any(not torch.equal(start[k], a[k]) for k in a if k.startswith("actor"))  # the run trained
     assert whole["engine"].kl_ctl.value == resumed["engine"].kl_ctl.value
-    assert whole["history"][-1]["reward/overall"] == resumed["history"][-1]["reward/overall"]
+    assert whole["history"][-1]["critic/rewards/mean"] == resumed["history"][-1]["critic/rewards/mean"]
 
 
 def test_shapes_qa_answers_agree_with_the_detector():
     """Answers come from the layout; the independent shapes detector must read the same scene."""
-    from pixelrl.rewards.shapes import detect
+    from pixelrl.shapes.detector import detect
 
     checked = {"count": 0, "colour": 0, "position": 0}
     for it in shapes_qa.items("test", 0, 90):
@@ -203,7 +203,7 @@ def test_colour_only_reference_by_hand():
 
 
 def test_items_list_the_objects_they_draw():
-    from pixelrl.rewards.shapes import detect
+    from pixelrl.shapes.detector import detect
 
     for it in shapes_qa.items("test", 0, 30):
         if it["type"] == "count":  # the answer counts the listed objects of the asked kind
@@ -264,7 +264,7 @@ def test_count_closeness_by_hand():
 
 
 def test_console_shows_reward_and_held_out_accuracy(tiny_vlm_path, tmp_path):
-    from pixelrl.trainers.vlm_ppo import VLMPPOTrainer
+    from pixelrl.vlm.trainer import VLMPPOTrainer
 
     lines = []
     cfg = vlm_config(tiny_vlm_path, tmp_path, "trainer.logger=[console]", "trainer.total_training_steps=1",
@@ -272,10 +272,10 @@ def test_console_shows_reward_and_held_out_accuracy(tiny_vlm_path, tmp_path):
     cfg.trainer.logger = ["console", "jsonl"]
     result = VLMPPOTrainer(cfg, console=lines.append).fit()
     assert lines[0].startswith("step 0: ") and "val/accuracy=" in lines[0]
-    assert "overall=" in lines[1] and "explained_variance=" in lines[1] and "val/accuracy=" in lines[1]
+    assert "rewards/mean=" in lines[1] and "explained_variance=" in lines[1] and "val/accuracy=" in lines[1]
     # per worker: the step's responses and tokens over the time of sampling, scoring and training
     row = result["history"][0]
-    seconds = row["timing/experience_s"] + row["timing/train_s"]
+    seconds = row["timing_s/experience"] + row["timing_s/train"]
     responses = cfg.data.train_batch_size * cfg.rollout.n
     assert row["perf/throughput"] == pytest.approx(responses / seconds)
     assert row["perf/tokens_per_s"] == pytest.approx(row["response/sequence_tokens"] / seconds)
@@ -293,7 +293,7 @@ def test_console_shows_reward_and_held_out_accuracy(tiny_vlm_path, tmp_path):
 
 
 def test_balanced_accuracy_scores_a_one_answer_policy_at_one_over_k_by_hand():
-    from pixelrl.engine.pretrain_vlm import summarise_correctness
+    from pixelrl.vlm.pretrain import summarise_correctness
 
     # position: "yes" to everything, 3 of 4 questions are yes; colour: red right, blue wrong (twice)
     results = [("position", "yes", 1.0), ("position", "yes", 1.0), ("position", "yes", 1.0), ("position", "no", 0.0),
@@ -342,8 +342,8 @@ def test_entropy_bonus_alone_raises_the_policy_entropy(tmp_path):
     bonus moves the policy: with vlm.entropy_coef > 0 the entropy of the same responses rises,
     and the logged bonus is their entropy aggregated like the policy loss. (The shipped model:
     a random one is already at maximal entropy.)"""
-    from pixelrl.engine.vlm_engine import VLMEngine
-    from pixelrl.data.qa_tasks import task_items
+    from pixelrl.vlm.engine import VLMEngine
+    from pixelrl.vlm.qa_tasks import task_items
 
     def entropy_after_one_step(coef):
         cfg = vlm_config("builtin:shapes_qa_vlm", tmp_path / str(coef), "actor.lr=1e-3", "actor.weight_decay=0",
@@ -351,7 +351,7 @@ def test_entropy_bonus_alone_raises_the_policy_entropy(tmp_path):
                          "reward.functions=[{name: answer_format, options: {pattern: '.*'}}]")
         engine = VLMEngine(cfg)
         exp, metrics = engine.make_experience(task_items(cfg, "train", 0, 4), 1)
-        assert metrics["reward/overall"] == 1.0 and not exp.advantages.any()
+        assert metrics["critic/rewards/mean"] == 1.0 and not exp.advantages.any()
         with torch.no_grad():
             before = engine.policy.token_logprobs(exp.batch, with_entropy=True)[1]
         trained = engine.train_on(exp, 1)
@@ -371,8 +371,8 @@ def test_entropy_bonus_alone_raises_the_policy_entropy(tmp_path):
 def test_old_log_probs_from_the_sampler_equal_the_recomputed_ones(tiny_vlm_path, tmp_path):
     """vlm.recompute_old_logp=false takes PPO's old log-probs and the entropies from sampling:
     the same numbers as the separate scoring forward (to float reordering), without that forward."""
-    from pixelrl.engine.vlm_engine import VLMEngine
-    from pixelrl.data.qa_tasks import task_items
+    from pixelrl.vlm.engine import VLMEngine
+    from pixelrl.vlm.qa_tasks import task_items
 
     def experience(recompute):
         cfg = vlm_config(tiny_vlm_path, tmp_path / str(recompute), f"vlm.recompute_old_logp={recompute}")
@@ -395,7 +395,7 @@ def test_old_log_probs_from_the_sampler_equal_the_recomputed_ones(tiny_vlm_path,
 def test_validate_ema_scores_the_ema_actor_and_keeps_the_actor(tmp_path):
     """With an EMA that barely moves (decay 1 - 1e-9), validating the EMA gives the base model's
     answers while the trained actor's differ; afterwards the actor's weights are its own, bitwise."""
-    from pixelrl.workers.vlm_worker import VLMWorker
+    from pixelrl.vlm.worker import VLMWorker
 
     cfg = vlm_config("builtin:shapes_qa_vlm", tmp_path, "actor.lr=3e-3", "vlm.ema_decay=0.999999999",
                      "vlm.val_items=60", "vlm.validate_ema=false")
@@ -417,7 +417,7 @@ def test_validate_ema_scores_the_ema_actor_and_keeps_the_actor(tmp_path):
 def test_cosine_lr_decays_over_the_actors_optimizer_steps(tiny_vlm_path, tmp_path):
     """4 questions x 4 answers in mini-batches of 8: 2 optimizer steps per step; 5 steps of which
     the first is a critic warm-up leave 8 actor steps, the last one at the floor min_lr_ratio x lr."""
-    from pixelrl.trainers.vlm_ppo import VLMPPOTrainer
+    from pixelrl.vlm.trainer import VLMPPOTrainer
 
     cfg = vlm_config(tiny_vlm_path, tmp_path, "actor.lr_schedule=cosine", "actor.min_lr_ratio=0.1", "actor.lr=1e-3",
                      "trainer.total_training_steps=5", "vlm.estimator=gae", "vlm.freezing_actor_steps=1")

@@ -11,7 +11,8 @@ import pytest
 from conftest import vlm_config
 
 from pixelrl.core.errors import ConfigError
-from pixelrl.data import qa_files, shapes_qa
+from pixelrl.shapes import qa as shapes_qa
+from pixelrl.vlm import qa_files
 from pixelrl.data.prompts import DatasetError
 
 
@@ -23,8 +24,8 @@ def _files_overrides(train, val):
 def test_the_built_in_task_written_to_files_trains_and_validates_the_same(tmp_path):
     """Two steps and a validation of the shipped model on shapes-QA, then on the same questions read
     from PNG + jsonl files (in the order the built-in task draws them): every metric equal."""
-    from pixelrl.data.qa_tasks import task_items
-    from pixelrl.trainers.vlm_ppo import VLMPPOTrainer
+    from pixelrl.vlm.qa_tasks import task_items
+    from pixelrl.vlm.trainer import VLMPPOTrainer
 
     common = ("model.path=builtin:shapes_qa_vlm", "trainer.total_training_steps=2", "trainer.test_freq=0",
               "trainer.val_before_train=true")
@@ -41,7 +42,7 @@ def test_the_built_in_task_written_to_files_trains_and_validates_the_same(tmp_pa
     assert a["val"][0]["val/accuracy"] > 0  # the shipped model answers some of them right
     assert set(a["val"][0]) == set(b["val"][0]) and {"val/accuracy_colour", "val/accuracy_count"} <= set(a["val"][0])
     for row_a, row_b in zip(a["history"], b["history"], strict=True):
-        for key in ("reward/answer_match", "actor/pg_loss", "actor/grad_norm", *a["val"][0]):
+        for key in ("critic/rewards/answer_match/mean", "actor/pg_loss", "actor/grad_norm", *a["val"][0]):
             assert row_a.get(key) == row_b.get(key), key
 
 
@@ -97,7 +98,7 @@ def test_a_bad_row_names_its_file_row_and_field(tmp_path, row, message):
 
 
 def test_files_config_errors_stop_before_any_worker(tiny_vlm_path, tmp_path):
-    from pixelrl.trainers.vlm_ppo import VLMPPOTrainer
+    from pixelrl.vlm.trainer import VLMPPOTrainer
 
     with pytest.raises(ConfigError, match=r"data\.train_files"):
         vlm_config(tiny_vlm_path, tmp_path, "vlm.task=files")
@@ -116,7 +117,7 @@ def test_files_config_errors_stop_before_any_worker(tiny_vlm_path, tmp_path):
 
 
 def test_accuracy_is_reported_for_a_files_own_question_types():
-    from pixelrl.engine.pretrain_vlm import summarise_correctness
+    from pixelrl.vlm.pretrain import summarise_correctness
 
     result = summarise_correctness([("geometry", "3", 1.0), ("geometry", "4", 0.0), ("geometry", "4", 0.0),
                                     ("chart", "yes", 1.0)])
@@ -129,8 +130,8 @@ def test_accuracy_is_reported_for_a_files_own_question_types():
 def test_validation_reads_the_answer_as_the_reward_does(tiny_vlm_path, tmp_path):
     """A model that reasons and boxes its answer: validation extracts it as the run's answer_match
     does, and compares normalised answers (a file's "Blue" is the answer "blue")."""
-    from pixelrl.engine.pretrain_vlm import answer_correctness
-    from pixelrl.workers.vlm_worker import validation_extract
+    from pixelrl.vlm.pretrain import answer_correctness
+    from pixelrl.vlm.worker import validation_extract
 
     class Says:  # the policy's interface, answering with fixed text
         def prompts(self, images, questions):
@@ -154,7 +155,7 @@ def test_validation_reads_the_answer_as_the_reward_does(tiny_vlm_path, tmp_path)
 def test_image_bounds_set_the_image_tokens_per_prompt(tiny_vlm_path, tmp_path):
     """vlm.min_pixels / max_pixels override the folder's image processor: the tiny model's 32 x 32
     images are 16 tokens (8 x 8 patches of 4, merged 2 x 2); bounded to 16 x 16 pixels, 4."""
-    from pixelrl.engine.vlm_engine import VLMEngine
+    from pixelrl.vlm.engine import VLMEngine
 
     image, question = shapes_qa.item("test", 0)["image"], "what colour is the circle ?"
 
@@ -181,7 +182,7 @@ def test_export_writes_a_qwen2_vl_folder_that_scores_like_the_trained_policy(req
     `--weights actor` the actor's."""
     from pixelrl.cli import main
     from pixelrl.models.qwen_vl import QwenVLModel
-    from pixelrl.trainers.vlm_ppo import VLMPPOTrainer
+    from pixelrl.vlm.trainer import VLMPPOTrainer
 
     tiny_vlm_path = request.getfixturevalue("tiny_vlm_path" if family == "qwen2_vl" else "tiny_vlm25_path")
 
@@ -215,7 +216,7 @@ def test_export_writes_a_qwen2_vl_folder_that_scores_like_the_trained_policy(req
 
 def test_export_refuses_ema_weights_a_run_did_not_keep(tiny_vlm_path, tmp_path, capsys):
     from pixelrl.cli import main
-    from pixelrl.trainers.vlm_ppo import VLMPPOTrainer
+    from pixelrl.vlm.trainer import VLMPPOTrainer
 
     cfg = vlm_config(tiny_vlm_path, tmp_path, "vlm.ema_decay=0", "vlm.validate_ema=false",
                      "trainer.total_training_steps=1", "trainer.save_freq=1")

@@ -19,7 +19,7 @@ def _assert_ranks_agree(states):
 
 
 def test_ddp_ranks_hold_identical_weights_after_training(ray_cluster, tiny_vlm_path, tmp_path):
-    from pixelrl.trainers.vlm_ppo import VLMPPOTrainer
+    from pixelrl.vlm.trainer import VLMPPOTrainer
 
     overrides = _two_workers("ddp", "model.lora_rank=4", "model.lora_alpha=8", "vlm.ptx_coef=0.1",
                              "trainer.total_training_steps=2", "vlm.estimator=rloo")
@@ -38,7 +38,7 @@ def test_ddp_ranks_hold_identical_weights_after_training(ray_cluster, tiny_vlm_p
 def test_fsdp2_four_steps_equal_two_plus_two_bitwise(ray_cluster, tiny_vlm_path, tmp_path, monkeypatch):
     """Actor, critic, EMA, both optimizers and cosine schedulers, the adaptive KL controller: all
     sharded over 2 ranks, saved at step 2, the run killed, resumed, and equal to the uninterrupted run."""
-    from pixelrl.trainers.vlm_ppo import VLMPPOTrainer
+    from pixelrl.vlm.trainer import VLMPPOTrainer
 
     common = _two_workers("fsdp2", "vlm.estimator=gae", "vlm.ema_decay=0.9", "vlm.kl_coef=0.05",
                           "vlm.kl_target=0.01", "vlm.kl_horizon=100", "trainer.total_training_steps=4",
@@ -73,7 +73,7 @@ def test_fsdp2_shards_actor_and_critic_per_block_and_both_train(ray_cluster, req
 
     from pixelrl.core.config_io import to_yaml
     from pixelrl.workers.group import RayWorkerGroup
-    from pixelrl.workers.vlm_worker import VLMWorker
+    from pixelrl.vlm.worker import VLMWorker
 
     path = request.getfixturevalue("tiny_vlm_path" if family == "qwen2_vl" else "tiny_vlm25_path")
     cfg = vlm_config(path, tmp_path, *_two_workers("fsdp2", "vlm.estimator=gae", "vlm.ema_decay=0.9"))
@@ -108,7 +108,7 @@ def test_a_worker_that_dies_is_restarted_and_the_run_ends_as_an_uninterrupted_on
     import os
     import signal
 
-    import pixelrl.trainers.vlm_ppo as vlm_ppo
+    import pixelrl.vlm.trainer as vlm_ppo
     from pixelrl.trainers.restarts import fit_with_restarts
 
     common = _two_workers("ddp", "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.max_restarts=1")

@@ -6,7 +6,7 @@ import copy
 import numpy as np
 import torch
 
-from pixelrl.data import shapes_qa
+from pixelrl.shapes import qa as shapes_qa
 from pixelrl.models.qwen_vl import QwenVLModel
 
 

@@ -1,5 +1,5 @@
 """Forward-process losses: trained on clean samples noised at sampled timesteps, not on stored
-SDE trajectories (objective `flow_matching`). Pure tensor functions; equations and the
+SDE trajectories (objective `forward_process`). Pure tensor functions; equations and the
 reference-code conventions are in docs/algorithms/ (diffusion_dpo.md, diffusion_nft.md, awm.md).
 
 Notation: x_t = (1 - t) x0 + t eps, the velocity target is eps - x0, "mean over dims" is the
@@ -118,7 +118,7 @@ class DiffusionDPOParams:
         check_timesteps(self)
 
 
-@register_loss("diffusion_dpo", objective="flow_matching", params=DiffusionDPOParams,
+@register_loss("diffusion_dpo", objective="forward_process", params=DiffusionDPOParams,
                batch_keys=("x0", "x0_rejected"),
                step_keys=("err_chosen", "err_rejected", "ref_err_chosen", "ref_err_rejected"))
 def diffusion_dpo_loss(step: dict, cfg) -> tuple[torch.Tensor, dict]:
@@ -190,7 +190,7 @@ def _adaptive_x0_error(x0_pred: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
     return mean_over_dims((x0_pred - x0) ** 2) / w.to(x0_pred.dtype)
 
 
-@register_loss("diffusion_nft", objective="flow_matching", params=DiffusionNFTParams,
+@register_loss("diffusion_nft", objective="forward_process", params=DiffusionNFTParams,
                batch_keys=("x0", "advantages"),
                step_keys=("x0", "x_t", "t", "v", "v_old", "v_ref", "advantages"))
 def diffusion_nft_loss(step: dict, cfg) -> tuple[torch.Tensor, dict]:
@@ -276,7 +276,7 @@ def awm_log_prob(err: torch.Tensor, t: torch.Tensor, weighting: str = "ghuber", 
     raise ConfigError("diffusion_loss.params.weighting", weighting, f"choose one of {list(AWM_WEIGHTINGS)}")
 
 
-@register_loss("awm", objective="flow_matching", params=AWMParams,
+@register_loss("awm", objective="forward_process", params=AWMParams,
                batch_keys=("x0", "advantages"),
                step_keys=("x0", "eps", "t", "v", "v_ref", "v_old", "advantages"),
                weighted_step_keys={"v_ref": "beta_ref", "v_old": "ema_beta"})

@@ -2,7 +2,7 @@
 
 A loss names its objective, the engine path that turns a micro-batch into its inputs:
 `transition` (re-score stored SDE window steps: one call per trained step, inputs are
-log-probs, step means and advantages) or `flow_matching` (noise a clean sample at a sampled
+log-probs, step means and advantages) or `forward_process` (noise a clean sample at a sampled
 timestep: inputs are velocities of the policy and, on request, the reference and the old
 policy). It returns (scalar loss, metrics) and declares `batch_keys` (what the batch must carry)
 and `step_keys` (what it reads from the step dict); a missing key names the loss, the missing
@@ -26,7 +26,7 @@ from pixelrl.sampling.sde import mean_over_dims
 LOSSES: Registry = Registry("loss", "diffusion_loss.name")
 # step keys computed by a forward of the reference policy (AWM's and NFT's v_ref, Diffusion-DPO's errors)
 REFERENCE_STEP_KEYS = frozenset({"v_ref", "ref_err_chosen", "ref_err_rejected"})
-OBJECTIVES = ("transition", "flow_matching")
+OBJECTIVES = ("transition", "forward_process")
 # Fields of `diffusion_loss` every transition loss reads (the rest of a loss's options are its params).
 SHARED_FIELDS = ("clip_ratio", "adv_clip_max", "kl_coef", "kl_type")
 

@@ -13,7 +13,7 @@ from pixelrl.core.paths import check_output_file, image_suffixes
 def cmd_demo(args) -> int:
     import torch
 
-    from pixelrl.demo import run_demo
+    from pixelrl.shapes.demo import run_demo
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     run_demo(args.overrides, per_category=args.per_category, config_name=args.config_name)
@@ -23,9 +23,9 @@ def cmd_demo(args) -> int:
 def cmd_eval(args) -> int:
     import torch
 
-    from pixelrl.data.shapes import evaluation_items
-    from pixelrl.engine.evaluate import (bootstrap_overall, diversity, evaluate_geneval, format_failures, format_table,
-                                         load_for_eval)
+    from pixelrl.shapes.world import evaluation_items
+    from pixelrl.engine.evaluate import diversity, load_for_eval
+    from pixelrl.shapes.evaluate import bootstrap_overall, evaluate_geneval, format_failures, format_table
 
     check_output_file(args.out, "--out", (".json",))
     torch.set_num_threads(max(1, os.cpu_count() or 1))
@@ -52,7 +52,7 @@ def cmd_eval(args) -> int:
     print("what went wrong (fraction of each category's images):")
     print(format_failures(result))
     if baseline is not None:
-        from pixelrl.demo import demo_report
+        from pixelrl.shapes.demo import demo_report
 
         report = demo_report(baseline, result, baseline["diversity"], result["diversity"])
         print(f"paired against {baseline.get('model', args.baseline)} ({args.baseline}):")
@@ -99,8 +99,9 @@ def _write_result(result: dict, out: str) -> int:
 def _eval_text(args) -> int:
     """`pixelrl eval --task text`: the OCR reward on the text world's items, with 95% intervals."""
     from pixelrl.core.errors import ConfigError
-    from pixelrl.data import shapes_text
-    from pixelrl.engine.evaluate import bootstrap_overall, evaluate_text, load_for_eval
+    from pixelrl.shapes import text as shapes_text
+    from pixelrl.engine.evaluate import load_for_eval
+    from pixelrl.shapes.evaluate import bootstrap_overall, evaluate_text
 
     if args.split == "train":
         raise ConfigError("--split", args.split, "val or test for --task text (every word trains; the splits are seeds)")
@@ -143,7 +144,7 @@ def cmd_make_preferences(args) -> int:
 
     from pixelrl.data.prompts import PromptDataset
     from pixelrl.engine.evaluate import load_for_eval
-    from pixelrl.engine.preference_data import make_preferences
+    from pixelrl.shapes.preferences import make_preferences
     from pixelrl.workers.group import RewardGroup
 
     from pixelrl.core.errors import ConfigError
@@ -184,7 +185,7 @@ def cmd_pretrain_shapes(args) -> int:
 
 
 def add_parsers(sub) -> None:
-    from pixelrl.demo import DEMO_CONFIG
+    from pixelrl.shapes.demo import DEMO_CONFIG
 
     demo = sub.add_parser("demo", help="AWM on the shipped shapes model with a before/after evaluation")
     demo.add_argument("--config-name", default=DEMO_CONFIG,

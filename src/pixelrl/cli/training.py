@@ -16,20 +16,14 @@ def cmd_train(args) -> int:
 
     cfg = load_config(args.config_name, args.overrides)
     result = fit_with_restarts(cfg)
-    if cfg.algorithm.trainer_type == "vlm_ppo":
-        history = result["history"]
-        if history:
-            print(f"done: {len(history)} steps, reward/overall {history[0]['reward/overall']:.4f} -> "
-                  f"{history[-1]['reward/overall']:.4f}")
-        else:
-            print("done: no steps left to train (the latest checkpoint is at trainer.total_training_steps)")
-        return 0
     history = result["history"]
-    if history:
-        first, last = history[0], history[-1]
-        # offline DPO generates nothing during training: report its implicit accuracy instead
-        key = "critic/rewards/mean" if "critic/rewards/mean" in first else "actor/implicit_acc"
-        print(f"done: {len(history)} steps, {key} {first[key]:.4f} -> {last[key]:.4f}; run folder {result['run_dir']}")
+    if not history:
+        print("done: no steps left to train (the latest checkpoint is at trainer.total_training_steps)")
+        return 0
+    first, last = history[0], history[-1]
+    # offline DPO generates nothing during training: report its implicit accuracy instead
+    key = "critic/rewards/mean" if "critic/rewards/mean" in first else "actor/implicit_acc"
+    print(f"done: {len(history)} steps, {key} {first[key]:.4f} -> {last[key]:.4f}; run folder {result['run_dir']}")
     return 0
 
 
@@ -84,7 +78,7 @@ def cmd_export(args) -> int:
         raise ConfigError("--base-model", str(base), "the base model folder does not exist here (a run's relative "
                           "model.path is relative to where it trained): pass --base-model PATH")
     if saved.type == "qwen_vl":
-        from pixelrl.engine.vlm_export import export_vlm_checkpoint
+        from pixelrl.vlm.export import export_vlm_checkpoint
 
         if args.adapter_only:
             raise ConfigError("--adapter-only", True, "a vision-language checkpoint exports as a whole Qwen2-VL folder "
@@ -117,7 +111,7 @@ def cmd_demo_jpeg(args) -> int:
     from pixelrl.engine.evaluate import fixed_seed_reward
     from pixelrl.models import build_tiny_sd3
     from pixelrl.rewards import WeightedReward
-    from pixelrl.trainers.policy_gradient import PolicyGradientTrainer
+    from pixelrl.trainers.controller import DiffusionTrainer
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     run_dir = Path(args.run_dir)
@@ -135,7 +129,7 @@ def cmd_demo_jpeg(args) -> int:
     before = fixed_seed_reward(engine, reward, eval_prompts, eval_seeds)
     print(f"fixed-seed eval reward before: {before:.4f}")
     start = time.time()
-    result = PolicyGradientTrainer(cfg).fit()
+    result = DiffusionTrainer(cfg).fit()
     load_engine(engine, str(Path(result["run_dir"]) / "checkpoints" / f"global_step_{args.steps}" / "actor"))
     after = fixed_seed_reward(engine, reward, eval_prompts, eval_seeds)
     print(f"fixed-seed eval reward after:  {after:.4f}  (change {after - before:+.4f}) "
@@ -176,7 +170,7 @@ def add_parsers(sub) -> None:
     train.set_defaults(func=cmd_train)
     plot = sub.add_parser("plot", help="plot a run's metrics (one panel per matching key) to a PNG")
     plot.add_argument("run", help="a run folder (with metrics.jsonl) or a metrics.jsonl file")
-    plot.add_argument("--keys", nargs="+", default=["val-core/*", "val/*", "critic/rewards/mean", "reward/overall"],
+    plot.add_argument("--keys", nargs="+", default=["val-core/*", "val/*", "critic/rewards/mean"],
                       help="metric names or shell patterns, e.g. 'val-core/*/gold/*'")
     plot.add_argument("--out", default="metrics.png")
     plot.add_argument("--x", choices=("step", "minutes", "images"), default="step")

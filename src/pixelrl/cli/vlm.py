@@ -11,7 +11,7 @@ from pixelrl.cli.arguments import non_negative_int, positive_int
 def cmd_pretrain_vlm(args) -> int:
     import torch
 
-    from pixelrl.engine.pretrain_vlm import pretrain_shapes_qa
+    from pixelrl.shapes.qa_model import pretrain_shapes_qa
 
     torch.set_num_threads(args.threads)
     final = pretrain_shapes_qa(args.out, steps=args.steps, seed=args.seed, eval_every=args.eval_every,
@@ -25,10 +25,10 @@ def cmd_demo_vlm(args) -> int:
     import torch
 
     from pixelrl.config import load_config
-    from pixelrl.data.shapes_qa import colour_only_accuracy
-    from pixelrl.engine.pretrain_vlm import summarise_correctness
-    from pixelrl.data.qa_tasks import task_items
-    from pixelrl.trainers.vlm_ppo import VLMPPOTrainer
+    from pixelrl.shapes.qa import QUESTION_TYPES, colour_only_accuracy
+    from pixelrl.vlm.pretrain import summarise_correctness
+    from pixelrl.vlm.qa_tasks import task_items
+    from pixelrl.vlm.trainer import VLMPPOTrainer
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     cfg = load_config("vlm_grpo_shapes_qa", ["trainer.resume_mode=disable", "trainer.val_before_train=true",
@@ -45,7 +45,7 @@ def cmd_demo_vlm(args) -> int:
     # colour only: what seeing colours but not shapes scores on the same questions
     # (shapes-QA only: a question file's items carry no scene to reason about)
     reference = summarise_correctness([(it["type"], it["answer"], colour_only_accuracy(it))
-                                       for it in task_items(cfg, "test", 0, cfg.vlm.val_items)]) \
+                                       for it in task_items(cfg, "test", 0, cfg.vlm.val_items)], QUESTION_TYPES) \
         if cfg.vlm.task == "shapes_qa" else {}
     print(f"{'question type':<14}{'accuracy':>17}{'balanced accuracy':>22}{'colour only':>14}")
     print(f"{'':<14}{'before':>8}{'after':>9}{'before':>13}{'after':>9}")
@@ -71,8 +71,9 @@ def cmd_eval_vlm(args) -> int:
     from pixelrl.core.assets import resolve
     from pixelrl.core.errors import ConfigError
     from pixelrl.core.paths import check_output_file
-    from pixelrl.data import qa_files, shapes_qa
-    from pixelrl.engine.pretrain_vlm import answer_correctness, summarise_correctness
+    from pixelrl.shapes import qa as shapes_qa
+    from pixelrl.vlm import qa_files
+    from pixelrl.vlm.pretrain import answer_correctness, summarise_correctness
     from pixelrl.models.qwen_vl import QwenVLModel
 
     if args.out:
@@ -90,7 +91,7 @@ def cmd_eval_vlm(args) -> int:
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     model = QwenVLModel(folder)
     results = answer_correctness(model, items, max_new_tokens=args.max_new_tokens, extract=args.extract)
-    summary = summarise_correctness(results)
+    summary = summarise_correctness(results, () if args.files else shapes_qa.QUESTION_TYPES)
     print(f"{len(items)} questions, greedy, {args.model}")
     print(f"{'question type':<16}{'questions':>10}{'accuracy':>10}{'balanced':>10}")
     for kind in sorted({kind for kind, *_ in results}):
@@ -105,7 +106,7 @@ def cmd_eval_vlm(args) -> int:
 
 
 def add_parsers(sub) -> None:
-    from pixelrl.rewards.answers import EXTRACTORS
+    from pixelrl.vlm.answers import EXTRACTORS
 
     pre_vlm = sub.add_parser("pretrain-vlm", help="pretrain the shapes-QA vision-language model (supervised)")
     pre_vlm.add_argument("out")

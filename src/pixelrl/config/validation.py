@@ -7,12 +7,29 @@ learner); `pixelrl.core.config_io` below reads and writes the YAML.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from pixelrl.core.config import PixelRLConfig
 from pixelrl.core.config_io import merge_config
 from pixelrl.core.errors import ConfigError
 from pixelrl.core.plugins import import_plugins
+from pixelrl.core.registry import Registry
+
+# the diffusion trainers' types, whose sections this module checks
+DIFFUSION_TRAINERS = ("transition", "forward_process")
+
+
+@dataclass(frozen=True)
+class SeparateTrainer:
+    """A trainer with its own loop and config checks, registered by its package (the VLM trainer):
+    `check(cfg)` raises a ConfigError; `trainer_class()` imports and returns the trainer."""
+    check: Callable[[PixelRLConfig], None]
+    trainer_class: Callable[[], type]
+
+
+SEPARATE_TRAINERS: Registry = Registry("trainer type", "algorithm.trainer_type")
 
 
 def load_config(config_name: str | None = None, overrides: list[str] | tuple = ()) -> PixelRLConfig:
@@ -147,7 +164,7 @@ def _check_rollout_pool(cfg: PixelRLConfig) -> None:
     if t.mode != "sync" and r.n_workers == 0:
         raise ConfigError("rollout.n_workers", 0, f"trainer.mode={t.mode} samples ahead on a separate rollout pool: "
                           "set rollout.n_workers=1 (or more)")
-    if r.n_workers and (cfg.algorithm.trainer_type != "policy_gradient" or cfg.algorithm.sample_source != "online"):
+    if r.n_workers and (cfg.algorithm.trainer_type != "transition" or cfg.algorithm.sample_source != "online"):
         raise ConfigError("rollout.n_workers", r.n_workers, "a separate rollout pool serves the policy-gradient "
                           "trainer; direct-preference and offline runs sample on the actor workers (rollout.n_workers=0)")
     if r.n_workers and (cfg.data.train_batch_size * r.n) % r.n_workers:
@@ -173,11 +190,9 @@ def validate(cfg: PixelRLConfig) -> None:
     import pixelrl.rewards  # noqa: F401  (registers the built-in rewards)
 
     r, a, t, d, m = cfg.rollout, cfg.actor, cfg.trainer, cfg.data, cfg.model
-    _choice("algorithm.trainer_type", cfg.algorithm.trainer_type, ("policy_gradient", "direct_preference", "vlm_ppo"))
-    if cfg.algorithm.trainer_type == "vlm_ppo":
-        from pixelrl.config.vlm import validate_vlm
-
-        validate_vlm(cfg)
+    _choice("algorithm.trainer_type", cfg.algorithm.trainer_type, DIFFUSION_TRAINERS + tuple(SEPARATE_TRAINERS.names()))
+    if cfg.algorithm.trainer_type in SEPARATE_TRAINERS:
+        SEPARATE_TRAINERS.get(cfg.algorithm.trainer_type).check(cfg)
         _check_rewards_and_loggers(cfg)
         _check_output_locations(cfg)
         return
@@ -233,7 +248,7 @@ def validate(cfg: PixelRLConfig) -> None:
         raise ConfigError("actor.window_steps_per_forward", cfg.actor.window_steps_per_forward,
                           f"loss `{cfg.diffusion_loss.name}` takes statistics across the batch of one window step "
                           f"(or draws its own timesteps), so steps cannot share a forward: use 1 (batchable: {batchable})")
-    wanted = {"policy_gradient": "transition", "direct_preference": "flow_matching"}[cfg.algorithm.trainer_type]
+    wanted = cfg.algorithm.trainer_type  # the family is the loss's objective
     if objective != wanted:
         fitting = [n for n in LOSSES.names() if LOSSES.get(n).objective == wanted]
         raise ConfigError("diffusion_loss.name", cfg.diffusion_loss.name,
@@ -243,7 +258,7 @@ def validate(cfg: PixelRLConfig) -> None:
     if "v_old" in loss.step_keys_needed(loss.bind(cfg.diffusion_loss)) and m.lora_rank == 0:
         raise ConfigError("model.lora_rank", 0, f"{cfg.diffusion_loss.name} keeps the old policy as a second LoRA "
                           "adapter: use LoRA (model.lora_rank > 0)")
-    if cfg.algorithm.trainer_type == "direct_preference" and cfg.diffusion_loss.kl_coef > 0:
+    if cfg.algorithm.trainer_type == "forward_process" and cfg.diffusion_loss.kl_coef > 0:
         raise ConfigError("diffusion_loss.kl_coef", cfg.diffusion_loss.kl_coef, "the KL coefficient belongs to "
                           "transition losses; forward-process losses set their reference term in diffusion_loss.params")
     if cfg.diffusion_loss.name == "diffusion_dpo":
@@ -258,9 +273,9 @@ def validate(cfg: PixelRLConfig) -> None:
         raise ConfigError("data.source_weights", dict(d.source_weights), "weights prompt rows by their data_source; "
                           "offline preference pairs are read as they are: remove it")
     if cfg.algorithm.sample_source == "offline":
-        if cfg.algorithm.trainer_type != "direct_preference" or cfg.diffusion_loss.name != "diffusion_dpo":
+        if cfg.algorithm.trainer_type != "forward_process" or cfg.diffusion_loss.name != "diffusion_dpo":
             raise ConfigError("algorithm.sample_source", "offline", "offline preference data trains Diffusion-DPO: "
-                              "set algorithm.trainer_type=direct_preference and diffusion_loss.name=diffusion_dpo")
+                              "set algorithm.trainer_type=forward_process and diffusion_loss.name=diffusion_dpo")
         if not d.train_files:
             raise ConfigError("data.train_files", list(d.train_files), "offline DPO reads (prompt, chosen, rejected) "
                               "rows from a .jsonl or .parquet file: write one with `pixelrl make-preferences`")

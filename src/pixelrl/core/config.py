@@ -106,11 +106,17 @@ class DiffusionLossConfig:
     params: dict = field(default_factory=dict)
 
 
+# algorithm.trainer_type's names before 2026-11 -> the current ones (configs using them still run)
+TRAINER_TYPE_ALIASES = {"policy_gradient": "transition", "direct_preference": "forward_process"}
+
+
 @dataclass
 class AlgorithmConfig:
-    # policy_gradient: SDE trajectories and transition losses (Flow-GRPO family);
-    # direct_preference: clean samples and forward-process losses (Diffusion-DPO, DiffusionNFT, AWM)
-    trainer_type: str = "policy_gradient"
+    # How the update sees a sample. transition: re-scores the sampler's SDE transitions
+    # (Flow-GRPO family); forward_process: re-noises the clean sample at drawn timesteps
+    # (Diffusion-DPO, DiffusionNFT, AWM). vlm_ppo: the vision-language trainer. The names before
+    # 2026-11, policy_gradient and direct_preference, still load (TRAINER_TYPE_ALIASES).
+    trainer_type: str = "transition"
     adv_estimator: str = "grpo"
     norm_adv_by_std_in_grpo: bool = True
     global_std: bool = True  # std of the whole batch (Flow-GRPO) or of each group (DanceGRPO, MixGRPO)
@@ -139,9 +145,9 @@ class AlgorithmConfig:
     old_policy_schedule: str = "linear_to_0_5"
     old_policy_decay: float = 0.0
     old_policy_update_interval: int = 1
-    # direct_preference rollouts: sample with the `old` adapter (DiffusionNFT) or the current policy
+    # forward_process rollouts: sample with the `old` adapter (DiffusionNFT) or the current policy
     rollout_policy: str = "current"
-    # direct_preference only: `online` samples and scores pairs each step; `offline` (Diffusion-DPO)
+    # forward_process only: `online` samples and scores pairs each step; `offline` (Diffusion-DPO)
     # reads (prompt, chosen, rejected) rows from data.train_files (see pixelrl.data.preferences)
     sample_source: str = "online"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pixelrl.core.config import PixelRLConfig
+from pixelrl.core.config import TRAINER_TYPE_ALIASES, PixelRLConfig
 from pixelrl.core.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -102,7 +102,19 @@ def merge_config(config_name: str | None = None, overrides: list[str] | tuple = 
         raise ConfigError(field, getattr(err, "value", None), first_line) from None
     # the run's workers get these values; files and trackers get the interpolation text (saved_yaml)
     cfg._from_environment = from_environment
+    old_name = cfg.algorithm.trainer_type
+    if _canonical_trainer_type(cfg) != old_name:
+        import warnings
+
+        warnings.warn(f"algorithm.trainer_type={old_name} is the name used before 2026-11: it runs as "
+                      f"{cfg.algorithm.trainer_type}; write that in your config", FutureWarning, stacklevel=2)
     return cfg
+
+
+def _canonical_trainer_type(cfg: PixelRLConfig) -> str:
+    """Replace a trainer type's former name with its current one (TRAINER_TYPE_ALIASES)."""
+    cfg.algorithm.trainer_type = TRAINER_TYPE_ALIASES.get(cfg.algorithm.trainer_type, cfg.algorithm.trainer_type)
+    return cfg.algorithm.trainer_type
 
 
 def to_yaml(cfg: PixelRLConfig) -> str:
@@ -145,4 +157,6 @@ def saved_yaml(cfg: PixelRLConfig) -> str:
 def from_yaml_text(text: str) -> PixelRLConfig:
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PixelRLConfig), OmegaConf.create(text)))
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PixelRLConfig), OmegaConf.create(text)))
+    _canonical_trainer_type(cfg)  # a checkpoint saved under a former name reads as the current one
+    return cfg

@@ -11,6 +11,11 @@ finds them.
 A plugin is code the user chose to run, like the training command itself. It is imported only
 from the config a user hands to `pixelrl train` / `demo`, never from a saved checkpoint's config:
 reading a checkpoint (resume checks, eval, export) never runs code it names.
+
+Two parts of pixelrl itself extend the lower layers the same way: the embedded shapes world (its
+detector reward, its QA task) and the VLM trainer (its trainer type, answer rewards, QA files).
+No lower package imports them; `import_built_in` does, in every process, before the user's list
+and on any registry lookup that misses.
 """
 
 from __future__ import annotations
@@ -68,11 +73,22 @@ def _module_file(module: str) -> str:
     return (spec.origin or "") if spec else ""
 
 
+# imported by name so that no lower package depends on them (see the module docstring)
+BUILT_IN = ("pixelrl.vlm", "pixelrl.shapes")
+
+
+def import_built_in() -> None:
+    """Import the built-in extensions (idempotent: Python caches modules)."""
+    for module in BUILT_IN:
+        importlib.import_module(module)
+
+
 def import_plugins(entries, field: str = "plugins") -> list[str]:
     """Import every plugin (idempotent); the entries as resolved (file paths absolute). A missing
     module or a plugin that raises while importing is one ConfigError naming the entry, the
     cause and where in the plugin it arose."""
     resolved = resolve_plugins(entries, field)
+    import_built_in()
     for i, entry in enumerate(resolved):
         name = f"{field}[{i}]"
         try:

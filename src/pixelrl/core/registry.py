@@ -1,4 +1,8 @@
-"""A tiny name -> object registry, shared by losses, advantage estimators and rewards."""
+"""A tiny name -> object registry, shared by losses, advantage estimators, rewards and trainers.
+
+A name no module has registered yet may belong to a built-in extension (the shapes world, the
+VLM trainer): those register their entries like a user's plugin, so a lookup that misses imports
+them once (`pixelrl.core.plugins.import_built_in`) before it reports an unknown name."""
 
 from __future__ import annotations
 
@@ -26,7 +30,14 @@ class Registry(Generic[T]):
 
         return decorator
 
+    def _complete(self) -> None:
+        from pixelrl.core.plugins import import_built_in
+
+        import_built_in()
+
     def get(self, name: str, field: str | None = None) -> T:
+        if name not in self._entries:
+            self._complete()
         try:
             return self._entries[name]
         except KeyError:
@@ -36,7 +47,10 @@ class Registry(Generic[T]):
                 "or .py file listed under `plugins:` (imported in every worker)") from None
 
     def names(self) -> list[str]:
+        self._complete()
         return sorted(self._entries)
 
     def __contains__(self, name: str) -> bool:
+        if name not in self._entries:
+            self._complete()
         return name in self._entries

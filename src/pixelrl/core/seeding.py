@@ -9,17 +9,10 @@ replay of another's.
 
 from __future__ import annotations
 
-import random
 import zlib
 
 import numpy as np
 import torch
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)
 
 
 def derive_seed(seed: int, stream: str) -> int:

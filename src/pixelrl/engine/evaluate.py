@@ -1,4 +1,5 @@
-"""Deterministic generation and GenEval-style evaluation of a model on prompt items."""
+"""Deterministic generation from a model or a training checkpoint, and the measures of its images
+that do not depend on a reward: a fixed-seed mean reward, the diversity within a prompt."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import numpy as np
 import torch
 
 from pixelrl.models.base import DiffusionModel
-from pixelrl.rewards.shapes import CATEGORIES, FAILURE_MODES, score_scene
 from pixelrl.sampling.rollout import SamplingSettings, rollout
 from pixelrl.sampling.windows import Window
 
@@ -35,111 +35,6 @@ def fixed_seed_reward(engine, reward, prompts: list[str], seeds: list[int]) -> f
     rollout settings: a fixed-seed evaluation of its current policy."""
     batch = engine.rollout(prompts, seeds)
     return float(reward(batch["images"], prompts, [{}] * len(prompts))["overall"].mean())
-
-
-def geneval_scores(images: torch.Tensor, items: list[dict]) -> dict:
-    """Strict 0/1, exact-scene 0/1 and partial-credit scores per category; `overall` is the mean
-    of the category strict scores (GenEval's convention), `overall_exact` the same for exact
-    scenes; `extra_objects` is the mean number of unrequested objects per image; `failures` the
-    fraction of each category's images in each of the detector's FAILURE_MODES."""
-    scores: dict[str, dict[str, list[float]]] = {k: defaultdict(list) for k in ("strict", "exact", "partial")}
-    per_item = []
-    for image, item in zip(images.numpy(), items):
-        scene = score_scene(image, item["metadata"])
-        for key in scores:
-            scores[key][item["category"]].append(float(scene[key]))
-        per_item.append({"prompt": item["prompt"], "seed": item.get("seed"), "category": item["category"],
-                         "strict": bool(scene["strict"]), "exact": bool(scene["exact"]),
-                         "partial": scene["partial"], "extra_objects": scene["extra_objects"],
-                         "failure": scene["failure"]})
-    categories = [c for c in CATEGORIES if c in scores["strict"]]
-    tables = {key: {c: float(np.mean(scores[key][c])) for c in categories} for key in scores}
-    failures = {c: {mode: float(np.mean([r["failure"] == mode for r in per_item if r["category"] == c]))
-                    for mode in FAILURE_MODES} for c in categories}
-    return {
-        "strict": tables["strict"],
-        "exact": tables["exact"],
-        "partial": tables["partial"],
-        "overall": float(np.mean(list(tables["strict"].values()))),
-        "overall_exact": float(np.mean(list(tables["exact"].values()))),
-        "overall_partial": float(np.mean(list(tables["partial"].values()))),
-        "extra_objects": float(np.mean([r["extra_objects"] for r in per_item])),
-        "failures": failures,
-        "num_images": len(items),
-        "items": per_item,
-    }
-
-
-def bootstrap_overall(per_item: list[dict], key: str, *, baseline: list[dict] | None = None,
-                      resamples: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
-    """A percentile bootstrap interval for the overall score (the mean of the category means of
-    `key`), resampling items within each category. With `baseline` (the same items, in the same
-    order, scored for another model) it is the interval of the paired difference."""
-    rng = np.random.default_rng(seed)
-    by_category: dict[str, list[int]] = defaultdict(list)
-    for i, row in enumerate(per_item):
-        by_category[row["category"]].append(i)
-    values = np.array([float(r[key]) for r in per_item])
-    if baseline is not None:
-        if [(r["prompt"], r["seed"]) for r in baseline] != [(r["prompt"], r["seed"]) for r in per_item]:
-            raise ValueError("a paired interval needs both models scored on the same items in the same order")
-        values = values - np.array([float(r[key]) for r in baseline])
-    means = np.zeros((resamples, len(by_category)))
-    for j, idx in enumerate(by_category.values()):
-        picks = rng.integers(0, len(idx), size=(resamples, len(idx)))
-        means[:, j] = values[np.array(idx)][picks].mean(axis=1)
-    overall = means.mean(axis=1)
-    tail = (1 - level) / 2 * 100
-    return float(np.percentile(overall, tail)), float(np.percentile(overall, 100 - tail))
-
-
-def evaluate_geneval(model: DiffusionModel, items: list[dict], **generate_kwargs) -> dict:
-    images = generate(model, [it["prompt"] for it in items], [it["seed"] for it in items], **generate_kwargs)
-    result = geneval_scores(images, items)
-    result["images"] = images
-    return result
-
-
-def evaluate_text(model: DiffusionModel, items: list[dict], **generate_kwargs) -> dict:
-    """The `ocr` reward of one image per (prompt, seed): its mean (`ocr`), the fraction read
-    exactly (`exact`, reward 1), one row per item (for `bootstrap_overall`) and the images."""
-    from pixelrl.rewards.ocr import ocr
-
-    prompts = [it["prompt"] for it in items]
-    images = generate(model, prompts, [it["seed"] for it in items], **generate_kwargs)
-    scores = ocr()(images, prompts, [it.get("metadata", {}) for it in items])["ocr"].tolist()
-    rows = [{"prompt": it["prompt"], "seed": it["seed"], "category": it["category"], "ocr": score,
-             "exact": float(score == 1.0)} for it, score in zip(items, scores)]
-    return {"ocr": float(np.mean(scores)), "exact": float(np.mean([r["exact"] for r in rows])), "items": rows,
-            "images": images}
-
-
-def format_table(result: dict, title: str = "", score: str = "strict") -> str:
-    """One markdown row of per-category `score` (strict or exact) with its overall, and the 95%
-    interval when `result` holds one (`<score>_interval`)."""
-    cats = list(result[score])
-    overall = result["overall" if score == "strict" else f"overall_{score}"]
-    cell = f"{overall:.3f}"
-    if f"{score}_interval" in result:
-        low, high = result[f"{score}_interval"]
-        cell += f" [{low:.3f}, {high:.3f}]"
-    head = f"| {'model' if score == 'strict' else f'model ({score})'} | overall | " + " | ".join(cats) + " |"
-    rule = "|---" * (len(cats) + 2) + "|"
-    row = f"| {title} | {cell} | " + " | ".join(f"{result[score][c]:.3f}" for c in cats) + " |"
-    return "\n".join([head, rule, row])
-
-
-def format_failures(before: dict, after: dict | None = None) -> str:
-    """A markdown table of what went wrong, per category: the fraction of its images in each
-    failure mode (`failures` of `geneval_scores`), as `before -> after` when two results are given."""
-    cats = list(before["failures"])
-    head = "| category | " + " | ".join(FAILURE_MODES) + " |"
-    rows = [head, "|---" * (len(FAILURE_MODES) + 1) + "|"]
-    for c in cats:
-        cells = [f"{before['failures'][c][m]:.2f}" + (f" -> {after['failures'][c][m]:.2f}" if after else "")
-                 for m in FAILURE_MODES]
-        rows.append(f"| {c} | " + " | ".join(cells) + " |")
-    return "\n".join(rows)
 
 
 def load_for_eval(model_path: str | None = None, checkpoint: str | None = None):

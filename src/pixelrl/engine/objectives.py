@@ -10,7 +10,7 @@ forwards feed the loss, is the objective's business:
 - `transition`: a sub-step is one trained window step of the stored SDE trajectory; the step
   is re-scored under the current weights (log-prob, step mean) and compared with the old
   policy (and, with a KL coefficient, the reference).
-- `flow_matching` (direct preference / forward-process losses): a sub-step is one sampled
+- `forward_process` (Diffusion-DPO, DiffusionNFT, AWM): a sub-step is one sampled
   timestep per sample; the clean sample x0 is noised with fresh noise, x_t = (1 - t) x0 + t eps,
   and the loss sees the velocity of the policy (with gradient) and, when it asks for them, of
   the reference (adapters disabled) and of the `old` adapter (both without gradient). Pairs
@@ -132,8 +132,8 @@ class TransitionObjective:
         return loss, metrics
 
 
-class FlowMatchingObjective:
-    name = "flow_matching"
+class ForwardProcessObjective:
+    name = "forward_process"
 
     def __init__(self, engine):
         self.engine = engine
@@ -150,6 +150,7 @@ class FlowMatchingObjective:
         """Draw every sample's timesteps and noises for this update (deterministic from the
         engine seed and update count, so a resumed run draws the same ones)."""
         e, opts = self.engine, self.engine.loss_options
+        # the tag is this objective's first name, kept so seeded runs draw the timesteps they always drew
         gen = torch.Generator().manual_seed(derive_seed(e.cfg.seed * 1_000_003 + e.update_calls, "flow_matching"))
         # one draw per sample, or (group_noise) one per prompt group, given to each of its samples
         row_draw = group_indices(batch["uids"]) if getattr(opts, "group_noise", False) else torch.arange(len(batch))
@@ -240,4 +241,4 @@ class FlowMatchingObjective:
         return e.loss(inputs, e.loss_options)
 
 
-OBJECTIVE_CLASSES = {"transition": TransitionObjective, "flow_matching": FlowMatchingObjective}
+OBJECTIVE_CLASSES = {"transition": TransitionObjective, "forward_process": ForwardProcessObjective}

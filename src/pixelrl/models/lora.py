@@ -58,13 +58,6 @@ def adapters_disabled(transformer: nn.Module):
         transformer.enable_adapters()
 
 
-def lora_state_dict(transformer: nn.Module, adapter_name: str = "default") -> dict:
-    """The adapter's weights with peft's key names (what diffusers `load_lora_weights` reads)."""
-    from peft import get_peft_model_state_dict
-
-    return get_peft_model_state_dict(transformer, adapter_name=adapter_name)
-
-
 def lora_config(transformer: nn.Module, adapter_name: str = "default") -> dict:
     """The adapter's peft LoraConfig as a dict (rank, alpha, targets: how to apply its weights)."""
     return transformer.peft_config[adapter_name].to_dict()

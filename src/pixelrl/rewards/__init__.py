@@ -1,8 +1,9 @@
 """Reward functions: `fn(images_uint8 [B,H,W,3], prompts, metadata) -> dict[str, Tensor[B]]`."""
 
-# importing the modules registers the built-in rewards
-from pixelrl.rewards import (answers, clip, delayed, groupwise, hps, image_reward, jpeg, ocr,  # noqa: F401
-                             remote, shapes, vlm_judge, vlm_reward_model)
+# importing the modules registers the built-in rewards (the shapes detector and the VLM trainer's
+# answer rewards register from their packages: pixelrl.core.plugins.BUILT_IN)
+from pixelrl.rewards import (clip, delayed, groupwise, hps, image_reward, jpeg, ocr, remote,  # noqa: F401
+                             vlm_judge)
 from pixelrl.rewards.multi import RewardSpec, WeightedReward
 from pixelrl.rewards.registry import REWARDS, check_reward_output, get_reward, register_reward
 

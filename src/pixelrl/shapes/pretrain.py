@@ -23,14 +23,14 @@ from safetensors.torch import load_file, save_file
 
 from pixelrl.core.assets import resolve
 from pixelrl.core.errors import ConfigError
-from pixelrl.data import shapes_text
-from pixelrl.data.shapes import evaluation_items, prompt_splits, render, vocabulary
-from pixelrl.engine.evaluate import evaluate_geneval, evaluate_text, format_table
+from pixelrl.shapes import text as shapes_text
+from pixelrl.shapes.world import evaluation_items, prompt_splits, render, vocabulary
+from pixelrl.shapes.evaluate import evaluate_geneval, evaluate_text, format_table
 from pixelrl.engine.learner import LR_SCHEDULES, Learner
 from pixelrl.models.base import DiffusionModel
 from pixelrl.models.loader import DECLARED_OPTIONS_FILE
 from pixelrl.models.sd3 import SD3Model, build_tiny_sd3
-from pixelrl.rewards.shapes import CATEGORIES
+from pixelrl.shapes.detector import CATEGORIES
 
 # The shipped architecture (see the model card): pixel space 32 x 32 RGB, patch 4.
 SHAPES_ARCH = dict(resolution=32, with_vae=False, with_t5=False, text_hidden=64, text_layers=2, text_max_length=16,

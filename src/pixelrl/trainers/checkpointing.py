@@ -316,6 +316,8 @@ def check_resume_config(folder: Path, config_yaml: str) -> list[str]:
     Anything else (learning rate, steps, logging) may change on resume."""
     from omegaconf import OmegaConf
 
+    from pixelrl.core.config import TRAINER_TYPE_ALIASES
+
     saved_file = folder / "config.yaml"
     if not saved_file.is_file():
         return []  # older checkpoints carry no config; their files are checked as they load
@@ -334,6 +336,8 @@ def check_resume_config(folder: Path, config_yaml: str) -> list[str]:
         before, now = value(saved, field), value(current, field)
         if field == "model.path":
             before, now = (str(Path(v).expanduser().resolve()) if v and ":" not in str(v) else v for v in (before, now))
+        if field == "algorithm.trainer_type":  # a checkpoint saved under the type's former name
+            before = TRAINER_TYPE_ALIASES.get(before, before)
         if before != now:
             hint = (f" (if the same model now lives elsewhere, edit model.path in {saved_file})"
                     if field == "model.path" else "")

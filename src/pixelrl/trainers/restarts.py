@@ -10,18 +10,17 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from pixelrl.config.validation import SEPARATE_TRAINERS
 from pixelrl.trainers.checkpointing import POINTER
 from pixelrl.workers.group import WorkerDiedError
 
 
 def trainer_class(cfg):
-    if cfg.algorithm.trainer_type == "vlm_ppo":
-        from pixelrl.trainers.vlm_ppo import VLMPPOTrainer
+    if cfg.algorithm.trainer_type in SEPARATE_TRAINERS:  # a trainer with its own loop (the VLM's)
+        return SEPARATE_TRAINERS.get(cfg.algorithm.trainer_type).trainer_class()
+    from pixelrl.trainers.controller import DiffusionTrainer
 
-        return VLMPPOTrainer
-    from pixelrl.trainers.policy_gradient import PolicyGradientTrainer
-
-    return PolicyGradientTrainer
+    return DiffusionTrainer
 
 
 def _pointer_state(root: Path) -> tuple | None:

@@ -15,9 +15,15 @@ import socket
 import time
 from pathlib import Path
 
+from pixelrl.core.config import PixelRLConfig
 from pixelrl.core.errors import ConfigError
 
 LOCK_NAME = ".pixelrl.lock"
+
+
+def run_dir_of(cfg: PixelRLConfig) -> Path:
+    t = cfg.trainer
+    return Path(t.default_local_dir) / t.project_name / t.experiment_name
 
 
 class RunFolderLock:

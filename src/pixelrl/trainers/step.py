@@ -1,7 +1,7 @@
 """One training step as data, split into a producer and a consumer (every controller uses them).
 
 Producer (`make_rollout`): prompts -> seeded samples -> rewards -> advantages, returned as a
-`Rollout` tagged with the policy version that sampled it. Consumer (`train_on`): a rollout ->
+`Rollout` tagged with the policy version that sampled it. Consumer (`train_on_transitions`): a rollout ->
 (re-score old log-probs) -> (reference) -> update -> metrics. The synchronous trainer runs one
 after the other; the asynchronous ones (pixelrl.trainers.async_schedule) run the producer on a
 separate rollout pool ahead of the consumer.
@@ -162,7 +162,7 @@ def without_zero_advantages(batch: Batch, step: int, cfg, num_workers: int) -> B
     return train
 
 
-def train_on(actor, rollout: Rollout, cfg, num_workers: int = 1, actor_version: int | None = None) -> dict[str, float]:
+def train_on_transitions(actor, rollout: Rollout, cfg, num_workers: int = 1, actor_version: int | None = None) -> dict[str, float]:
     """(timesteps to train) -> (drop zero advantages) -> (re-score old) -> (reference) -> update.
 
     `num_workers` is the size of the actor group, so that a reduced batch still splits evenly.
@@ -203,13 +203,6 @@ def train_on(actor, rollout: Rollout, cfg, num_workers: int = 1, actor_version: 
     if actor_version is not None and "policy_version" in batch.info:
         metrics["training/policy_versions_behind"] = actor_version - batch.info["policy_version"]
     return metrics
-
-
-def policy_gradient_step(actor, reward_fn, prompts: list[str], metadata: list[dict], global_step: int, cfg,
-                         uids=None, num_workers: int = 1) -> tuple[Batch, dict[str, float]]:
-    """The synchronous step: `make_rollout` then `train_on` with the same actor."""
-    rollout = make_rollout(actor, reward_fn, prompts, metadata, global_step, cfg, uids)
-    return rollout.batch, train_on(actor, rollout, cfg, num_workers)
 
 
 def actor_step_metrics(actor_metrics: dict) -> dict[str, float]:

@@ -13,9 +13,8 @@ from PIL import Image, ImageDraw
 
 from pixelrl.core.errors import ConfigError
 
-CONSOLE_KEYS = ("critic/rewards/mean", "reward/overall", "actor/pg_loss", "actor/kl", "actor/clipfrac",
-                "actor/grad_norm", "critic/explained_variance", "perf/throughput", "perf/mfu", "timing_s/step",
-                "timing/step_s")
+CONSOLE_KEYS = ("critic/rewards/mean", "actor/pg_loss", "actor/kl", "actor/clipfrac", "actor/grad_norm",
+                "critic/explained_variance", "perf/throughput", "perf/mfu", "timing_s/step")
 
 
 def image_grid(images: np.ndarray, captions: list[str] | None = None, ncols: int = 8, scale: int = 2) -> np.ndarray:
@@ -136,7 +135,7 @@ def x_axis(rows: list[dict], x: str) -> dict[int, float]:
     times (a validation-only row) adds none."""
     elapsed, images, axis = 0.0, 0.0, {}
     for r in rows:
-        step_s = r.get("timing/step_s", r.get("timing_s/step", 0.0))
+        step_s = r.get("timing_s/step", r.get("timing/step_s", 0.0))  # the VLM trainer's name before 2026-11
         elapsed += step_s
         images += r.get("training/images", r.get("perf/throughput", 0.0) * step_s)
         axis[r["step"]] = {"step": r["step"], "minutes": elapsed / 60, "images": round(images)}[x]

@@ -1,5 +1,5 @@
 """Merging a vision-language checkpoint's weights into its base (`pixelrl export` on a vlm_ppo
-run; `pixelrl.engine.vlm_export` reads the checkpoint and writes the folder).
+run; `pixelrl.vlm.export` reads the checkpoint and writes the folder).
 
 The checkpoint's `actor/actor.safetensors` holds the trainable weights under the names the policy
 trained them with: every parameter (full fine-tuning) or the LoRA factors of the language model's

@@ -19,8 +19,9 @@ import random
 
 import numpy as np
 
-from pixelrl.data.shapes import Placed, draw, layout
-from pixelrl.rewards.shapes import COLOURS, SHAPES
+from pixelrl.shapes.world import Placed, draw, layout
+from pixelrl.shapes.detector import COLOURS, SHAPES
+from pixelrl.vlm.qa_tasks import QA_TASKS, QATask
 
 QUESTION_TYPES = ("count", "colour", "position")
 COUNT_WORDS = ("zero", "one", "two", "three", "four")
@@ -141,3 +142,6 @@ def colour_only_accuracy(it: dict) -> float:
         return float(COUNT_WORDS[min(colours.count(asked), len(COUNT_WORDS) - 1)] == it["answer"])
     return 0.5
 
+
+
+QA_TASKS.register("shapes_qa")(QATask(items=items, question_types=QUESTION_TYPES))

@@ -14,12 +14,12 @@ import time
 
 from pixelrl.core.config import PixelRLConfig
 from pixelrl.core.config_io import saved_yaml, to_yaml
-from pixelrl.data.qa_tasks import check_task_data
-from pixelrl.engine.pretrain_vlm import summarise_correctness
+from pixelrl.vlm.qa_tasks import check_task_data, question_types
+from pixelrl.vlm.pretrain import summarise_correctness
 from pixelrl.trainers.checkpointing import (BestCheckpoint, check_resume_config, find_resume_folder, load_trainer_state,
                                            save_checkpoint)
-from pixelrl.trainers.policy_gradient import _every, run_dir_of, save_due, validation_or_error
-from pixelrl.trainers.run_folder import RunFolderLock, refuse_fresh_start_over_checkpoints, with_run_folder
+from pixelrl.trainers.run_folder import RunFolderLock, refuse_fresh_start_over_checkpoints, run_dir_of, with_run_folder
+from pixelrl.trainers.schedule import Schedule, validation_or_error
 from pixelrl.trainers.tracking import Tracker
 
 class VLMPPOTrainer:
@@ -33,7 +33,7 @@ class VLMPPOTrainer:
 
     def init_workers(self) -> None:
         from pixelrl.workers.group import LocalWorkerGroup, RayWorkerGroup, ensure_ray
-        from pixelrl.workers.vlm_worker import VLMWorker
+        from pixelrl.vlm.worker import VLMWorker
 
         t = self.cfg.trainer
         if t.backend == "ray":
@@ -58,7 +58,7 @@ class VLMPPOTrainer:
 
     def validate(self) -> dict[str, float]:
         shares = self.actor.call("validate", gather="all")
-        result = summarise_correctness([r for share in shares for r in share])
+        result = summarise_correctness([r for share in shares for r in share], question_types(self.cfg))
         return {f"val/{k}": v for k, v in result.items()}
 
     def fit(self) -> dict:
@@ -100,7 +100,7 @@ class VLMPPOTrainer:
         tracker = Tracker(t.logger, self.run_dir, t.project_name, t.experiment_name, {}, console=self.console,
                           resumed_step=start_step)  # rows past it (or all, from scratch) will run again
         history, val_history = [], []
-        spent = 0.0
+        schedule = Schedule(t, total)
         try:
             if t.val_before_train and start_step == 0:
                 val = self.validate()
@@ -111,11 +111,10 @@ class VLMPPOTrainer:
             for step in range(start_step + 1, total + 1):
                 began = time.perf_counter()
                 metrics = self.actor.call("train_step", None, step, gather="mean")
-                spent += time.perf_counter() - began
-                metrics["timing/step_s"] = time.perf_counter() - began
-                last = step == total or (t.time_budget_s > 0 and spent >= t.time_budget_s)
+                metrics["timing_s/step"] = time.perf_counter() - began
+                last = schedule.finish_step(step, metrics["timing_s/step"])
                 new_best, val_error = False, None
-                if _every(t.test_freq, step, last):
+                if schedule.validates(step, last):
                     val, val_error = validation_or_error(self.validate)
                     metrics.update(val)
                     if val:
@@ -123,7 +122,7 @@ class VLMPPOTrainer:
                         new_best = self.best is not None and self.best.offer(step, val)
                 history.append(metrics)
                 tracker.log(metrics, step)  # the row goes before its checkpoint
-                if save_due(t.save_freq, step, last, new_best, val_error):
+                if schedule.saves(step, last, new_best, val_error):
                     save_checkpoint(self.ckpt_root, step, lambda folder: self.actor.save(str(folder)),
                                     {"step": step}, self.saved_yaml, t.max_ckpt_to_keep, best=self.best)
                 if val_error is not None:

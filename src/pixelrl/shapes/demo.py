@@ -98,7 +98,7 @@ def plot_validation_curves(metrics_file: Path, path: Path) -> bool:
 def _before_after_grid(before, after, items, path: Path, per_category: int = 4) -> None:
     from PIL import Image
 
-    from pixelrl.rewards.shapes import CATEGORIES
+    from pixelrl.shapes.detector import CATEGORIES
     from pixelrl.trainers.tracking import image_grid
 
     picks = []
@@ -115,7 +115,7 @@ def demo_report(base: dict, trained: dict, div_before: dict, div_after: dict) ->
     diversity, and whether each honesty criterion holds (strict +0.20 with the paired interval
     above 0, exact +0.15, no category's strict score down by more than 0.02, diversity down by
     at most 10%)."""
-    from pixelrl.engine.evaluate import bootstrap_overall
+    from pixelrl.shapes.evaluate import bootstrap_overall
 
     strict_ci = bootstrap_overall(trained["items"], "strict", baseline=base["items"])
     exact_ci = bootstrap_overall(trained["items"], "exact", baseline=base["items"])
@@ -153,11 +153,12 @@ def run_demo(overrides: list[str], per_category: int = 64, config_name: str = DE
     from pixelrl.core.config import validation_guidance
     from pixelrl.config import load_config
     from pixelrl.core.errors import ConfigError
-    from pixelrl.data.shapes import evaluation_items
-    from pixelrl.engine.evaluate import (bootstrap_overall, diversity, evaluate_geneval, format_failures, format_table,
-                                         load_for_eval)
+    from pixelrl.shapes.world import evaluation_items
+    from pixelrl.engine.evaluate import diversity, load_for_eval
+    from pixelrl.shapes.evaluate import bootstrap_overall, evaluate_geneval, format_failures, format_table
     from pixelrl.trainers.checkpointing import best_checkpoint_folder, find_resume_folder
-    from pixelrl.trainers.policy_gradient import PolicyGradientTrainer, run_dir_of
+    from pixelrl.trainers.controller import DiffusionTrainer
+    from pixelrl.trainers.run_folder import run_dir_of
 
     cfg = load_config(config_name, overrides)
     if cfg.trainer.save_freq == -1:
@@ -172,7 +173,7 @@ def run_demo(overrides: list[str], per_category: int = 64, config_name: str = DE
     base = evaluate_geneval(load_for_eval(cfg.model.path), items, **eval_kwargs)
     print(format_table(base, "base model (held-out test)"), flush=True)
 
-    trainer = PolicyGradientTrainer(cfg)
+    trainer = DiffusionTrainer(cfg)
     result = trainer.fit()
     # the final checkpoint (the last step, or an earlier one when trainer.time_budget_s stopped the
     # run), or with trainer.best_metric the one of the best validation

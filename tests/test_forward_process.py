@@ -101,7 +101,7 @@ def _engine(path, loss, **overrides):
     from pixelrl.engine import PolicyEngine
     from pixelrl.models import load_model
 
-    cfg = tiny_config(path, algorithm__trainer_type="direct_preference", diffusion_loss__name=loss, **overrides)
+    cfg = tiny_config(path, algorithm__trainer_type="forward_process", diffusion_loss__name=loss, **overrides)
     model = load_model("sd3", path, max_sequence_length=0)
     return PolicyEngine(model, cfg), cfg
 
@@ -291,16 +291,16 @@ LEARNING_RUNS = {  # loss: (lr, steps, extra config, required fixed-seed eval ga
 
 @pytest.mark.parametrize("loss", sorted(LEARNING_RUNS))
 def test_each_direct_preference_method_raises_jpeg_compressibility(loss, tiny_pixel_path):
-    """The production step (`direct_preference_step`, what the trainer runs) on the tiny model:
+    """The production step (`forward_process_step`, what the trainer runs) on the tiny model:
     a fixed-seed evaluation of unseen seeds improves by a clear margin."""
-    from pixelrl.trainers.direct_preference import direct_preference_step
+    from pixelrl.testing import forward_process_step
     from pixelrl.engine import PolicyEngine
     from pixelrl.engine.evaluate import fixed_seed_reward as mean_reward
     from pixelrl.rewards import WeightedReward
 
     lr, steps, extra, gain = LEARNING_RUNS[loss]
     prompts = ["a red circle", "two blue squares", "a cat", "a house"]
-    cfg = tiny_config(tiny_pixel_path, algorithm__trainer_type="direct_preference", diffusion_loss__name=loss,
+    cfg = tiny_config(tiny_pixel_path, algorithm__trainer_type="forward_process", diffusion_loss__name=loss,
                       actor__lr=lr, **extra)
     if loss == "awm":
         cfg.diffusion_loss.params = {"num_timesteps": 2}  # 2 strata of the 6-step grid
@@ -308,7 +308,7 @@ def test_each_direct_preference_method_raises_jpeg_compressibility(loss, tiny_pi
     engine, reward = PolicyEngine.from_config(cfg), WeightedReward.from_functions(cfg.reward.functions)
     eval_prompts, eval_seeds = prompts * 4, list(range(10_000, 10_016))
     before = mean_reward(engine, reward, eval_prompts, eval_seeds)
-    history = [direct_preference_step(engine, reward, prompts, [{}] * 4, step, cfg)[1] for step in range(1, steps + 1)]
+    history = [forward_process_step(engine, reward, prompts, [{}] * 4, step, cfg)[1] for step in range(1, steps + 1)]
     after = mean_reward(engine, reward, eval_prompts, eval_seeds)
     assert after > before + gain, (before, after)
     assert all(m["actor/skipped_nonfinite"] == 0.0 for m in history)

@@ -57,11 +57,6 @@ class Detection:
     iou: float  # soft IoU with the best-matching ideal shape
 
 
-def _hue_distance(a: float, b: float) -> float:
-    d = abs(a - b) % 1.0
-    return min(d, 1.0 - d)
-
-
 def colour_map(image: np.ndarray) -> np.ndarray:
     """Per pixel: index into COLOURS of the nearest palette hue, or -1 for background."""
     rgb = image.astype(np.float32) / 255.0

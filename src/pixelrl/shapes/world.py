@@ -1,7 +1,7 @@
 """The procedural shapes world: prompts in GenEval's six categories and a deterministic renderer.
 
 `render(spec, seed)` draws a scene that satisfies a prompt's metadata (see
-`pixelrl.rewards.shapes`): objects of the requested shapes, colours and counts, placed without
+`pixelrl.shapes.detector`): objects of the requested shapes, colours and counts, placed without
 overlap, satisfying any relation with a clear margin. Unspecified colours are drawn at random.
 Shapes are drawn at 4x and box-filtered down, so edges are anti-aliased like a generated image.
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageDraw
 
-from pixelrl.rewards.shapes import CATEGORIES, COLOURS, NUMBERS, RELATIONS, SHAPES, relation_holds
+from pixelrl.shapes.detector import CATEGORIES, COLOURS, NUMBERS, RELATIONS, SHAPES, relation_holds
 
 SUPERSAMPLE = 4
 

@@ -1,31 +1,51 @@
-"""The vision-language trainer's items: the built-in shapes-QA task or (image, question, answer)
-rows from files, each a pure function of its index so every rank draws its own share alone."""
+"""The vision-language trainer's items: a generated task (`vlm.task`, e.g. the shapes world's
+`shapes_qa`) or (image, question, answer) rows from files (`vlm.task: files`), each a pure
+function of its index so every rank draws its own share alone."""
 
 from __future__ import annotations
 
-from pixelrl.core.config import PixelRLConfig
-from pixelrl.data import shapes_qa
+from dataclasses import dataclass
+from typing import Callable
 
-# RL draws its train items far from the ones supervised pretraining saw (which start at 0).
+from pixelrl.core.config import PixelRLConfig
+from pixelrl.core.registry import Registry
+
+# RL draws a generated task's train items far from the ones supervised pretraining saw (from 0).
 RL_ITEM_OFFSET = 10**8
+
+
+@dataclass(frozen=True)
+class QATask:
+    """A generated question source: `items(split, start, count)` -> dicts with image, question,
+    answer and type; `question_types` orders the per-type accuracies."""
+    items: Callable[[str, int, int], list[dict]]
+    question_types: tuple[str, ...] = ()
+
+
+QA_TASKS: Registry = Registry("question task", "vlm.task")
+QA_TASKS.register("files")(QATask(items=None))  # rows from data.train_files / val_files
+
+
+def question_types(cfg: PixelRLConfig) -> tuple[str, ...]:
+    return QA_TASKS.get(cfg.vlm.task).question_types
 
 
 def task_items(cfg: PixelRLConfig, split: str, start: int, count: int) -> list[dict]:
     """Items `start .. start + count - 1` of `split` ("train", or "test" for validation)."""
     if cfg.vlm.task == "files":
-        from pixelrl.data import qa_files
+        from pixelrl.vlm import qa_files
 
         rows = task_rows(cfg, split)
         if split == "train":
             return qa_files.train_items(rows, start, count, cfg.data.seed, cfg.data.shuffle)
         return [qa_files.load_item(row) for row in rows[start:start + count]]
     offset = RL_ITEM_OFFSET + cfg.data.seed * 10**7 if split == "train" else 0
-    return shapes_qa.items(split, offset + start, count)
+    return QA_TASKS.get(cfg.vlm.task).items(split, offset + start, count)
 
 
 def task_rows(cfg: PixelRLConfig, split: str) -> tuple[dict, ...]:
     """The checked rows of `vlm.task: files` for `split` (train: data.train_files, else data.val_files)."""
-    from pixelrl.data import qa_files
+    from pixelrl.vlm import qa_files
 
     field = "data.train_files" if split == "train" else "data.val_files"
     files = cfg.data.train_files if split == "train" else cfg.data.val_files

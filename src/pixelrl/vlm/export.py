@@ -17,7 +17,7 @@ def export_vlm_checkpoint(actor_dir: str | Path, base_model: str | Path, out: st
     from safetensors.torch import load_file
 
     from pixelrl.engine.checkpoint import read_checkpoint_file
-    from pixelrl.engine.pretrain_vlm import save_vlm
+    from pixelrl.vlm.pretrain import save_vlm
     from pixelrl.models.qwen_vl.model import QwenVLModel
 
     actor_dir, out = Path(actor_dir), Path(out)

@@ -9,10 +9,11 @@ from pixelrl.core.errors import ConfigError
 
 
 def validate_vlm(cfg: PixelRLConfig) -> None:
-    from pixelrl.algos.token_ppo import AGGREGATIONS, KL_ESTIMATORS
+    from pixelrl.vlm.token_losses import AGGREGATIONS, KL_ESTIMATORS
     from pixelrl.core.assets import resolve
     from pixelrl.config.validation import _check_backend, _choice, _positive, check_best_metric, check_lr_schedule
-    from pixelrl.engine.vlm_engine import SEQUENCE_ESTIMATORS, TOKEN_ESTIMATORS
+    from pixelrl.vlm.engine import SEQUENCE_ESTIMATORS, TOKEN_ESTIMATORS
+    from pixelrl.vlm.qa_tasks import QA_TASKS
 
     v, r, a, t, d, m = cfg.vlm, cfg.rollout, cfg.actor, cfg.trainer, cfg.data, cfg.model
     _choice("model.type", m.type, ("qwen_vl",))
@@ -21,13 +22,13 @@ def validate_vlm(cfg: PixelRLConfig) -> None:
         if not (path / name).is_file():
             raise ConfigError("model.path", m.path, f"no {name} there: point it at a local Qwen2-VL folder "
                               "(config.json, *.safetensors, tokenizer files, preprocessor_config.json)")
-    _choice("vlm.task", v.task, ("shapes_qa", "files"))
+    _choice("vlm.task", v.task, QA_TASKS.names())
     if v.task == "files" and not d.train_files:
         raise ConfigError("data.train_files", [], "vlm.task=files reads its questions from data.train_files: list "
                           ".jsonl or .parquet files with a question, `answer` and `image` per row")
-    if v.task == "shapes_qa" and (d.train_files or d.val_files or d.prompts):
+    if v.task != "files" and (d.train_files or d.val_files or d.prompts):
         field = "data.train_files" if d.train_files else "data.val_files" if d.val_files else "data.prompts"
-        raise ConfigError(field, list(getattr(d, field.split(".")[1])), "vlm.task=shapes_qa draws its questions "
+        raise ConfigError(field, list(getattr(d, field.split(".")[1])), f"vlm.task={v.task} draws its questions "
                           "from the built-in task: remove it, or set vlm.task=files to train on these files")
     if d.source_weights:
         raise ConfigError("data.source_weights", dict(d.source_weights), "weights the diffusion trainers' prompt "

@@ -1,8 +1,8 @@
 """The controller, on Ray or in one process, for both trainer types.
 
 The controller only orchestrates: it takes prompts from the loader, runs the producer
-(`make_rollout`) and the consumer of `algorithm.trainer_type` (`train_on` for the Flow-GRPO
-family, `train_on_clean_samples` for Diffusion-DPO, DiffusionNFT and AWM) against the actor
+(`make_rollout`) and the consumer of `algorithm.trainer_type` (`train_on_transitions` for the Flow-GRPO
+family, `train_on_forward_process` for Diffusion-DPO, DiffusionNFT and AWM) against the actor
 worker group and the reward group, and handles checkpoints, validation, dumps and tracking.
 Workers compute.
 """
@@ -31,19 +31,15 @@ from pixelrl.core.errors import ConfigError, RewardError
 from pixelrl.trainers.ahead import AheadProducer
 from pixelrl.trainers.checkpointing import (BestCheckpoint, check_resume_config, find_resume_folder, load_rollouts,
                                            load_trainer_state, save_checkpoint)
-from pixelrl.trainers.direct_preference import offline_preference_step, train_on_clean_samples
-from pixelrl.trainers.run_folder import RunFolderLock, refuse_fresh_start_over_checkpoints, with_run_folder
-from pixelrl.trainers.step import make_rollout, train_on
+from pixelrl.trainers.forward_process import offline_preference_step, train_on_forward_process
+from pixelrl.trainers.run_folder import RunFolderLock, refuse_fresh_start_over_checkpoints, run_dir_of, with_run_folder
+from pixelrl.trainers.schedule import Schedule, validation_or_error
+from pixelrl.trainers.step import make_rollout, train_on_transitions
 from pixelrl.trainers.tracking import Tracker, image_grid
 
 # algorithm.trainer_type -> the consumer of the shared producer's rollouts
-CONSUMERS = {"policy_gradient": train_on, "direct_preference": train_on_clean_samples}
+CONSUMERS = {"transition": train_on_transitions, "forward_process": train_on_forward_process}
 VAL_SEED_BASE = 1_000_000_007  # validation images use fixed seeds, so every validation is comparable
-
-
-def run_dir_of(cfg: PixelRLConfig) -> Path:
-    t = cfg.trainer
-    return Path(t.default_local_dir) / t.project_name / t.experiment_name
 
 
 def datasets_of(cfg: PixelRLConfig):
@@ -74,30 +70,6 @@ def check_source_weights(weights: dict, sources: set[str]) -> None:
                           "that source appears per epoch, a whole number >= 0")
     if all(weights.get(source, 1) == 0 for source in sources):
         raise ConfigError("data.source_weights", dict(weights), "leaves no training row: give some source a weight >= 1")
-
-
-def _every(freq: int, step: int, last: int | bool) -> bool:
-    """freq > 0: every freq steps and at the last; 0: only at the last; -1: never. `last` is the
-    last step's number, or whether this step is the last."""
-    if freq < 0:
-        return False
-    is_last = last if isinstance(last, bool) else step == last
-    return is_last or (freq > 0 and step % freq == 0)
-
-
-def validation_or_error(validate) -> tuple[dict, Exception | None]:
-    """A validation's metrics, or the error it raised: the loop saves the step before raising it
-    (`save_due`), so a validation that fails never costs the trained steps."""
-    try:
-        return validate(), None
-    except Exception as err:
-        return {}, err
-
-
-def save_due(save_freq: int, step: int, last: bool, new_best: bool, val_error: Exception | None) -> bool:
-    """Save on the schedule, at a new best validation, and before a failed validation's error
-    ends the run (unless saving is off, save_freq -1)."""
-    return _every(save_freq, step, last) or new_best or (val_error is not None and save_freq != -1)
 
 
 def mean_over_sources(metrics: dict[str, float], sources: list[str]) -> dict[str, float]:
@@ -162,7 +134,7 @@ class RewardErrorPolicy:
             return {}
 
 
-class PolicyGradientTrainer:
+class DiffusionTrainer:
     def __init__(self, cfg: PixelRLConfig, console=print):
         self.cfg = cfg
         self.console = console
@@ -290,7 +262,7 @@ class PolicyGradientTrainer:
         elif queued:
             raise ConfigError("trainer.mode", t.mode, "the checkpoint holds batches sampled ahead by a rollout pool: "
                               "resume with the rollout.n_workers and trainer.mode it was saved with")
-        train_seconds = 0.0  # summed step time of this process, for trainer.time_budget_s
+        schedule = Schedule(t, total)
         progress = tqdm(total=total, initial=start_step, desc="training", unit="step", dynamic_ncols=True,
                         disable=not os.isatty(2))
         reward_errors = self.reward_errors
@@ -320,15 +292,13 @@ class PolicyGradientTrainer:
                     metrics["reward/error"] = 0.0
             metrics["training/global_step"] = step
             metrics["training/epoch"] = loader.sampler.epoch
-            train_seconds += metrics["timing_s/step"]
-            out_of_time = 0 < t.time_budget_s <= train_seconds
-            last = step == total or out_of_time
-            if t.rollout_data_dir and batch is not None:
+            last = schedule.finish_step(step, metrics["timing_s/step"])
+            if schedule.dumps_rollouts(batch is not None):
                 self._dump(Path(t.rollout_data_dir) / f"step_{step:06d}", batch)
-            if t.log_image_grid_every and step % t.log_image_grid_every == 0 and batch is not None:
+            if schedule.draws_grid(step, batch is not None):
                 self._grid(tracker, "train/samples", batch, step)
             new_best, val_error = False, None
-            if val_set is not None and _every(t.test_freq, step, last):
+            if val_set is not None and schedule.validates(step, last):
                 val_metrics, val_error = validation_or_error(
                     lambda: reward_errors.guard(step, lambda: self.validate(val_set, step, tracker)))
                 metrics.update(val_metrics)
@@ -340,7 +310,7 @@ class PolicyGradientTrainer:
             tracker.log(metrics, step)
             history.append(metrics)
             reward_errors.stop_if_too_many()  # after the row (it shows the failure), before the checkpoint
-            if save_due(t.save_freq, step, last, new_best, val_error):
+            if schedule.saves(step, last, new_best, val_error):
                 save_checkpoint(self.ckpt_root, step, self.actor.save, loader.state_dict(), self.saved_yaml,
                                 t.max_ckpt_to_keep, queued=ahead.queued() if ahead is not None else None,
                                 best=self.best)
@@ -349,7 +319,7 @@ class PolicyGradientTrainer:
             progress.update(1)
             if "critic/rewards/mean" in metrics:
                 progress.set_postfix(reward=f"{metrics['critic/rewards/mean']:.4f}")
-            if out_of_time:
+            if schedule.out_of_time:
                 self.console(f"time budget of {t.time_budget_s:.0f} s used after step {step}: stopping")
                 break
         progress.close()

@@ -14,8 +14,8 @@ import random
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from pixelrl.data.shapes import SUPERSAMPLE
-from pixelrl.rewards.shapes import COLOURS
+from pixelrl.shapes.world import SUPERSAMPLE
+from pixelrl.shapes.detector import COLOURS
 
 CATEGORY = "text"
 # 24 three-letter words over 21 letters

@@ -1,7 +1,7 @@
 """The direct-preference consumer: Diffusion-DPO, DiffusionNFT and AWM.
 
 The producer is the shared one (`make_rollout`), but only the final clean samples are used: the
-consumer trains the `flow_matching` objective, noising them again at sampled timesteps.
+consumer trains the `forward_process` objective, noising them again at sampled timesteps.
 DiffusionNFT samples with its `old` adapter (`algorithm.rollout_policy: old`); DPO pairs the
 best and worst image of each prompt.
 """
@@ -13,11 +13,11 @@ import numpy as np
 from pixelrl.algos.forward_process import best_worst_pairs
 from pixelrl.core.batch import Batch
 from pixelrl.core.config import mini_batches_per_epoch
-from pixelrl.trainers.step import (PhaseTimer, Rollout, actor_step_metrics, make_rollout, summary_metrics,
+from pixelrl.trainers.step import (PhaseTimer, Rollout, actor_step_metrics, summary_metrics,
                                    without_zero_advantages)
 
 
-def train_on_clean_samples(actor, rollout: Rollout, cfg, num_workers: int = 1,
+def train_on_forward_process(actor, rollout: Rollout, cfg, num_workers: int = 1,
                            actor_version: int | None = None) -> dict[str, float]:
     """(best/worst pairs, or the samples with A != 0) -> update on the clean samples. Forward-process
     losses never re-score the sampler's trajectory, so `actor_version` changes nothing here."""
@@ -42,13 +42,6 @@ def train_on_clean_samples(actor, rollout: Rollout, cfg, num_workers: int = 1,
     else:
         metrics["training/trained_fraction"] = len(train) / len(batch)
     return metrics
-
-
-def direct_preference_step(actor, reward_fn, prompts: list[str], metadata: list[dict], global_step: int, cfg,
-                           uids=None, num_workers: int = 1) -> tuple[Batch, dict[str, float]]:
-    """The synchronous step: `make_rollout` (current or old policy) then `train_on_clean_samples`."""
-    rollout = make_rollout(actor, reward_fn, prompts, metadata, global_step, cfg, uids)
-    return rollout.batch, train_on_clean_samples(actor, rollout, cfg, num_workers)
 
 
 def offline_preference_step(actor, rows: dict, cfg, num_workers: int = 1) -> dict[str, float]:

@@ -23,7 +23,7 @@ class VLMWorker(RankProcess):
         self.engine = None
 
     def setup(self, master: tuple[str, int] | None = None) -> dict:
-        from pixelrl.engine.vlm_engine import VLMEngine
+        from pixelrl.vlm.engine import VLMEngine
 
         self.cfg = self._join(master)
         self.engine = VLMEngine(self.cfg)
@@ -34,7 +34,7 @@ class VLMWorker(RankProcess):
     def _my_items(self, split: str, start: int, count: int) -> list:
         """This rank's equal share of items `start .. start + count - 1` of `split`, drawn alone:
         items are a pure function of their index, so no rank renders or decodes another's."""
-        from pixelrl.data.qa_tasks import task_items
+        from pixelrl.vlm.qa_tasks import task_items
 
         per_rank = count // self.world_size
         return task_items(self.cfg, split, start + self.rank * per_rank, per_rank)
@@ -49,12 +49,12 @@ class VLMWorker(RankProcess):
         size = self.cfg.data.train_batch_size
         items = self._my_items("train", (step - 1) * size, size)
         exp, metrics = self.engine.make_experience(items, step)
-        metrics["timing/experience_s"] = time.perf_counter() - began
+        metrics["timing_s/experience"] = time.perf_counter() - began
         mid = time.perf_counter()
         metrics.update(self.engine.train_on(exp, step))
-        metrics["timing/train_s"] = time.perf_counter() - mid
+        metrics["timing_s/train"] = time.perf_counter() - mid
         # per worker (per device), as verl reports them; the controller averages over workers
-        seconds = metrics["timing/experience_s"] + metrics["timing/train_s"]
+        seconds = metrics["timing_s/experience"] + metrics["timing_s/train"]
         metrics["perf/throughput"] = len(exp) / seconds  # sampled responses per second
         metrics["perf/tokens_per_s"] = metrics["response/sequence_tokens"] / seconds  # prompt + response
         metrics["perf/peak_memory_gb"] = peak_memory_gb(next(self.engine.policy.model.parameters()).device)
@@ -62,7 +62,7 @@ class VLMWorker(RankProcess):
 
     def validate(self) -> list[tuple[str, float]]:
         """(question type, correct) for this rank's share of the held-out questions."""
-        from pixelrl.engine.pretrain_vlm import answer_correctness
+        from pixelrl.vlm.pretrain import answer_correctness
 
         items = self._my_items("test", 0, self.cfg.vlm.val_items)
         with self.engine.ema_weights() if self.cfg.vlm.validate_ema else contextlib.nullcontext():

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from pixelrl.algos import token_ppo as T
+from pixelrl.vlm import token_losses as T
 from pixelrl.core.assets import resolve
 from pixelrl.core.config import actor_optimizer_steps
 from pixelrl.core.seeding import derive_seed
@@ -159,11 +159,11 @@ class VLMEngine:
         batch = self.policy.generate(prompts.select(rows), seed=derive_seed(cfg.rollout.seed + step, "vlm_rollout"),
                                      temperature=v.temperature, top_p=v.top_p, max_new_tokens=v.max_new_tokens)
         texts = self.policy.decode(batch)
-        timing = {"timing/generate_s": time.perf_counter() - clock}
+        timing = {"timing_s/generate": time.perf_counter() - clock}
         clock = time.perf_counter()
         meta = [items[i] for i in rows.tolist()]
         scores = self.reward(texts, [m["question"] for m in meta], meta)
-        timing["timing/reward_s"] = time.perf_counter() - clock
+        timing["timing_s/reward"] = time.perf_counter() - clock
         clock = time.perf_counter()
         mask = batch.response_mask
         if v.recompute_old_logp:
@@ -192,8 +192,10 @@ class VLMEngine:
             if v.estimator != "group_norm":
                 adv = self._whiten(adv, mask)
         adv = adv.clamp(-v.advantage_clamp, v.advantage_clamp) * mask
-        timing["timing/score_s"] = time.perf_counter() - clock  # old / reference log-probs, values
-        metrics = {f"reward/{k}": float(t.mean()) for k, t in scores.items()}
+        timing["timing_s/score"] = time.perf_counter() - clock  # old / reference log-probs, values
+        # the diffusion trainers' names: critic/rewards/mean (the weighted sum), critic/rewards/<name>/mean
+        metrics = {"critic/rewards/mean" if k == "overall" else f"critic/rewards/{k}/mean": float(t.mean())
+                   for k, t in scores.items()}
         metrics.update(timing)
         metrics["response/tokens"] = float(mask.sum())
         metrics["response/sequence_tokens"] = float(batch.attention_mask.sum())  # prompt + response

@@ -1,0 +1,95 @@
+"""The seams of the package structure: the built-in extensions (shapes world, VLM trainer) reach
+the lower registries only through registration, trainer types keep their former names as
+aliases, and one `Schedule` decides when a loop validates, saves, dumps and stops."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+from types import SimpleNamespace
+
+import pytest
+
+from pixelrl.config import load_config
+from pixelrl.core.errors import ConfigError
+
+
+def test_the_lower_layers_work_without_importing_the_built_in_extensions():
+    """Importing the rewards, the config checks and the trainers loads neither pixelrl.shapes nor
+    pixelrl.vlm; the first lookup of a name only they register imports them."""
+    code = ("import sys\n"
+            "import pixelrl.rewards, pixelrl.config, pixelrl.trainers.controller\n"
+            "assert 'pixelrl.shapes' not in sys.modules and 'pixelrl.vlm' not in sys.modules, 'imported eagerly'\n"
+            "from pixelrl.rewards import get_reward\n"
+            "fn = get_reward('shapes_geneval', exact_weight=1.0)\n"
+            "assert 'pixelrl.shapes' in sys.modules\n"
+            "from pixelrl.vlm.qa_tasks import QA_TASKS\n"
+            "assert QA_TASKS.names() == ['files', 'shapes_qa'], QA_TASKS.names()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_an_unknown_question_task_lists_the_registered_ones(tmp_path):
+    with pytest.raises(ConfigError, match=r"vlm.task.*'files', 'shapes_qa'"):
+        load_config("vlm_grpo_shapes_qa", ["vlm.task=nope", f"trainer.default_local_dir={tmp_path}"])
+
+
+@pytest.mark.parametrize("old, new", [("policy_gradient", "transition"), ("direct_preference", "forward_process")])
+def test_a_former_trainer_type_runs_as_its_new_name_with_a_warning(old, new):
+    config = "shapes_flow_grpo" if new == "transition" else "shapes_nft"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cfg = load_config(config, [f"algorithm.trainer_type={old}"])
+    assert cfg.algorithm.trainer_type == new
+    assert any(issubclass(w.category, FutureWarning) and f"trainer_type={old}" in str(w.message)
+               and new in str(w.message) for w in caught)
+
+
+def test_a_checkpoint_saved_under_a_former_trainer_type_resumes(tmp_path):
+    from pixelrl.core.config_io import from_yaml_text, saved_yaml
+    from pixelrl.trainers.checkpointing import check_resume_config
+
+    cfg = load_config("shapes_nft")
+    text = saved_yaml(cfg)
+    (tmp_path / "config.yaml").write_text(text.replace("trainer_type: forward_process", "trainer_type: direct_preference"))
+    assert "direct_preference" in (tmp_path / "config.yaml").read_text()
+    assert check_resume_config(tmp_path, text) == []  # no refusal: the same type under its former name
+    assert from_yaml_text((tmp_path / "config.yaml").read_text()).algorithm.trainer_type == "forward_process"
+    with pytest.raises(ConfigError, match="algorithm.trainer_type"):  # another type is still refused
+        check_resume_config(tmp_path, text.replace("trainer_type: forward_process", "trainer_type: transition"))
+
+
+def _schedule(total=10, **trainer):
+    from pixelrl.trainers.schedule import Schedule
+
+    fields = dict(test_freq=3, save_freq=4, time_budget_s=0.0, rollout_data_dir=None, log_image_grid_every=0)
+    return Schedule(SimpleNamespace(**{**fields, **trainer}), total)
+
+
+def test_the_schedule_validates_and_saves_every_n_steps_and_at_the_last():
+    s = _schedule()
+    lasts = [s.finish_step(step, 1.0) for step in range(1, 11)]
+    assert lasts == [False] * 9 + [True]
+    assert [step for step in range(1, 11) if s.validates(step, step == 10)] == [3, 6, 9, 10]
+    assert [step for step in range(1, 11) if s.saves(step, step == 10, False, None)] == [4, 8, 10]
+    assert s.saves(5, False, True, None)  # a new best validation
+    assert s.saves(5, False, False, RuntimeError("validation failed"))  # before the error ends the run
+    never = _schedule(test_freq=-1, save_freq=-1)
+    assert not never.validates(10, True) and not never.saves(10, True, False, RuntimeError("x"))
+    only_last = _schedule(test_freq=0, save_freq=0)
+    assert [step for step in range(1, 11) if only_last.validates(step, step == 10)] == [10]
+
+
+def test_the_schedule_stops_when_the_time_budget_is_used():
+    s = _schedule(total=100, time_budget_s=5.0)
+    lasts = [s.finish_step(step, 2.0) for step in range(1, 4)]
+    assert lasts == [False, False, True] and s.out_of_time and s.train_seconds == 6.0
+
+
+def test_the_schedule_dumps_and_draws_grids_only_for_batches_when_asked():
+    assert not _schedule().dumps_rollouts(True) and _schedule(rollout_data_dir="d").dumps_rollouts(True)
+    assert not _schedule(rollout_data_dir="d").dumps_rollouts(False)  # a skipped step has no batch
+    grids = _schedule(log_image_grid_every=2)
+    assert [step for step in range(1, 7) if grids.draws_grid(step, True)] == [2, 4, 6]
+    assert not grids.draws_grid(2, False) and not _schedule().draws_grid(2, True)
