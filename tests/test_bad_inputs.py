@@ -128,7 +128,8 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
      ["train", "--config-name", "shapes_demo", "diffusion_loss.params.group_noise=true", "rollout.n=1"],
      "diffusion_loss.params.group_noise"),
     ("sampling AWM's EMA adapter while fine-tuning the whole denoiser",
-     ["train", "--config-name", "shapes_demo", "algorithm.rollout_policy=old"], "algorithm.rollout_policy"),
+     ["train", "--config-name", "shapes_demo", "diffusion_loss.params.rollout_policy=old"],
+     "diffusion_loss.params.rollout_policy"),
     ("zero images per prompt", [*SHAPES, "rollout.n=0"], "rollout.n"),
     # validation settings, checked before training instead of failing at the first validation
     ("zero images per validation prompt", [*SHAPES, "val_kwargs.n=0"], "val_kwargs.n"),

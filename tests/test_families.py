@@ -208,7 +208,7 @@ def test_diffusion_nft_moves_the_reward_on_each_family(request, family):
     from pixelrl.testing import forward_process_step
 
     cfg = _config(request, family, algorithm__trainer_type="forward_process", diffusion_loss__name="diffusion_nft",
-                  algorithm__rollout_policy="old", rollout__noise_level=0.0, actor__lr=NFT_LR[family])
+                  diffusion_loss__params={"rollout_policy": "old"}, rollout__noise_level=0.0, actor__lr=NFT_LR[family])
     cfg.data.train_batch_size = 4
     engine, reward = PolicyEngine.from_config(cfg), WeightedReward.from_functions(cfg.reward.functions)
     prompts = ["a red circle", "two blue squares", "a cat", "a house"]

@@ -43,7 +43,7 @@ def test_dance_and_mix_grpo_paper_configs_normalise_per_group_like_their_referen
         a = paper_config(name).algorithm
         assert (a.global_std, a.adv_std_unbiased, a.adv_eps, a.drop_zero_advantage) == (False, True, 1e-8, False)
     assert paper_config("mixgrpo_sd35").algorithm.reward_aggregation == "sum_advantages"
-    assert paper_config("mixgrpo_sd35").rollout.mixgrpo_rollback
+    assert paper_config("mixgrpo_sd35").rollout.sde_window_params["rollback"]
     assert paper_config("flow_grpo_sd35").algorithm.drop_zero_advantage
 
 

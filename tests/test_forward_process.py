@@ -111,8 +111,8 @@ def test_reference_is_the_base_model_and_the_old_adapter_moves_only_when_due(tin
     from pixelrl.models import load_model
     from pixelrl.models.lora import adapter_params
 
-    engine, cfg = _engine(tiny_pixel_path, "diffusion_nft", algorithm__old_policy_update_interval=2,
-                          algorithm__old_policy_schedule="constant", algorithm__old_policy_decay=0.5)
+    engine, cfg = _engine(tiny_pixel_path, "diffusion_nft", diffusion_loss__params={
+        "old_policy_update_interval": 2, "old_policy_schedule": "constant", "old_policy_decay": 0.5})
     transformer = engine.model.transformer
     with torch.no_grad():  # make the policy differ from the base model
         for p in adapter_params(transformer, "default").values():
@@ -201,16 +201,16 @@ def test_awm_keeps_its_ema_adapter_only_when_the_loss_or_the_rollouts_read_it(ti
     from pixelrl.core.errors import ConfigError
 
     def old_adapter(ema_beta, rollout_policy="current"):
-        engine, _ = _engine(tiny_pixel_path, "awm", diffusion_loss__params={"num_timesteps": 2, "ema_beta": ema_beta},
-                            algorithm__rollout_policy=rollout_policy)
+        engine, _ = _engine(tiny_pixel_path, "awm", diffusion_loss__params={"num_timesteps": 2, "ema_beta": ema_beta,
+                                                                            "rollout_policy": rollout_policy})
         return engine.has_old_adapter, any(".old." in n for n, _ in engine.model.transformer.named_parameters())
 
     assert old_adapter(1.0) == (True, True)
     assert old_adapter(0.0) == (False, False)
     assert old_adapter(0.0, rollout_policy="old") == (True, True)
-    with pytest.raises(ConfigError, match="algorithm.rollout_policy"):
+    with pytest.raises(ConfigError, match="diffusion_loss.params.rollout_policy"):
         load_config("awm_tiny", [f"model.path={tiny_pixel_path}", "model.lora_rank=0",
-                                 "diffusion_loss.params.ema_beta=0.0", "algorithm.rollout_policy=old"])
+                                 "diffusion_loss.params.ema_beta=0.0", "diffusion_loss.params.rollout_policy=old"])
 
 
 def _gradient_of_one_update(engine, train) -> torch.Tensor:
@@ -284,8 +284,9 @@ LEARNING_RUNS = {  # loss: (lr, steps, extra config, required fixed-seed eval ga
     # DPO at 1e-1 is unstable on this tiny model (gradient norms of 10-80 from step 5 on): it gained
     # +0.06 on one CPU and nothing on another; at 3e-2 the training reward climbs steadily (+0.10)
     "diffusion_dpo": (3e-2, 12, {}, 0.05),
-    "diffusion_nft": (1e-1, 12, {"algorithm__rollout_policy": "old", "rollout__noise_level": 0.0}, 0.05),
-    "awm": (1e-1, 12, {"algorithm__old_policy_schedule": "awm"}, 0.04),
+    "diffusion_nft": (1e-1, 12, {"diffusion_loss__params": {"rollout_policy": "old"}, "rollout__noise_level": 0.0},
+                      0.05),
+    "awm": (1e-1, 12, {}, 0.04),  # AWM's own old-policy schedule (`awm`) is its params' default
 }
 
 

@@ -98,14 +98,14 @@ def test_mixgrpo_progressive_window_shrinks_at_the_tail_and_rolls_back_as_the_re
     assert mixgrpo_window(10, 3, 10, stride=2, iters_per_group=3) == Window(6, 8)  # shrunk to 2
 
 
-def test_mixgrpo_random_window_is_seeded_by_window_seed_plus_step():
-    draws = [mixgrpo_window(10, 2, s, schedule="random", window_seed=5).start for s in range(1, 50)]
-    assert draws == [mixgrpo_window(10, 2, s, schedule="random", window_seed=5).start for s in range(1, 50)]
+def test_mixgrpo_random_window_is_seeded_by_its_seed_plus_step():
+    draws = [mixgrpo_window(10, 2, s, schedule="random", seed=5).start for s in range(1, 50)]
+    assert draws == [mixgrpo_window(10, 2, s, schedule="random", seed=5).start for s in range(1, 50)]
     assert set(draws) == set(range(0, 7))  # start in [0, N - 2 - W]
-    # the draw depends on window_seed + step only, and the window always has W steps
-    assert mixgrpo_window(10, 2, 3, schedule="random", window_seed=5) == mixgrpo_window(10, 2, 4, schedule="random",
-                                                                                         window_seed=4)
-    assert choose_window(10, 2, None, 0, schedule="mixgrpo_random", global_step=3, window_seed=5).start == draws[2]
+    # the draw depends on seed + step only, and the window always has W steps
+    assert mixgrpo_window(10, 2, 3, schedule="random", seed=5) == mixgrpo_window(10, 2, 4, schedule="random",
+                                                                                         seed=4)
+    assert choose_window(10, 2, None, 0, schedule="mixgrpo_random", global_step=3, params={"seed": 5}).start == draws[2]
 
 
 def test_trained_step_indices_in_order_and_permuted():

@@ -93,3 +93,60 @@ def test_the_schedule_dumps_and_draws_grids_only_for_batches_when_asked():
     grids = _schedule(log_image_grid_every=2)
     assert [step for step in range(1, 7) if grids.draws_grid(step, True)] == [2, 4, 6]
     assert not grids.draws_grid(2, False) and not _schedule().draws_grid(2, True)
+
+
+def test_a_window_schedule_checks_its_own_params():
+    from pixelrl.sampling.windows import MixGRPOProgressiveParams, choose_window, window_params
+
+    mix = ["rollout.sde_window_schedule=mixgrpo_progressive", "rollout.sde_window_size=3"]
+    for bad, field in [("{stride: 0}", "rollout.sde_window_params.stride"),
+                       ("{iters_per_group: 1.5}", "rollout.sde_window_params.iters_per_group"),
+                       ("{rollback: 1}", "rollout.sde_window_params.rollback"),
+                       ("{seed: 3}", "rollout.sde_window_params")]:  # mixgrpo_random's param, not this one's
+        with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+            load_config("shapes_flow_grpo", [*mix, f"rollout.sde_window_params={bad}"])
+    with pytest.raises(ConfigError, match="no params|has no param"):
+        window_params("random", {"stride": 2})
+    assert window_params("mixgrpo_progressive", {"stride": 2}) == MixGRPOProgressiveParams(stride=2)
+    # the params reach the schedule: stride 2, one step per group -> starts 0, 2, 4
+    starts = [choose_window(10, 2, None, 0, schedule="mixgrpo_progressive", global_step=s,
+                            params={"stride": 2, "iters_per_group": 1}).start for s in (1, 2, 3)]
+    assert starts == [0, 2, 4]
+
+
+def test_the_former_flat_window_keys_move_into_the_params_with_a_warning():
+    from pixelrl.core.config_io import from_yaml_text, saved_yaml
+
+    mix = ["rollout.sde_window_schedule=mixgrpo_progressive", "rollout.sde_window_size=3"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cfg = load_config("shapes_flow_grpo", [*mix, "rollout.mixgrpo_stride=2", "rollout.mixgrpo_rollback=true"])
+    assert cfg.rollout.sde_window_params == {"stride": 2, "rollback": True}
+    assert sum("rollout.sde_window_params.stride" in str(w.message) for w in caught) == 1
+    # a checkpoint's config saved before the move holds every flat key, defaults included
+    old = saved_yaml(cfg).replace("sde_window_params:\n    stride: 2\n    rollback: true",
+                                  "window_seed: 0\n  mixgrpo_stride: 2\n  mixgrpo_iters_per_group: 25\n"
+                                  "  mixgrpo_rollback: true")
+    assert "mixgrpo_stride: 2" in old and "sde_window_params" not in old
+    assert from_yaml_text(old).rollout.sde_window_params == {"stride": 2, "rollback": True}
+
+
+def test_the_old_policy_knobs_are_params_of_the_losses_that_keep_an_old_adapter():
+    from pixelrl.algos.losses import LOSSES
+
+    def bound(config, *overrides):
+        cfg = load_config(config, list(overrides))
+        return LOSSES.get(cfg.diffusion_loss.name).bind(cfg.diffusion_loss)
+
+    awm, nft = bound("shapes_awm"), bound("shapes_nft")
+    assert (awm.old_policy_schedule, awm.rollout_policy) == ("awm", "current")  # AWM's reference default
+    assert (nft.old_policy_schedule, nft.rollout_policy) == ("linear_to_0_5", "old")
+    with pytest.raises(ConfigError, match=r"diffusion_loss\.params\.old_policy_decay"):
+        bound("shapes_nft", "diffusion_loss.params.old_policy_schedule=constant", "diffusion_loss.params.old_policy_decay=1.5")
+    with pytest.raises(ConfigError, match=r"diffusion_loss\.params.*no param"):  # DPO keeps no old adapter
+        bound("shapes_dpo", "diffusion_loss.params.rollout_policy=old")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        moved = bound("shapes_nft", "algorithm.old_policy_update_interval=3")
+    assert moved.old_policy_update_interval == 3
+    assert any("diffusion_loss.params.old_policy_update_interval" in str(w.message) for w in caught)

@@ -163,8 +163,61 @@ def nft_optimality(advantages: torch.Tensor, adv_clip_max: float = 5.0, mode: st
     return (a / c / 2 + 0.5).clamp(0, 1)
 
 
+# ----------------------------------------------------------------------------- old-policy EMA
+OLD_POLICY_SCHEDULES = ("copy", "linear_to_0_5", "delayed", "awm", "constant")
+
+
+def old_policy_decay(schedule: str, step: int, constant: float = 0.0) -> float:
+    """Decay d of the old-policy update old = d old + (1 - d) current, from the optimizer-step
+    count `step`: copy 0; linear_to_0_5 min(0.001 step, 0.5) (DiffusionNFT default); delayed
+    0 before step 75, then min(0.0075 (step - 75), 0.999) (DiffusionNFT OCR); awm
+    min(0.3, 0.001 step) (AWM's EMA adapter); constant `constant`."""
+    if schedule == "copy":
+        return 0.0
+    if schedule == "linear_to_0_5":
+        return min(0.001 * step, 0.5)
+    if schedule == "delayed":
+        return 0.0 if step < 75 else min(0.0075 * (step - 75), 0.999)
+    if schedule == "awm":
+        return min(0.3, 0.001 * step)
+    if schedule == "constant":
+        return float(constant)
+    raise ConfigError("diffusion_loss.params.old_policy_schedule", schedule,
+                      f"choose one of {list(OLD_POLICY_SCHEDULES)}")
+
+
 @dataclass
-class DiffusionNFTParams:
+class OldPolicyParams:
+    """The `old` adapter of DiffusionNFT and AWM: old = d old + (1 - d) current every
+    `old_policy_update_interval` updates, d from `old_policy_schedule` (`old_policy_decay` for
+    `constant`); `rollout_policy: old` samples the rollouts with it (DiffusionNFT's reference)."""
+    old_policy_schedule: str = "linear_to_0_5"
+    old_policy_decay: float = 0.0
+    old_policy_update_interval: int = 1
+    rollout_policy: str = "current"
+
+    def __post_init__(self):
+        if self.old_policy_schedule not in OLD_POLICY_SCHEDULES:
+            raise ConfigError("diffusion_loss.params.old_policy_schedule", self.old_policy_schedule,
+                              f"choose one of {list(OLD_POLICY_SCHEDULES)}")
+        if not 0 <= self.old_policy_decay < 1:
+            raise ConfigError("diffusion_loss.params.old_policy_decay", self.old_policy_decay, "must be in [0, 1)")
+        if isinstance(self.old_policy_update_interval, bool) or not isinstance(self.old_policy_update_interval, int) \
+                or self.old_policy_update_interval < 1:
+            raise ConfigError("diffusion_loss.params.old_policy_update_interval", self.old_policy_update_interval,
+                              "an integer >= 1")
+        if self.rollout_policy not in ("current", "old"):
+            raise ConfigError("diffusion_loss.params.rollout_policy", self.rollout_policy, "choose one of "
+                              "['current', 'old']")
+
+
+def rollout_policy(options) -> str:
+    """Which adapter samples the rollouts under a loss's bound options (`LossSpec.bind`)."""
+    return getattr(options, "rollout_policy", "current")
+
+
+@dataclass
+class DiffusionNFTParams(OldPolicyParams):
     beta: float = 1.0  # mix of current and old velocity in the implicit policies (0.1 for OCR)
     ref_kl_coef: float = 1e-4  # weight of mean((v - v_ref)^2); the reference code calls it train.beta
     adv_mode: str = "all"
@@ -175,6 +228,7 @@ class DiffusionNFTParams:
     group_noise: bool = False  # see AWMParams.group_noise
 
     def __post_init__(self):
+        super().__post_init__()
         positive("beta", self.beta)
         check_timesteps(self)
         if self.ref_kl_coef < 0:
@@ -219,7 +273,7 @@ AWM_WEIGHTINGS = ("ghuber", "uniform", "t", "t**2", "huber")
 
 
 @dataclass
-class AWMParams:
+class AWMParams(OldPolicyParams):
     weighting: str = "ghuber"  # the released default
     p: float = 0.25  # ghuber exponent
     beta_ref: float = 1e-3  # weight of mean((v - v_ref)^2); the reference's GenEval and OCR runs 3e-3, PickScore 1e-4
@@ -237,8 +291,10 @@ class AWMParams:
     # same timesteps and noise, as Diffusion-DPO noises a pair. The advantages of a group sum to 0,
     # so the part of the gradient the images share through (t, eps) cancels, not only in expectation
     group_noise: bool = False
+    old_policy_schedule: str = "awm"  # the EMA adapter's decay min(0.3, 0.001 step), the reference's
 
     def __post_init__(self):
+        super().__post_init__()
         check_timesteps(self)
         positive("time_shift", self.time_shift)
         positive("clip_range", self.clip_range)
@@ -308,28 +364,6 @@ def awm_loss(step: dict, cfg) -> tuple[torch.Tensor, dict]:
             loss = loss + weight * deviation
             metrics[name] = deviation.detach()
     return loss, metrics
-
-
-# ----------------------------------------------------------------------------- old-policy EMA
-OLD_POLICY_SCHEDULES = ("copy", "linear_to_0_5", "delayed", "awm", "constant")
-
-
-def old_policy_decay(schedule: str, step: int, constant: float = 0.0) -> float:
-    """Decay d of the old-policy update old = d old + (1 - d) current, from the optimizer-step
-    count `step`: copy 0; linear_to_0_5 min(0.001 step, 0.5) (DiffusionNFT default); delayed
-    0 before step 75, then min(0.0075 (step - 75), 0.999) (DiffusionNFT OCR); awm
-    min(0.3, 0.001 step) (AWM's EMA adapter); constant `constant`."""
-    if schedule == "copy":
-        return 0.0
-    if schedule == "linear_to_0_5":
-        return min(0.001 * step, 0.5)
-    if schedule == "delayed":
-        return 0.0 if step < 75 else min(0.0075 * (step - 75), 0.999)
-    if schedule == "awm":
-        return min(0.3, 0.001 * step)
-    if schedule == "constant":
-        return float(constant)
-    raise ConfigError("algorithm.old_policy_schedule", schedule, f"choose one of {list(OLD_POLICY_SCHEDULES)}")
 
 
 def best_worst_pairs(rewards: torch.Tensor, group_ids) -> tuple[list[int], list[int]]:

@@ -185,7 +185,7 @@ def validate(cfg: PixelRLConfig) -> None:
     from pixelrl.sampling.multistep import SOLVERS
     from pixelrl.sampling.schedule import SIGMA_SCHEDULES
     from pixelrl.sampling.sde import SDE_TYPES
-    from pixelrl.sampling.windows import WINDOW_SCHEDULES, check_window_args
+    from pixelrl.sampling.windows import WINDOW_SCHEDULES, check_window_args, window_params
 
     import pixelrl.rewards  # noqa: F401  (registers the built-in rewards)
 
@@ -234,13 +234,6 @@ def validate(cfg: PixelRLConfig) -> None:
     _check_schedule_and_validation(cfg)
     _check_step_fits_in_memory(cfg)
     _choice("algorithm.reward_aggregation", cfg.algorithm.reward_aggregation, ("sum_rewards", "sum_advantages"))
-    from pixelrl.algos.forward_process import OLD_POLICY_SCHEDULES
-
-    _choice("algorithm.old_policy_schedule", cfg.algorithm.old_policy_schedule, OLD_POLICY_SCHEDULES)
-    _choice("algorithm.rollout_policy", cfg.algorithm.rollout_policy, ("current", "old"))
-    _positive("algorithm.old_policy_update_interval", cfg.algorithm.old_policy_update_interval)
-    if not 0 <= cfg.algorithm.old_policy_decay < 1:
-        raise ConfigError("algorithm.old_policy_decay", cfg.algorithm.old_policy_decay, "must be in [0, 1)")
     objective = LOSSES.get(cfg.diffusion_loss.name).objective
     _positive("actor.window_steps_per_forward", cfg.actor.window_steps_per_forward, allow_zero=True)
     if cfg.actor.window_steps_per_forward != 1 and not LOSSES.get(cfg.diffusion_loss.name).steps_batchable:
@@ -279,12 +272,10 @@ def validate(cfg: PixelRLConfig) -> None:
         if not d.train_files:
             raise ConfigError("data.train_files", list(d.train_files), "offline DPO reads (prompt, chosen, rejected) "
                               "rows from a .jsonl or .parquet file: write one with `pixelrl make-preferences`")
-    if cfg.algorithm.rollout_policy == "old" and "v_old" not in LOSSES.get(cfg.diffusion_loss.name).step_keys:
-        raise ConfigError("algorithm.rollout_policy", "old", f"{cfg.diffusion_loss.name} keeps no old adapter")
-    if cfg.algorithm.rollout_policy == "old" and m.lora_rank == 0:
-        raise ConfigError("algorithm.rollout_policy", "old", "the old policy is a second LoRA adapter, which full "
-                          "fine-tuning (model.lora_rank=0) does not keep: sample with rollout_policy=current or "
-                          "train a LoRA")
+    if getattr(bound, "rollout_policy", "current") == "old" and m.lora_rank == 0:
+        raise ConfigError("diffusion_loss.params.rollout_policy", "old", "the old policy is a second LoRA adapter, "
+                          "which full fine-tuning (model.lora_rank=0) does not keep: sample with "
+                          "rollout_policy=current or train a LoRA")
     _choice("trainer.strategy", t.strategy, ("ddp", "fsdp2"))
     _check_backend(t)
     check_best_metric(t)
@@ -310,6 +301,7 @@ def validate(cfg: PixelRLConfig) -> None:
         raise ConfigError("rollout.solver", r.solver, "a multistep solver samples deterministically: set "
                           "rollout.noise_level=0 or rollout.solver=euler")
     _choice("rollout.sde_window_schedule", r.sde_window_schedule, WINDOW_SCHEDULES)
+    window_params(r.sde_window_schedule, r.sde_window_params)
     if r.sde_window_size and r.sde_window_schedule == "random":
         check_window_args(r.num_steps, r.sde_window_size, r.sde_window_range)
     elif r.sde_window_size and r.sde_window_size > r.num_steps - 2:

@@ -46,10 +46,9 @@ class RolloutConfig:
     # random: Flow-GRPO-Fast (start drawn per step from the rollout seed);
     # mixgrpo_random / mixgrpo_progressive: MixGRPO's shared, scheduled window
     sde_window_schedule: str = "random"
-    window_seed: int = 0  # mixgrpo_random: start drawn with seed window_seed + global_step
-    mixgrpo_stride: int = 1
-    mixgrpo_iters_per_group: int = 25  # progressive: steps before the window moves by `stride`
-    mixgrpo_rollback: bool = False  # progressive: wrap back to step 0 after the last start
+    # the schedule's own params (its dataclass in pixelrl.sampling.windows checks them), e.g.
+    # mixgrpo_progressive: {stride: 1, iters_per_group: 25, rollback: false}; mixgrpo_random: {seed: 0}
+    sde_window_params: dict = field(default_factory=dict)
     logprob_reduction: str = "mean"  # mean over latent dims (reference) | sum (= mean x dims)
     same_noise_per_group: bool = False  # DanceGRPO: one initial noise shared by a prompt's n images
     micro_batch_size: int = 16  # samples per denoiser forward during rollout
@@ -139,14 +138,6 @@ class AlgorithmConfig:
     # Several rewards: `sum_rewards` normalises sum_k w_k r_k; `sum_advantages` (MixGRPO's
     # advantage_aggr) normalises each reward separately and sums w_k A_k.
     reward_aggregation: str = "sum_rewards"
-    # Losses with an `old` adapter (diffusion_nft, awm): old = d old + (1 - d) current every
-    # `old_policy_update_interval` updates, d from the schedule (copy | linear_to_0_5 | delayed |
-    # awm | constant, the last with d = old_policy_decay).
-    old_policy_schedule: str = "linear_to_0_5"
-    old_policy_decay: float = 0.0
-    old_policy_update_interval: int = 1
-    # forward_process rollouts: sample with the `old` adapter (DiffusionNFT) or the current policy
-    rollout_policy: str = "current"
     # forward_process only: `online` samples and scores pairs each step; `offline` (Diffusion-DPO)
     # reads (prompt, chosen, rejected) rows from data.train_files (see pixelrl.data.preferences)
     sample_source: str = "online"

@@ -65,6 +65,40 @@ def _not_yaml(text: str) -> bool:
         return True
 
 
+# keys that moved into the params of the component they configure (2026-11) -> (where they live
+# now, their default then: a checkpoint's saved config holds every key, and moves only those it
+# set, so that a schedule or loss is not handed params it does not take)
+MOVED_KEYS = {"rollout.window_seed": ("rollout.sde_window_params.seed", 0),
+              "rollout.mixgrpo_stride": ("rollout.sde_window_params.stride", 1),
+              "rollout.mixgrpo_iters_per_group": ("rollout.sde_window_params.iters_per_group", 25),
+              "rollout.mixgrpo_rollback": ("rollout.sde_window_params.rollback", False),
+              "algorithm.old_policy_schedule": ("diffusion_loss.params.old_policy_schedule", "linear_to_0_5"),
+              "algorithm.old_policy_decay": ("diffusion_loss.params.old_policy_decay", 0.0),
+              "algorithm.old_policy_update_interval": ("diffusion_loss.params.old_policy_update_interval", 1),
+              "algorithm.rollout_policy": ("diffusion_loss.params.rollout_policy", "current")}
+
+
+def _move_keys(node, warn: bool):
+    """Rewrite keys of MOVED_KEYS in a config layer to where they live now (a warning for a
+    user's config; a checkpoint's saved config is read silently)."""
+    from omegaconf import OmegaConf
+
+    for old, (new, default) in MOVED_KEYS.items():
+        section, key = old.rsplit(".", 1)
+        parent = OmegaConf.select(node, section)
+        if parent is None or not OmegaConf.is_dict(parent) or key not in parent:
+            continue
+        value = parent.pop(key)
+        if warn or value != default:  # a user's own setting moves; a saved default is dropped
+            OmegaConf.update(node, new, value, merge=True)
+        if warn:
+            import warnings
+
+            warnings.warn(f"{old} is now {new} (a param of the component it configures): it is read from "
+                          "there; write that in your config", FutureWarning, stacklevel=3)
+    return node
+
+
 def merge_config(config_name: str | None = None, overrides: list[str] | tuple = ()) -> PixelRLConfig:
     """The schema, the named YAML chain and the dotted overrides merged into a config, not yet
     checked (`pixelrl.config.load_config` imports the plugins and validates it)."""
@@ -75,13 +109,13 @@ def merge_config(config_name: str | None = None, overrides: list[str] | tuple = 
     schema = OmegaConf.structured(PixelRLConfig)
     layers = [schema]
     if config_name:
-        layers.append(_load_yaml_chain(config_path(config_name)))
+        layers.append(_move_keys(_load_yaml_chain(config_path(config_name)), warn=True))
     for item in overrides:
         key = item.split("=", 1)[0]
         if "=" not in item or not key or "" in key.split("."):
             raise ConfigError("<override>", item, "overrides are written section.key=value, e.g. rollout.n=8")
     try:
-        layers.append(OmegaConf.from_dotlist(list(overrides)))
+        layers.append(_move_keys(OmegaConf.from_dotlist(list(overrides)), warn=True))
     except yaml.YAMLError as err:  # a value OmegaConf parses as YAML, e.g. an unclosed list
         bad = next((item for item in overrides if _not_yaml(item.split("=", 1)[1])), "?")
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
@@ -157,6 +191,7 @@ def saved_yaml(cfg: PixelRLConfig) -> str:
 def from_yaml_text(text: str) -> PixelRLConfig:
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PixelRLConfig), OmegaConf.create(text)))
+    saved = _move_keys(OmegaConf.create(text), warn=False)  # a checkpoint saved before a key moved
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PixelRLConfig), saved))
     _canonical_trainer_type(cfg)  # a checkpoint saved under a former name reads as the current one
     return cfg

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pixelrl.algos.forward_process import draw_timesteps, flow_matching_error
+from pixelrl.algos.forward_process import draw_timesteps, flow_matching_error, rollout_policy
 from pixelrl.algos.kl import KL_BATCH_KEYS, step_kl_to_reference
 from pixelrl.algos.losses import REFERENCE_STEP_KEYS, require_keys
 from pixelrl.core.batch import Batch
@@ -186,7 +186,7 @@ class ForwardProcessObjective:
         return clean, t, eps, x_t, velocity
 
     def _samples_from_old_policy(self) -> bool:
-        return self.engine.cfg.algorithm.rollout_policy == "old"
+        return rollout_policy(self.engine.loss_options) == "old"
 
     def before_update(self, batch: Batch, ctx: UpdateContext, optimizer_steps: int) -> None:
         """A loss with an off-policy ratio (AWM's `clip_range`) needs the old policy's error at

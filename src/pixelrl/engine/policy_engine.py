@@ -21,7 +21,7 @@ from pixelrl.core.batch import Batch
 from pixelrl.core.config import PixelRLConfig, actor_optimizer_steps
 from pixelrl.core.errors import ConfigError
 from pixelrl.models.base import DiffusionModel
-from pixelrl.algos.forward_process import old_policy_decay
+from pixelrl.algos.forward_process import old_policy_decay, rollout_policy
 from pixelrl.models.lora import adapter_active, adapters_disabled, add_adapter_copy, add_lora, blend_adapter
 from pixelrl.sampling.rollout import SamplingSettings, rollout, step_with_log_prob
 from pixelrl.sampling.schedule import schedule_sigmas
@@ -56,7 +56,7 @@ class PolicyEngine:
         # DiffusionNFT's old policy / AWM's EMA: a second, frozen adapter that starts as a copy,
         # kept when the loss reads it under these options (AWM's ema_beta > 0) or rollouts sample it
         self.has_old_adapter = self.use_lora and ("v_old" in self.loss.step_keys_needed(self.loss_options)
-                                                  or cfg.algorithm.rollout_policy == "old")
+                                                  or rollout_policy(self.loss_options) == "old")
         if self.use_lora:
             targets = mcfg.lora_target_modules or model.default_lora_targets
             add_lora(model.transformer, rank=mcfg.lora_rank, alpha=mcfg.lora_alpha,
@@ -360,9 +360,9 @@ class PolicyEngine:
                     log(name, value)
         self.model.transformer.eval()
         metrics = {name: sums[name] / counts[name] for name in sums}
-        if self.has_old_adapter and self.update_calls % self.cfg.algorithm.old_policy_update_interval == 0:
-            a = self.cfg.algorithm
-            decay = old_policy_decay(a.old_policy_schedule, self.policy_version, a.old_policy_decay)
+        opts = self.loss_options
+        if self.has_old_adapter and self.update_calls % opts.old_policy_update_interval == 0:
+            decay = old_policy_decay(opts.old_policy_schedule, self.policy_version, opts.old_policy_decay)
             blend_adapter(self.model.transformer, "old", "default", decay)
             metrics["old_policy_decay"] = decay
         metrics["lr"] = self.learner.current_lr

@@ -8,6 +8,7 @@ Euler), so only window steps carry randomness, store latents and get trained. Th
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -60,31 +61,79 @@ def random_window(num_steps: int, window_size: int, window_range, seed: int) -> 
     return Window(start, start + window_size)
 
 
-WINDOW_SCHEDULES = ("random", "mixgrpo_random", "mixgrpo_progressive")
+def _whole(field: str, value, least: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ConfigError(f"rollout.sde_window_params.{field}", value, f"an integer >= {least}")
+
+
+@dataclass(frozen=True)
+class RandomWindowParams:
+    """`random` (Flow-GRPO-Fast): no params; the start is drawn from the step's rollout seed."""
+
+
+@dataclass(frozen=True)
+class MixGRPORandomParams:
+    """`mixgrpo_random`: one start per step for every sample, drawn with `seed + global_step`."""
+    seed: int = 0
+
+    def __post_init__(self):
+        _whole("seed", self.seed, 0)
+
+
+@dataclass(frozen=True)
+class MixGRPOProgressiveParams:
+    """`mixgrpo_progressive`: the window moves by `stride` steps every `iters_per_group` training
+    steps; with `rollback` it starts again from step 0 after the last start."""
+    stride: int = 1
+    iters_per_group: int = 25
+    rollback: bool = False
+
+    def __post_init__(self):
+        _whole("stride", self.stride, 1)
+        _whole("iters_per_group", self.iters_per_group, 1)
+        if not isinstance(self.rollback, bool):
+            raise ConfigError("rollout.sde_window_params.rollback", self.rollback, "true or false")
+
+
+# rollout.sde_window_schedule -> the params dataclass of rollout.sde_window_params
+WINDOW_PARAMS = {"random": RandomWindowParams, "mixgrpo_random": MixGRPORandomParams,
+                 "mixgrpo_progressive": MixGRPOProgressiveParams}
+WINDOW_SCHEDULES = tuple(WINDOW_PARAMS)
+
+
+def window_params(schedule: str, given: dict | None):
+    """The schedule's params from `rollout.sde_window_params`, each checked (unknown keys named)."""
+    if schedule not in WINDOW_PARAMS:
+        raise ConfigError("rollout.sde_window_schedule", schedule, f"choose one of {list(WINDOW_SCHEDULES)}")
+    cls, given = WINDOW_PARAMS[schedule], dict(given or {})
+    known = sorted(f.name for f in dataclasses.fields(cls))
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise ConfigError("rollout.sde_window_params", given, f"schedule `{schedule}` has no param(s) {unknown}; "
+                          f"known: {known}")
+    return cls(**given)
 
 
 def choose_window(num_steps: int, window_size: int, window_range, seed: int, *, schedule: str = "random",
-                  global_step: int = 1, window_seed: int = 0, stride: int = 1, iters_per_group: int = 25,
-                  rollback: bool = False) -> Window:
+                  global_step: int = 1, params: dict | None = None) -> Window:
     """The configured window: full when `window_size` is 0; else Flow-GRPO-Fast's random window
-    (seeded by the step's rollout seed) or a MixGRPO schedule."""
+    (seeded by the step's rollout seed) or a MixGRPO schedule with its `params`."""
     if window_size <= 0:
         return full_window(num_steps)
+    bound = window_params(schedule, params)
     if schedule == "random":
         return random_window(num_steps, window_size, window_range, seed)
-    if schedule not in WINDOW_SCHEDULES:
-        raise ConfigError("rollout.sde_window_schedule", schedule, f"choose one of {list(WINDOW_SCHEDULES)}")
     return mixgrpo_window(num_steps, window_size, global_step, schedule=schedule[len("mixgrpo_"):],
-                          window_seed=window_seed, stride=stride, iters_per_group=iters_per_group, rollback=rollback)
+                          **dataclasses.asdict(bound))
 
 
 def mixgrpo_window(num_steps: int, window_size: int, global_step: int, *, schedule: str = "progressive",
-                   window_seed: int = 0, stride: int = 1, iters_per_group: int = 25, rollback: bool = False) -> Window:
+                   seed: int = 0, stride: int = 1, iters_per_group: int = 25, rollback: bool = False) -> Window:
     """MixGRPO: one window shared by every sample of a training step, moved by a schedule.
 
     Indices live in [0, M) with M = N - 2 (MixGRPO stores N - 1 steps and never trains the
     last stored one); the window is [start, min(start + W, M)).
-    - `random`: start = randint(0, M - W) from a generator seeded with window_seed + global_step
+    - `random`: start = randint(0, M - W) from a generator seeded with seed + global_step
       (the reference draws unseeded; seeding makes runs reproducible and resumable).
     - `progressive`: start = stride * k with k = (global_step - 1) // iters_per_group, i.e. the
       window moves by `stride` every `iters_per_group` steps. It shrinks at the tail
@@ -96,7 +145,7 @@ def mixgrpo_window(num_steps: int, window_size: int, global_step: int, *, schedu
         raise ConfigError("rollout.sde_window_size", window_size,
                           f"a MixGRPO window needs 1 <= sde_window_size <= num_steps - 2 = {last}")
     if schedule == "random":
-        gen = torch.Generator().manual_seed(int(window_seed + global_step))
+        gen = torch.Generator().manual_seed(int(seed + global_step))
         start = int(torch.randint(0, last - window_size + 1, (1,), generator=gen))
     elif schedule == "progressive":
         moves = (global_step - 1) // max(1, iters_per_group)

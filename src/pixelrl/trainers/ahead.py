@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from pixelrl.core.batch import Batch
 from pixelrl.sampling.windows import Window
-from pixelrl.trainers.step import Rollout, finish_rollout, plan_rollout
+from pixelrl.trainers.step import Rollout, finish_rollout, plan_rollout, sampling_policy
 from pixelrl.workers.group import Pending, rollout_options
 
 
@@ -75,7 +75,7 @@ class AheadProducer:
             rows = self.next_rows()
             request, window = plan_rollout(rows["prompts"], rows["metadata"], j, self.cfg)
             generation = self.pool.submit("rollout", request, *rollout_options(
-                window, policy=self.cfg.algorithm.rollout_policy))
+                window, policy=sampling_policy(self.cfg)))
             scoring = self.rewards.submit(generation, request["metadata"])
             self.queue[j] = InFlight(j, request, window, generation, scoring, trained)
             self.next_launch += 1

@@ -2,7 +2,7 @@
 
 The producer is the shared one (`make_rollout`), but only the final clean samples are used: the
 consumer trains the `forward_process` objective, noising them again at sampled timesteps.
-DiffusionNFT samples with its `old` adapter (`algorithm.rollout_policy: old`); DPO pairs the
+DiffusionNFT samples with its `old` adapter (`diffusion_loss.params.rollout_policy: old`); DPO pairs the
 best and worst image of each prompt.
 """
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 import torch
 
 from pixelrl.algos.advantages import get_advantage_estimator, group_reward_stats, zero_advantage_keep
+from pixelrl.algos.forward_process import rollout_policy
+from pixelrl.algos.losses import LOSSES
 from pixelrl.algos.rollout_correction import rollout_correction_weights
 from pixelrl.core.batch import Batch
 from pixelrl.core.config import mini_batches_per_epoch
@@ -105,6 +107,12 @@ class Rollout:
     weights_step: int = 0
 
 
+def sampling_policy(cfg) -> str:
+    """The adapter the rollouts sample with: the loss's `rollout_policy` param (DiffusionNFT's
+    `old`), else the current policy."""
+    return rollout_policy(LOSSES.get(cfg.diffusion_loss.name).bind(cfg.diffusion_loss))
+
+
 def plan_rollout(prompts: list[str], metadata: list[dict], global_step: int, cfg, uids=None) -> tuple[Batch, Window]:
     """What step `global_step` samples: prompts with uids repeated n times, per-sample seeds (and
     DanceGRPO's shared group noise seeds), and the SDE window. A deterministic sampler
@@ -117,9 +125,7 @@ def plan_rollout(prompts: list[str], metadata: list[dict], global_step: int, cfg
     if r.noise_level == 0:
         return request, Window(0, 0)
     return request, choose_window(r.num_steps, r.sde_window_size, r.sde_window_range, seed,
-                                  schedule=r.sde_window_schedule, global_step=global_step,
-                                  window_seed=r.window_seed, stride=r.mixgrpo_stride,
-                                  iters_per_group=r.mixgrpo_iters_per_group, rollback=r.mixgrpo_rollback)
+                                  schedule=r.sde_window_schedule, global_step=global_step, params=r.sde_window_params)
 
 
 def finish_rollout(step: int, request: Batch, window: Window, batch: Batch, scores: dict, cfg,
@@ -140,7 +146,7 @@ def make_rollout(actor, reward_fn, prompts: list[str], metadata: list[dict], glo
     request, window = plan_rollout(prompts, metadata, global_step, cfg, uids)
     with timer.phase("gen"):
         batch = actor.rollout(request["prompts"], request["seeds"], window=window,
-                              noise_seeds=request.get("noise_seeds"), policy=cfg.algorithm.rollout_policy)
+                              noise_seeds=request.get("noise_seeds"), policy=sampling_policy(cfg))
     reward_start = time.time()
     with timer.phase("reward"):
         scores = reward_fn(batch["images"], batch["prompts"], request["metadata"])
