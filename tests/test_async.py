@@ -118,6 +118,7 @@ def test_modes_that_sample_ahead_need_a_pool_and_a_transition_loss(tmp_path, tin
 RAY = ("trainer.logger=[jsonl]", "data.train_batch_size=2", "actor.ppo_mini_batch_size=4", "trainer.save_freq=-1")
 
 
+@pytest.mark.slow  # ~30 s; the default run has the same bitwise check on in-process pools (test_zero_staleness_on_a_rollout_pool_...)
 def test_zero_staleness_on_a_ray_rollout_pool_reproduces_the_ray_synchronous_trainer_bitwise(ray_cluster, tmp_path,
                                                                                              tiny_pixel_path):
     steps = ("trainer.total_training_steps=3", "trainer.save_freq=3")

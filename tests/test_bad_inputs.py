@@ -35,6 +35,10 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("eval writing under a file", ["eval", "--out", "{file}/results.json"], "is a file"),
     ("eval against a baseline that is not a results file", ["eval", "--baseline", "{file}"], "--baseline"),
     ("eval against a missing baseline", ["eval", "--baseline", "{tmp}/no_such_results.json"], "--baseline"),
+    ("eval of a checkpoint folder that does not exist", ["eval", "--checkpoint", "{tmp}/no_such_run/global_step_1"],
+     "--checkpoint"),
+    ("a checkpoint's weights on another base model than it trained on, still there",
+     ["generate", "--checkpoint", "{ckpt_on_base}", "--model", "{pretrain_run}", "--prompt", "a cat"], "--model"),
     ("eval writing a .txt result", ["eval", "--out", "{tmp}/results.txt"], "unknown file type"),
     ("eval writing onto a folder", ["eval", "--out", "{tmp}"], "is a folder"),
     ("generate zero images", ["generate", "--prompt", "a red circle", "--n", "0"], "--n"),
@@ -261,6 +265,10 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
      "exact_weight"),
     ("zero reward failures allowed in a row", [*SHAPES, "reward.on_error=skip", "reward.max_consecutive_errors=0"],
      "reward.max_consecutive_errors"),
+    ("a negative deadline for a reward call", [*SHAPES, "reward.timeout_s=-1"], "reward.timeout_s"),
+    ("a JPEG quality PIL does not take, checked before the first step",
+     [*SHAPES, "reward.functions=[{name: jpeg_compressibility, options: {quality: 0}}]"],
+     "reward.functions[0].options.quality"),
     # plugins (the user's own rewards and losses)
     ("plugin file that does not exist", [*SHAPES, "plugins=[{tmp}/my_rewards.py]"], "plugins[0]"),
     ("plugin module that is not installed", [*SHAPES, "plugins=[my_project_rewards]"], "no module named"),
@@ -331,6 +339,9 @@ def _make_places(root: Path) -> None:
     (root / "ckpt_link_file" / "actor" / "adapter").mkdir()
     (root / "ckpt_link_file" / "actor" / "adapter" / "pytorch_lora_weights.safetensors").symlink_to(root / "a_file")
     (root / "ckpt_link_dir" / "actor" / "adapter").symlink_to(root / "run")
+    (root / "base_model").mkdir()  # the base a checkpoint trained on (only its place matters here)
+    (root / "ckpt_on_base" / "actor").mkdir(parents=True)
+    (root / "ckpt_on_base" / "config.yaml").write_text(f"model:\n  path: {root / 'base_model'}\n")
     (root / "prefs").mkdir()
     (root / "prefs" / "preferences.jsonl").write_text('{"prompt": "a red circle"}\n')
     # an adapter whose weights file was cut short (a header promising more bytes than follow)
@@ -352,7 +363,8 @@ def replay(argv: list[str], root: Path, workdir: Path) -> tuple[int, str]:
               "{ckpt_no_actor}": str(root / "ckpt_no_actor"), "{ckpt}": str(root / "ckpt"),
               "{ckpt_link_file}": str(root / "ckpt_link_file"), "{ckpt_link_dir}": str(root / "ckpt_link_dir"),
               "{ckpt_torn}": str(root / "ckpt_torn"), "{prefs}": str(root / "prefs"),
-              "{broken_plugin}": str(root / "broken_plugin.py"), "{pretrain_run}": str(root / "pretrain_run")}
+              "{broken_plugin}": str(root / "broken_plugin.py"), "{pretrain_run}": str(root / "pretrain_run"),
+              "{ckpt_on_base}": str(root / "ckpt_on_base")}
     filled = []
     for arg in argv:
         for mark, path in places.items():

@@ -308,3 +308,44 @@ def test_a_ray_address_where_no_cluster_answers_is_named_at_once():
         check_cluster_answers("127.0.0.1:1")
     assert time.monotonic() - start < 15
     check_cluster_answers("auto")  # Ray resolves these itself
+
+
+def test_a_connection_must_send_its_headers_in_time_and_without_the_token_cannot_stay_open():
+    """Slow or idle clients cannot hold the server's connections: the request line and headers
+    must arrive within header_timeout_s however slowly bytes trickle in, and a request without
+    the token (even an answered GET /health) closes its connection."""
+    import socket
+    import time
+
+    from pixelrl.rewards.server import RewardServer
+
+    with RewardServer("jpeg_compressibility", token="a-token-of-24-characters", header_timeout_s=1.0) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        idle = socket.create_connection((host, int(port)))
+        idle.settimeout(10)
+        began = time.monotonic()
+        assert idle.recv(1) == b"" and time.monotonic() - began < 5  # dropped at the deadline
+        trickle = socket.create_connection((host, int(port)))
+        trickle.settimeout(0.2)
+        began, dropped = time.monotonic(), False
+        for byte in b"POST /score HTTP/1.1\r\nHost: x\r\n":  # one byte every 0.2 s: each read in time
+            try:
+                trickle.send(bytes([byte]))
+                if trickle.recv(1) == b"":
+                    dropped = True
+                    break
+            except socket.timeout:
+                continue
+            except OSError:
+                dropped = True
+                break
+        assert dropped and time.monotonic() - began < 5
+        health = socket.create_connection((host, int(port)))
+        health.settimeout(5)
+        health.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = b""
+        while chunk := health.recv(4096):
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200") and b"Connection: close" in answer  # then closed (recv gave b"")
+        for s in (idle, trickle, health):
+            s.close()

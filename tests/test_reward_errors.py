@@ -15,6 +15,7 @@ from conftest import read_metrics, train_cli
 
 # fails on the calls listed in `fail_calls` (1-based, counted in a file beside the module)
 FLAKY = textwrap.dedent('''
+    import time
     from pathlib import Path
 
     import torch
@@ -25,12 +26,14 @@ FLAKY = textwrap.dedent('''
 
 
     @register_reward("flaky")
-    def flaky(fail_calls: list = ()):
+    def flaky(fail_calls: list = (), hang_calls: list = ()):
         def score(images, prompts, metadata):
             calls = int(COUNTER.read_text()) + 1 if COUNTER.is_file() else 1
             COUNTER.write_text(str(calls))
             if calls in fail_calls:
                 raise ConnectionError(f"scorer unreachable on call {calls}")
+            if calls in hang_calls:
+                time.sleep(60)  # a scorer that never answers
             return {"flaky": images.float().mean(dim=(1, 2, 3)) / 255}
         return score
 ''')
@@ -47,10 +50,11 @@ def flaky_plugin(tmp_path, monkeypatch):
     return path
 
 
-def _run(tmp_path, model, plugin, fail_calls, *extra, steps=4):
+def _run(tmp_path, model, plugin, fail_calls, *extra, steps=4, hang_calls=()):
     return train_cli(tmp_path / "runs", model, f"plugins=[{plugin}]", "trainer.backend=local",
                      "trainer.logger=[jsonl]", "trainer.save_freq=1", f"trainer.total_training_steps={steps}",
-                     f"reward.functions=[{{name: flaky, options: {{fail_calls: {list(fail_calls)}}}}}]", *extra)
+                     f"reward.functions=[{{name: flaky, options: {{fail_calls: {list(fail_calls)}, "
+                     f"hang_calls: {list(hang_calls)}}}}}]", *extra)
 
 
 def _weights(run, step):
@@ -96,3 +100,54 @@ def test_skip_sees_the_error_of_a_scorer_in_a_ray_reward_worker(ray_cluster, tmp
     assert [m["reward/error"] for m in read_metrics(run)] == [0.0, 1.0, 0.0]
     out = capsys.readouterr().out
     assert "step 2: reward failed (reward `flaky` raised ConnectionError: scorer unreachable on call 2" in out, out
+
+
+def test_a_plugin_reward_that_hangs_fails_at_reward_timeout_s_and_skip_goes_on(tmp_path, tiny_pixel_path,
+                                                                               flaky_plugin, capsys):
+    """An in-process plugin reward that never answers: its call fails after reward.timeout_s like
+    a reward that raised; with skip the step is skipped and the run trains on."""
+    import time
+
+    began = time.monotonic()
+    code, run = _run(tmp_path, tiny_pixel_path, flaky_plugin, [], "reward.on_error=skip", "reward.timeout_s=2",
+                     steps=3, hang_calls=[2])
+    assert code == 0 and time.monotonic() - began < 50  # not the 60 s the scorer sleeps
+    assert [m["reward/error"] for m in read_metrics(run)] == [0.0, 1.0, 0.0]
+    out = capsys.readouterr().out
+    assert "reward `flaky` gave no scores for 16 samples within reward.timeout_s=2 s" in out, out
+
+
+def test_the_deadline_is_the_rewards_own_and_errors_pass_through_it():
+    """`WeightedReward` with a deadline: a slow reward fails within it, naming reward.timeout_s;
+    a fast one scores as without; a reward's own TimeoutError is reported as the reward raised it."""
+    import time
+
+    from pixelrl.core.errors import RewardError
+    from pixelrl.rewards import REWARDS, WeightedReward, register_reward
+
+    saved = dict(REWARDS._entries)
+    try:
+        @register_reward("slow_for_test")
+        def slow(seconds: float = 0.0):
+            def score(images, prompts, metadata):
+                if seconds < 0:
+                    raise TimeoutError("the scorer's own socket timed out")
+                time.sleep(seconds)
+                return {"slow_for_test": torch.ones(len(prompts))}
+            return score
+
+        images = torch.zeros(2, 8, 8, 3, dtype=torch.uint8)
+        fast = WeightedReward.from_functions([{"name": "slow_for_test"}], timeout_s=5)
+        assert fast(images, ["a", "b"], [{}, {}])["overall"].tolist() == [1.0, 1.0]
+        began = time.monotonic()
+        with pytest.raises(RewardError, match=r"within reward.timeout_s=0.3 s"):
+            WeightedReward.from_functions([{"name": "slow_for_test", "options": {"seconds": 30}}], timeout_s=0.3)(
+                images, ["a", "b"], [{}, {}])
+        assert time.monotonic() - began < 5
+        with pytest.raises(RewardError, match=r"raised TimeoutError: the scorer's own socket timed out"):
+            WeightedReward.from_functions([{"name": "slow_for_test", "options": {"seconds": -1}}], timeout_s=5)(
+                images, ["a", "b"], [{}, {}])
+    finally:
+        REWARDS._entries.clear()
+        REWARDS._entries.update(saved)
+

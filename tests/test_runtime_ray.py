@@ -220,15 +220,15 @@ def test_a_crashed_rank_is_reported_before_a_peer_that_raised(ray_cluster, tiny_
 def test_pixelrl_train_restarts_a_dead_worker_and_ends_as_an_uninterrupted_run(ray_cluster, tmp_path, tiny_pixel_path,
                                                                                monkeypatch):
     """`pixelrl train ... trainer.max_restarts=1` (Flow-GRPO, 2 workers): a worker killed by SIGSEGV
-    right after the step-2 checkpoint is started again from it; the run's metrics (each step once)
-    and its step-4 weights equal those of a run that was never interrupted."""
+    right after the step-1 checkpoint is started again from it; the run's metrics (each step once)
+    and its step-2 weights equal those of a run that was never interrupted."""
     import os
     import signal
 
     import pixelrl.trainers.controller as policy_gradient
 
-    common = ("trainer.n_workers=2", "trainer.logger=[jsonl]", "trainer.save_freq=2",
-              "trainer.total_training_steps=4", "trainer.max_restarts=1")
+    common = ("trainer.n_workers=2", "trainer.logger=[jsonl]", "trainer.save_freq=1",
+              "trainer.total_training_steps=2", "trainer.max_restarts=1")
     code, straight = train_cli(tmp_path / "straight", tiny_pixel_path, *common)
     assert code == 0
     already_running = ray_actor_pids("PolicyWorker")
@@ -236,7 +236,7 @@ def test_pixelrl_train_restarts_a_dead_worker_and_ends_as_an_uninterrupted_run(r
 
     def save_then_crash_a_worker(root, step, *args, **kwargs):
         save(root, step, *args, **kwargs)
-        if step == 2 and not crashed:
+        if step == 1 and not crashed:
             crashed.append(max(ray_actor_pids("PolicyWorker") - already_running))
             os.kill(crashed[0], signal.SIGSEGV)
 
@@ -245,8 +245,8 @@ def test_pixelrl_train_restarts_a_dead_worker_and_ends_as_an_uninterrupted_run(r
     assert code == 0 and crashed
     rows = read_metrics(restarted)
     assert [m["critic/rewards/mean"] for m in rows] == [m["critic/rewards/mean"] for m in read_metrics(straight)]
-    a = load_file(str(straight / "checkpoints" / "global_step_4" / "actor" / "trainable.safetensors"))
-    b = load_file(str(restarted / "checkpoints" / "global_step_4" / "actor" / "trainable.safetensors"))
+    a = load_file(str(straight / "checkpoints" / "global_step_2" / "actor" / "trainable.safetensors"))
+    b = load_file(str(restarted / "checkpoints" / "global_step_2" / "actor" / "trainable.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -274,6 +274,29 @@ def test_the_ray_cluster_pixelrl_starts_listens_on_loopback_only(ray_cluster):
     assert all(ip in ("127.0.0.1", "::ffff:127.0.0.1", "::1") for _, ip in listening), listening
     assert ray.util.get_node_ip_address() == "127.0.0.1"
     ray.kill(probe)
+
+
+def test_a_formed_two_worker_group_listens_on_loopback_only(ray_cluster, tiny_pixel_path):
+    """Once two actor ranks have joined their torch.distributed group (the store rank 0 serves,
+    gloo's pairs), every socket any process of this cluster listens on is loopback: the group
+    binds its store to the loopback address the node has, not to every interface."""
+    import psutil
+
+    from pixelrl.config import load_config
+    from pixelrl.core.config_io import to_yaml
+    from pixelrl.workers.group import RayWorkerGroup
+
+    cfg = load_config("flow_grpo_tiny", [f"model.path={tiny_pixel_path}", "trainer.n_workers=2"])
+    group = RayWorkerGroup(to_yaml(cfg), 2, 1)
+    try:
+        ranks = ray_actor_pids("PolicyWorker")
+        processes = [psutil.Process(), *psutil.Process().children(recursive=True)]
+        listening = [(p.pid, c.laddr.ip, c.laddr.port) for p in processes if p.is_running()
+                     for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+        assert {pid for pid, *_ in listening} & ranks, listening  # the ranks do listen (store, gloo)
+        assert all(ip in ("127.0.0.1", "::ffff:127.0.0.1", "::1") for _, ip, _ in listening), listening
+    finally:
+        group.shutdown()
 
 
 def test_crash_lines_of_a_heap_corruption_abort_by_hand():

@@ -394,6 +394,7 @@ def _check_rewards_and_loggers(cfg: PixelRLConfig) -> None:
     t = cfg.trainer
     if not cfg.reward.functions:
         raise ConfigError("reward.functions", cfg.reward.functions, "list at least one reward")
+    _positive("reward.timeout_s", cfg.reward.timeout_s, allow_zero=True)  # 0 = no deadline
     for field_name, specs in (("reward.functions", cfg.reward.functions), ("val_kwargs.rewards", cfg.val_kwargs.rewards)):
         for i, spec in enumerate(specs):
             if not hasattr(spec, "keys") or "name" not in spec:

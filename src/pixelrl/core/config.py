@@ -166,6 +166,10 @@ class RewardConfig:
     # `skip` the step (no update, `reward/error` = 1 in its row) until max_consecutive_errors in a row
     on_error: str = "stop"
     max_consecutive_errors: int = 3
+    # the most seconds one reward function may take for one call (a step's or a validation's
+    # images), in the process that scores: past it the call fails like a reward that raised
+    # (on_error decides); 0 = no deadline. The call's thread is left to finish on its own.
+    timeout_s: float = 900.0
 
 
 @dataclass

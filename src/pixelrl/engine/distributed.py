@@ -15,17 +15,41 @@ workers themselves; the engine stays unaware of Ray.
 from __future__ import annotations
 
 import datetime
+import os
+import socket
 
 import torch
 import torch.distributed as dist
 
 
-def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int, device: str = "cpu") -> None:
+def loopback_interface() -> str | None:
+    """The name of the network interface holding 127.0.0.1 (`lo` on Linux, `lo0` on macOS)."""
+    import psutil
+
+    return next((name for name, addrs in psutil.net_if_addrs().items()
+                 if any(a.address == "127.0.0.1" for a in addrs)), None)
+
+
+def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int, device: str = "cpu",
+                       listen_socket: socket.socket | None = None) -> None:
+    """Join the group whose store rank 0 serves at master_addr:master_port. Rank 0 passes the
+    socket it bound there (`listen_socket`), so the store listens on that address only rather
+    than on every interface; with a loopback master, gloo's and NCCL's own connections stay on
+    loopback too."""
     if dist.is_initialized():
         return
     backend = "nccl" if device.startswith("cuda") else "gloo"
-    dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
-                            world_size=world_size, timeout=datetime.timedelta(minutes=10))
+    timeout = datetime.timedelta(minutes=10)
+    if master_addr == "127.0.0.1" and (interface := loopback_interface()):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", interface)
+    if rank == 0 and listen_socket is not None:
+        # the store owns the descriptor from here (detach: Python must not close it under it)
+        store = dist.TCPStore(master_addr, master_port, world_size, True, timeout,
+                              master_listen_fd=listen_socket.detach(), use_libuv=False)
+    else:
+        store = dist.TCPStore(master_addr, master_port, world_size, rank == 0, timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
 
 
 def destroy_process_group() -> None:

@@ -8,6 +8,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
+from pixelrl.core.errors import ConfigError
 from pixelrl.models.base import DiffusionModel
 from pixelrl.sampling.rollout import SamplingSettings, rollout
 from pixelrl.sampling.windows import Window
@@ -53,13 +54,35 @@ def load_for_eval(model_path: str | None = None, checkpoint: str | None = None):
     from pixelrl.engine.policy_engine import PolicyEngine
 
     folder = Path(checkpoint)
+    for needed in ("config.yaml", "actor"):
+        if not (folder / needed).exists():
+            where = "the folder does not exist" if not folder.is_dir() else f"it holds no {needed}"
+            raise ConfigError("--checkpoint", str(checkpoint), f"{where}: give a global_step_N folder of a training "
+                              "run (RUN/checkpoints/global_step_N, holding config.yaml and actor/)")
     cfg = from_yaml_text((folder / "config.yaml").read_text())
+    _check_same_base(cfg.model.path, model_path)
     model = load_configured_model(cfg.model, model_path)
     engine = PolicyEngine(model, cfg)
     load_engine(engine, folder / "actor")
     if engine.weights_ema is not None:  # the weights the run's validation scored (actor.ema_decay)
         engine.weights_ema.copy_to_params()
     return engine.model
+
+
+def _check_same_base(trained_on: str, model_path: str | None) -> None:
+    """`--model` with a checkpoint names where its base model lives now; naming another model
+    while the one it trained on is still there would apply its weights to the wrong base (images
+    of neither, no error: LoRA shapes match across same-architecture models)."""
+    from pathlib import Path
+
+    from pixelrl.core.assets import resolve
+
+    if model_path is None:
+        return
+    trained, given = (Path(resolve(str(p))).expanduser().resolve() for p in (trained_on, model_path))
+    if trained.is_dir() and trained != given:
+        raise ConfigError("--model", str(model_path), f"the checkpoint was trained on {trained_on}, which is still "
+                          "there: leave --model out to use it (--model is for a base model that has moved)")
 
 
 def diversity(images: torch.Tensor, items: list[dict]) -> dict[str, float]:

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from pixelrl.rewards.registry import register_reward
+from pixelrl.rewards.registry import check_number_option, register_reward
 
 
 def jpeg_sizes_kb(images: torch.Tensor, quality: int = 95) -> torch.Tensor:
@@ -39,3 +39,16 @@ def jpeg_incompressibility(scale: float = 1.0, quality: int = 95):
         return {"jpeg_incompressibility": jpeg_sizes_kb(images, quality) * scale}
 
     return reward
+
+
+def _check_jpeg(options: dict, field: str) -> None:
+    """Checked before any worker starts (the values would otherwise fail, or score nonsense, at
+    the first step): a finite non-zero scale and a JPEG quality PIL takes."""
+    check_number_option(options, field, "scale", 1.0, lambda v: v != 0 and abs(v) < float("inf"),
+                        "a finite non-zero number (Flow-GRPO uses 1/500)")
+    check_number_option(options, field, "quality", 95, lambda v: 1 <= v <= 100,
+                        "an integer in [1, 100] (PIL's JPEG quality; DDPO uses 95)", integer=True)
+
+
+jpeg_compressibility.check_options = _check_jpeg
+jpeg_incompressibility.check_options = _check_jpeg

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -24,16 +25,18 @@ class WeightedReward:
     component that returns several keys contributes the one named like itself, or its only key.
     """
 
-    def __init__(self, specs: list[RewardSpec]):
+    def __init__(self, specs: list[RewardSpec], timeout_s: float = 0.0):
         if not specs:
             raise ConfigError("reward.functions", specs, "list at least one reward, e.g. [{name: jpeg_compressibility}]")
         self.specs = specs
         self.functions: list[RewardFn] = [get_reward(s.name, **s.options) for s in specs]
+        self.timeout_s = timeout_s  # per call of one reward function (reward.timeout_s); 0 = none
 
     @classmethod
-    def from_functions(cls, functions: list[dict]) -> "WeightedReward":
+    def from_functions(cls, functions: list[dict], timeout_s: float = 0.0) -> "WeightedReward":
         """From `reward.functions` entries: {name, weight (1.0), options ({})}."""
-        return cls([RewardSpec(f["name"], float(f.get("weight", 1.0)), dict(f.get("options", {}))) for f in functions])
+        return cls([RewardSpec(f["name"], float(f.get("weight", 1.0)), dict(f.get("options", {}))) for f in functions],
+                   timeout_s)
 
     def __call__(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> dict[str, torch.Tensor]:
         batch = len(images)  # images [B, H, W, 3], videos [B, T, H, W, 3], or B response strings for a VLM
@@ -41,9 +44,10 @@ class WeightedReward:
         overall = torch.zeros(batch)
         for spec, fn in zip(self.specs, self.functions):
             if getattr(images, "ndim", 0) == 5 and not getattr(fn, "scores_videos", False):
-                out = _per_frame(spec.name, fn, images, prompts, metadata)
+                out = _per_frame(spec.name, fn, images, prompts, metadata, self.timeout_s)
             else:
-                out = check_reward_output(spec.name, _call(spec.name, fn, images, prompts, metadata), batch)
+                out = check_reward_output(spec.name, _call(spec.name, fn, images, prompts, metadata, self.timeout_s),
+                                          batch)
             main_key = spec.name if spec.name in out else (next(iter(out)) if len(out) == 1 else None)
             if main_key is None:
                 raise ConfigError(
@@ -68,22 +72,56 @@ class WeightedReward:
         return [s.weight for s in self.specs]
 
 
-def _per_frame(name: str, fn: RewardFn, videos, prompts, metadata) -> dict[str, torch.Tensor]:
+def _per_frame(name: str, fn: RewardFn, videos, prompts, metadata, timeout_s: float = 0.0) -> dict[str, torch.Tensor]:
     """An image reward on videos: every frame scored with its video's prompt and metadata, the
     scores averaged per video. A reward that scores whole videos sets `fn.scores_videos = True`."""
     batch, frames = videos.shape[:2]
     out = check_reward_output(name, _call(name, fn, videos.reshape(batch * frames, *videos.shape[2:]),
                                           [p for p in prompts for _ in range(frames)],
-                                          [m for m in metadata for _ in range(frames)]), batch * frames)
+                                          [m for m in metadata for _ in range(frames)], timeout_s), batch * frames)
     return {key: value.reshape(batch, frames).mean(dim=1) for key, value in out.items()}
 
 
-def _call(name: str, fn: RewardFn, images, prompts, metadata):
+class _PastDeadline(Exception):
+    """A reward call still running at its deadline (not an error the reward raised)."""
+
+
+def _within(call, timeout_s: float):
+    """`call()` on a daemon thread, waited for at most `timeout_s` seconds: its value or its
+    exception, or _PastDeadline. A thread cannot be stopped, so one past its deadline is left to
+    finish on its own (daemon: it never holds the process open at exit)."""
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["value"] = call()
+        except BaseException as err:  # re-raised in the caller's thread, SystemExit included
+            outcome["error"] = err
+
+    thread = threading.Thread(target=run, name="reward-call", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise _PastDeadline
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def _call(name: str, fn: RewardFn, images, prompts, metadata, timeout_s: float = 0.0):
     """A reward that raises stops the run with its name, the exception and where it was raised
     (the file and line in the reward's own code), not a trace through the trainer. A reward that
     calls sys.exit() fails the same way (it would otherwise end training with exit 0 and no
-    checkpoint); KeyboardInterrupt is left alone, since it is how Ctrl-C reaches the trainer."""
+    checkpoint); KeyboardInterrupt is left alone, since it is how Ctrl-C reaches the trainer. With
+    `timeout_s`, a call that gives no scores in time fails the same way (reward.timeout_s)."""
     try:
+        if timeout_s > 0:
+            try:
+                return _within(lambda: fn(images, prompts, metadata), timeout_s)
+            except _PastDeadline:
+                raise RewardError(f"reward `{name}` gave no scores for {len(prompts)} samples within "
+                                  f"reward.timeout_s={timeout_s:g} s: fix the reward (a hang, a server that does "
+                                  "not answer), or raise reward.timeout_s (0 = no deadline)") from None
         return fn(images, prompts, metadata)
     except PixelRLError:
         raise

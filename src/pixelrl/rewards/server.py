@@ -3,7 +3,10 @@
 Requests are JSON (see `pixelrl.rewards.wire`); nothing a request carries is executed or
 unpickled. A bearer token is required unless the server listens on a loopback address only.
 The body size is checked from Content-Length before anything is read, the socket read has a
-timeout, and scoring runs one request at a time (rewards hold models that are not thread-safe).
+timeout, the request line and headers must arrive within `header_timeout_s` (a connection cannot
+sit idle or trickle bytes to hold a slot), only a request that presented the token keeps its
+connection open, and scoring runs one request at a time (rewards hold models that are not
+thread-safe).
 
     GET  /health -> {"status": "ok", "protocol": 1}
     POST /score  -> {"scores": {...}} | {"error": "..."} with 400 / 401 / 411 / 413 / 415 / 500
@@ -14,6 +17,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -70,6 +74,13 @@ class _CappedHTTPServer(ThreadingHTTPServer):
             self._slots.release()
             raise
 
+    def handle_error(self, request, client_address):
+        import sys
+
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            return  # a client that left, or one the header deadline dropped: nothing to report
+        super().handle_error(request, client_address)
+
     def process_request_thread(self, request, client_address):
         try:
             super().process_request_thread(request, client_address)
@@ -82,7 +93,8 @@ class RewardServer:
 
     def __init__(self, reward: str, options: dict | None = None, host: str = "127.0.0.1", port: int = 0,
                  token: str | None = None, max_request_mb: float = 64.0, limits: Limits = Limits(),
-                 read_timeout_s: float = 30.0, token_env: str = "PIXELRL_REWARD_TOKEN", max_connections: int = 64):
+                 read_timeout_s: float = 30.0, token_env: str = "PIXELRL_REWARD_TOKEN", max_connections: int = 64,
+                 header_timeout_s: float = 10.0):
         check_server_settings(host, token, max_request_mb, token_env)
         self.name, self.limits = reward, limits
         self.reward_fn = get_reward(reward, **dict(options or {}))
@@ -90,7 +102,8 @@ class RewardServer:
         self.expected_auth = f"Bearer {token}".encode() if token else None
         self.requests_scored = 0
         self._score_lock = threading.Lock()
-        self._httpd = _CappedHTTPServer((host, port), _handler_class(self, read_timeout_s), max_connections)
+        self._httpd = _CappedHTTPServer((host, port), _handler_class(self, read_timeout_s, header_timeout_s),
+                                        max_connections)
         self._thread: threading.Thread | None = None
 
     @property
@@ -139,10 +152,34 @@ class RewardServer:
         return encode_scores(scores)
 
 
-def _handler_class(server: RewardServer, read_timeout_s: float):
+def _handler_class(server: RewardServer, read_timeout_s: float, header_timeout_s: float):
     class Handler(BaseHTTPRequestHandler):
         timeout = read_timeout_s  # a client that stops sending is dropped, not waited for
         protocol_version = "HTTP/1.1"
+
+        def handle_one_request(self):
+            # the request line and headers (or, between requests, the next one) within the
+            # deadline, however slowly the bytes come: past it the socket is shut and the slot freed
+            self._header_deadline = threading.Timer(header_timeout_s, self._drop)
+            self._header_deadline.daemon = True
+            self._header_deadline.start()
+            try:
+                super().handle_one_request()
+            finally:
+                self._header_deadline.cancel()
+
+        def parse_request(self) -> bool:
+            self._header_deadline.cancel()  # the headers are in; the body has its own checks
+            ok = super().parse_request()
+            if ok and not server.authorised(self.headers.get("Authorization")):
+                self.close_connection = True  # only a client with the token may keep a connection open
+            return ok
+
+        def _drop(self) -> None:
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:  # already closed
+                pass
 
         def log_message(self, format, *args):  # one line per failure (below), not per request
             pass
@@ -151,6 +188,8 @@ def _handler_class(server: RewardServer, read_timeout_s: float):
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
+            if self.close_connection and "Connection" not in (extra or {}):
+                self.send_header("Connection", "close")
             for key, value in (extra or {}).items():
                 self.send_header(key, value)
             self.end_headers()

@@ -145,7 +145,7 @@ class DiffusionTrainer:
         self.actor = self.rewards = self.pool = None
         self._ray_started = False
         self.reward_errors = RewardErrorPolicy(cfg.reward.on_error, cfg.reward.max_consecutive_errors, console)
-        self._gold = WeightedReward.from_functions([dict(f) for f in cfg.val_kwargs.rewards]) \
+        self._gold = WeightedReward.from_functions([dict(f) for f in cfg.val_kwargs.rewards], cfg.reward.timeout_s) \
             if cfg.val_kwargs.rewards else None
 
     # ------------------------------------------------------------------ set-up
@@ -165,7 +165,7 @@ class DiffusionTrainer:
                 self.pool = LocalWorkerGroup(self.cfg_yaml, role="rollout", size=ro.n_workers)
         self.rewards = RewardGroup([dict(f) for f in r.functions], backend=t.backend, placement=r.placement,
                                    num_workers=r.num_workers, num_cpus=r.num_cpus, num_gpus=r.num_gpus,
-                                   plugins=self.cfg.plugins)
+                                   plugins=self.cfg.plugins, timeout_s=r.timeout_s)
 
     def shutdown(self) -> None:
         for group in (self.actor, self.pool, self.rewards):

@@ -82,7 +82,7 @@ class VLMEngine:
         self.ema = [p.detach().clone() for p in self.trainable] if v.ema_decay > 0 else None
         self.kl_ctl = (T.AdaptiveKLController(v.kl_coef, v.kl_target, v.kl_horizon) if v.kl_target
                        else T.FixedKLController(v.kl_coef))
-        self.reward = WeightedReward.from_functions(cfg.reward.functions)
+        self.reward = WeightedReward.from_functions(cfg.reward.functions, cfg.reward.timeout_s)
         self.data_parallel_size = 1  # ranks sharing each optimizer step (set by enable_data_parallel)
 
     def enable_data_parallel(self, strategy: str) -> None:

@@ -321,7 +321,8 @@ class RewardGroup:
     """
 
     def __init__(self, functions: list[dict], *, backend: str, placement: str = "colocated",
-                 num_workers: int = 1, num_cpus: float = 1.0, num_gpus: float = 0.0, plugins: tuple = ()):
+                 num_workers: int = 1, num_cpus: float = 1.0, num_gpus: float = 0.0, plugins: tuple = (),
+                 timeout_s: float = 0.0):
         from pixelrl.rewards.groupwise import is_groupwise
 
         self.local = None
@@ -330,7 +331,7 @@ class RewardGroup:
         # so the batch goes to one worker in one piece
         self.whole_batches = is_groupwise(functions)
         if backend == "local":
-            self.local = RewardWorker(functions, plugins=plugins)
+            self.local = RewardWorker(functions, plugins=plugins, timeout_s=timeout_s)
             self.local.setup()
             return
         import ray
@@ -339,7 +340,7 @@ class RewardGroup:
         threads = max(1, int(num_cpus)) if placement == "pool" else 1
         actor_cls = ray.remote(RewardWorker)
         gpus = num_gpus if placement == "pool" else 0  # a reward on a GPU sees only its own (CUDA_VISIBLE_DEVICES)
-        self.workers = [actor_cls.options(num_cpus=reserve, num_gpus=gpus).remote(functions, threads, plugins)
+        self.workers = [actor_cls.options(num_cpus=reserve, num_gpus=gpus).remote(functions, threads, plugins, timeout_s)
                         for _ in range(num_workers)]
         ray.get([w.setup.remote() for w in self.workers])
 

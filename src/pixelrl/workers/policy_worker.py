@@ -16,12 +16,6 @@ from pixelrl.core.batch import Batch
 from pixelrl.engine.memory import naming_the_phase
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
-
-
 class RankProcess:
     """What every worker of a data-parallel group does the same way: say where rank 0 listens,
     read the config, set its threads and join the torch.distributed group."""
@@ -29,10 +23,19 @@ class RankProcess:
     def __init__(self, cfg_yaml: str, rank: int = 0, world_size: int = 1, num_threads: int | None = None):
         self.cfg_yaml, self.rank, self.world_size = cfg_yaml, rank, world_size
         self.num_threads = num_threads
+        self._store_socket: socket.socket | None = None
 
     def address(self) -> tuple[str, int]:
         """Where rank 0 listens for the process group."""
-        return socket.gethostbyname(socket.gethostname()), _free_port()
+        # on the loopback-only node pixelrl starts itself, the group stays on loopback too; on a
+        # cluster, this host's address. The socket stays bound until the store takes it, so no
+        # other process can take the port in between.
+        import ray
+
+        host = "127.0.0.1" if ray.util.get_node_ip_address() == "127.0.0.1" else socket.gethostbyname(socket.gethostname())
+        self._store_socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._store_socket.bind((host, 0))
+        return host, self._store_socket.getsockname()[1]
 
     def _join(self, master: tuple[str, int] | None):
         """The config, with this process's threads set and (for > 1 rank) the group joined."""
@@ -49,7 +52,8 @@ class RankProcess:
         cfg = from_yaml_text(self.cfg_yaml)
         import_plugins(cfg.plugins)  # the driver's list, from the config it validated
         if self.world_size > 1:
-            init_process_group(self.rank, self.world_size, master[0], master[1], cfg.model.device)
+            listen_socket, self._store_socket = self._store_socket, None  # rank 0's, from address()
+            init_process_group(self.rank, self.world_size, master[0], master[1], cfg.model.device, listen_socket)
         return cfg
 
     def shutdown(self) -> None:

@@ -6,10 +6,12 @@ import numpy as np
 
 
 class RewardWorker:
-    def __init__(self, functions: list[dict], num_threads: int | None = None, plugins: tuple = ()):
+    def __init__(self, functions: list[dict], num_threads: int | None = None, plugins: tuple = (),
+                 timeout_s: float = 0.0):
         self.functions = functions
         self.num_threads = num_threads
         self.plugins = list(plugins)
+        self.timeout_s = timeout_s  # reward.timeout_s: the deadline of each reward function's call
         self.reward = None
 
     def setup(self) -> list[str]:
@@ -24,7 +26,7 @@ class RewardWorker:
         import_plugins(self.plugins)  # a reward of the user's own registers here
         if self.num_threads:
             torch.set_num_threads(self.num_threads)
-        self.reward = WeightedReward.from_functions(self.functions)
+        self.reward = WeightedReward.from_functions(self.functions, self.timeout_s)
         return self.reward.component_names
 
     def score(self, images: np.ndarray, prompts: list[str], metadata: list[dict]) -> dict[str, np.ndarray]:
