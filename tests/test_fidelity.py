@@ -25,6 +25,7 @@ PAPER_SCHEDULES = {
     "mixgrpo_sd35": 4,         # 12 samples per GPU, accumulation 3
     "nft_sd35": 1,             # DiffusionNFT: one optimizer step per epoch (GenEval)
     "awm_sd35": 1,             # AWM: one step per rollout batch (its ratio is always 1)
+    "dgpo_sd35": 4,            # DGPO: 2 sample batches x 4 timesteps, accumulation 2 (config/dgpo.py)
     "flow_grpo_flux": 2,       # the reference's FLUX recipe: accumulation = num_batches_per_epoch // 2
     "dance_grpo_flux": 2,
     "flow_grpo_qwen_image": 2,

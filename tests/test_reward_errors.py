@@ -33,7 +33,7 @@ FLAKY = textwrap.dedent('''
             if calls in fail_calls:
                 raise ConnectionError(f"scorer unreachable on call {calls}")
             if calls in hang_calls:
-                time.sleep(60)  # a scorer that never answers
+                time.sleep(600)  # a scorer that never answers
             return {"flaky": images.float().mean(dim=(1, 2, 3)) / 255}
         return score
 ''')
@@ -106,13 +106,11 @@ def test_a_plugin_reward_that_hangs_fails_at_reward_timeout_s_and_skip_goes_on(t
                                                                                flaky_plugin, capsys):
     """An in-process plugin reward that never answers: its call fails after reward.timeout_s like
     a reward that raised; with skip the step is skipped and the run trains on."""
-    import time
-
-    began = time.monotonic()
     code, run = _run(tmp_path, tiny_pixel_path, flaky_plugin, [], "reward.on_error=skip", "reward.timeout_s=2",
                      steps=3, hang_calls=[2])
-    assert code == 0 and time.monotonic() - began < 50  # not the 60 s the scorer sleeps
-    assert [m["reward/error"] for m in read_metrics(run)] == [0.0, 1.0, 0.0]
+    rows = read_metrics(run)
+    assert code == 0 and [m["reward/error"] for m in rows] == [0.0, 1.0, 0.0]
+    assert rows[1]["timing_s/step"] < 300  # the skipped step waited for the deadline, not the 600 s sleep
     out = capsys.readouterr().out
     assert "reward `flaky` gave no scores for 16 samples within reward.timeout_s=2 s" in out, out
 

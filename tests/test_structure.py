@@ -150,3 +150,28 @@ def test_the_old_policy_knobs_are_params_of_the_losses_that_keep_an_old_adapter(
         moved = bound("shapes_nft", "algorithm.old_policy_update_interval=3")
     assert moved.old_policy_update_interval == 3
     assert any("diffusion_loss.params.old_policy_update_interval" in str(w.message) for w in caught)
+
+
+def test_a_whole_group_loss_is_shuffled_by_groups_and_its_sizes_are_checked():
+    """DGPO sums over each prompt group inside a micro-batch: the engine's shuffle moves groups as
+    units, and the config refuses sizes that would split a group."""
+    import torch
+
+    from pixelrl.engine.objectives import whole_group_order
+
+    uids = list("aaabbbcccddd")
+    order = whole_group_order(uids, torch.Generator().manual_seed(3)).tolist()
+    assert sorted(order) == list(range(12))
+    chunks = [order[i:i + 3] for i in range(0, 12, 3)]
+    assert all(len({uids[i] for i in chunk}) == 1 for chunk in chunks)  # every 3 rows: one whole group
+    assert [uids[c[0]] for c in chunks] != list("abcd")  # and the groups themselves were shuffled
+    base = ["diffusion_loss.name=dgpo", "algorithm.trainer_type=forward_process", "algorithm.drop_zero_advantage=false",
+            "rollout.noise_level=0", "rollout.guidance_scale=1"]
+    cfg = load_config("shapes_flow_grpo", base + ["actor.ppo_micro_batch_size=16"])
+    assert cfg.diffusion_loss.name == "dgpo"
+    for bad, field in [(["actor.ppo_micro_batch_size=12"], "actor.ppo_micro_batch_size"),
+                       (["algorithm.drop_zero_advantage=true"], "algorithm.drop_zero_advantage"),
+                       (["actor.ppo_mini_batch_size=24"], "actor.ppo_mini_batch_size"),
+                       (["data.train_batch_size=3"], "data.train_batch_size")]:
+        with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+            load_config("shapes_flow_grpo", base + ["actor.ppo_micro_batch_size=16", *bad])

@@ -27,7 +27,7 @@ GRID_STRATA = ("discrete_wo_init", "discrete", "discrete_with_init")
 # AWM's continuous samplers (the reference's `logit_normal` and `uniform` time_types): K stratified
 # draws per sample, then shifted by `time_shift`
 CONTINUOUS_STRATA = ("stratified_logit_normal", "stratified_uniform")
-TIMESTEP_SAMPLERS = ("logit_normal", "grid_permutation", *GRID_STRATA, *CONTINUOUS_STRATA)
+TIMESTEP_SAMPLERS = ("logit_normal", "grid_permutation", *GRID_STRATA, *CONTINUOUS_STRATA, "grid_subset")
 
 
 def check_timesteps(params) -> None:
@@ -70,7 +70,7 @@ def check_strata(kind: str, num_timesteps: int, num_steps: int, fraction: float)
 
 def draw_timesteps(kind: str, batch_size: int, *, grid: torch.Tensor, train_sigmas: torch.Tensor,
                    generator: torch.Generator, num_timesteps: int = 1, fraction: float = 1.0,
-                   time_shift: float = 3.0) -> torch.Tensor:
+                   time_shift: float = 3.0, max_index: int | None = None) -> torch.Tensor:
     """[B, K] noise levels t in (0, 1] at which each sample is trained.
 
     - logit_normal (Diffusion-DPO on flow models): u ~ sigmoid(N(0, 1)), t = train_sigmas[floor(1000 u)]
@@ -81,6 +81,8 @@ def draw_timesteps(kind: str, batch_size: int, *, grid: torch.Tensor, train_sigm
       the K strata of `grid_strata`, per sample (the reference shares one draw per micro-batch).
     - stratified_logit_normal (AWM): u_k = (k + U) / K, t = shift(sigmoid(Phi^-1(u_k))) clamped
       to >= 0.01; stratified_uniform: t = shift(0.2 + 0.8 (k + U) / K). Per sample.
+    - grid_subset (DGPO): K distinct grid indices out of 0..max_index, drawn once and shared by
+      every sample (the reference's random.sample(range(trunc_steps + 1), K)).
     """
     n = grid.numel()
     if kind == "logit_normal":
@@ -95,6 +97,13 @@ def draw_timesteps(kind: str, batch_size: int, *, grid: torch.Tensor, train_sigm
         lower, upper = grid_strata(kind, n, num_timesteps, fraction)
         u = torch.rand(batch_size, num_timesteps, generator=generator)
         return grid[lower + (u * (upper - lower)).long()]
+    if kind == "grid_subset":
+        top = min(n - 1, n - 1 if max_index is None else max_index)
+        if num_timesteps > top + 1:
+            raise ConfigError("diffusion_loss.params.num_timesteps", num_timesteps,
+                              f"draws distinct grid indices out of 0..{top} (rollout.num_steps={n}): use at most {top + 1}")
+        picked = torch.randperm(top + 1, generator=generator)[:num_timesteps]
+        return grid[picked].unsqueeze(0).expand(batch_size, -1).clone()
     if kind in CONTINUOUS_STRATA:
         u = (torch.arange(num_timesteps) + torch.rand(batch_size, num_timesteps, generator=generator)) / num_timesteps
         if kind == "stratified_uniform":

@@ -46,6 +46,9 @@ class LossSpec:
     # step keys whose term a param can switch off: {step key: param}; when the param is 0 the
     # engine passes None for the key and skips the forward that would compute it
     weighted_step_keys: tuple[tuple[str, str], ...] = ()
+    # the loss takes statistics over each prompt group (DGPO): a micro-batch must hold whole
+    # groups, so the engine shuffles groups rather than samples (the config checks the sizes)
+    whole_groups: bool = False
 
     def step_keys_needed(self, options) -> tuple[str, ...]:
         """The step keys this loss reads under `options` (from `bind`): all of `step_keys` but
@@ -85,13 +88,13 @@ def require_keys(consumer: str, needed: Iterable[str], available: Iterable[str])
 
 def register_loss(name: str, *, batch_keys: Iterable[str], step_keys: Iterable[str], aliases: Iterable[str] = (),
                   objective: str = "transition", params: type | None = None, steps_batchable: bool = False,
-                  weighted_step_keys: dict[str, str] | None = None):
+                  weighted_step_keys: dict[str, str] | None = None, whole_groups: bool = False):
     if objective not in OBJECTIVES:
         raise ValueError(f"loss `{name}`: objective must be one of {OBJECTIVES}")
 
     def decorator(fn: Callable) -> LossSpec:
         spec = LossSpec(name, fn, tuple(batch_keys), tuple(step_keys), objective, params, steps_batchable,
-                        tuple((weighted_step_keys or {}).items()))
+                        tuple((weighted_step_keys or {}).items()), whole_groups)
         LOSSES.register(name, *aliases)(spec)
         return spec
 

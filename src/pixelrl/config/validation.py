@@ -212,6 +212,8 @@ def validate(cfg: PixelRLConfig) -> None:
     if getattr(bound, "group_noise", False) and r.n < 2:
         raise ConfigError("diffusion_loss.params.group_noise", True, f"shares noise within a prompt's group, and "
                           f"rollout.n={r.n} makes groups of one: set rollout.n >= 2 or group_noise=false")
+    if LOSSES.get(cfg.diffusion_loss.name).whole_groups:
+        _check_whole_groups(cfg)
     if cfg.diffusion_loss.name == "grpo_guard" and r.sde_type == "cps":
         raise ConfigError("rollout.sde_type", r.sde_type, "grpo_guard rescales by the step's std, and the cps "
                           "log-prob has no variance term: use rollout.sde_type=sde with grpo_guard")
@@ -386,6 +388,30 @@ def check_lr_schedule(cfg: PixelRLConfig, frozen_steps: int = 0) -> None:
                           f"{optimizer_steps_per_rollout(cfg)} per training step"
                           + (f", none in the {frozen_steps} of vlm.freezing_actor_steps" if frozen_steps else "")
                           + f"), which must outnumber actor.warmup_steps ({a.warmup_steps}): train longer")
+
+
+def _check_whole_groups(cfg: PixelRLConfig) -> None:
+    """A loss that sums over each prompt group (DGPO) sees whole groups in every micro-batch: each
+    worker's share, each mini-batch and each micro-batch hold whole groups of rollout.n images,
+    and no sample is dropped from its group."""
+    r, a, t, name = cfg.rollout, cfg.actor, cfg.trainer, cfg.diffusion_loss.name
+    if r.n < 2:
+        raise ConfigError("rollout.n", r.n, f"{name} compares the images of a prompt's group: use rollout.n >= 2")
+    if cfg.algorithm.drop_zero_advantage:
+        raise ConfigError("algorithm.drop_zero_advantage", True, f"{name} needs every image of a group (its "
+                          "group sums); set algorithm.drop_zero_advantage=false, as the reference keeps them")
+    if cfg.data.train_batch_size % t.n_workers:
+        raise ConfigError("data.train_batch_size", cfg.data.train_batch_size, f"{name} keeps prompt groups whole on "
+                          f"each worker: use a multiple of trainer.n_workers={t.n_workers}")
+    images = cfg.data.train_batch_size * r.n
+    per_worker_mini = (a.ppo_mini_batch_size or images) // t.n_workers
+    if per_worker_mini % r.n or per_worker_mini * t.n_workers != (a.ppo_mini_batch_size or images):
+        raise ConfigError("actor.ppo_mini_batch_size", a.ppo_mini_batch_size, f"{name} needs whole prompt groups in "
+                          f"each optimizer step on each worker: a multiple of rollout.n x trainer.n_workers = "
+                          f"{r.n * t.n_workers}")
+    if a.ppo_micro_batch_size % r.n:
+        raise ConfigError("actor.ppo_micro_batch_size", a.ppo_micro_batch_size, f"{name} sums over whole prompt "
+                          f"groups in each forward: use a multiple of rollout.n={r.n}")
 
 
 def _check_rewards_and_loggers(cfg: PixelRLConfig) -> None:

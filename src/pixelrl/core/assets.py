@@ -31,7 +31,7 @@ def resolve(path: str, field: str = "model.path") -> str:
     name = path[len(PREFIX):]
     if name in RETIRED:
         raise ConfigError(field, path, f"{path} is no longer shipped: use {PREFIX}{RETIRED[name]} (the former "
-                          "builtin:shapes_v3, the one shapes model since 2026-11-27; docs/shapes.md keeps the "
+                          "builtin:shapes_v3, the one shapes model since 2026-11-27; docs/history/shapes_log.md keeps the "
                           "older models' results as history)")
     if name not in BUILTIN:
         raise ConfigError(field, path, f"unknown built-in; choose one of {[PREFIX + k for k in BUILTIN]}")

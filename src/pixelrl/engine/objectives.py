@@ -40,6 +40,15 @@ def group_indices(uids: list) -> torch.Tensor:
     return torch.tensor([first.setdefault(uid, len(first)) for uid in uids], dtype=torch.long)
 
 
+def whole_group_order(uids: list, generator: torch.Generator | None) -> torch.Tensor:
+    """Row order with each prompt group's rows together: the groups in a random order (in
+    order of first appearance without a generator), each group's rows in batch order."""
+    groups = group_indices(uids)
+    count = int(groups.max()) + 1 if len(groups) else 0
+    ranks = torch.randperm(count, generator=generator) if generator is not None else torch.arange(count)
+    return torch.cat([torch.nonzero(groups == g).flatten() for g in ranks.tolist()]) if count else groups
+
+
 def step_groups(num_steps: int, per_forward: int) -> list[list[int]]:
     """Steps 0..num_steps-1 in consecutive groups of `per_forward` (0 = one group of all)."""
     size = per_forward or num_steps
@@ -143,7 +152,8 @@ class ForwardProcessObjective:
         self.train_sigmas = FlowMatchEulerDiscreteScheduler.from_config(engine.model.scheduler.config).sigmas.float()
 
     def check_batch(self, batch: Batch) -> None:
-        group = ("uids",) if getattr(self.engine.loss_options, "group_noise", False) else ()
+        group = ("uids",) if getattr(self.engine.loss_options, "group_noise", False) or self.engine.loss.whole_groups \
+            else ()
         require_keys(f"loss `{self.engine.loss.name}`", (*self.engine.loss.batch_keys, "prompts", *group), batch.keys())
 
     def context(self, batch: Batch) -> UpdateContext:
@@ -157,7 +167,8 @@ class ForwardProcessObjective:
         draws = int(row_draw.max()) + 1 if len(batch) else 0
         t = draw_timesteps(opts.timesteps, draws, grid=e.sigmas[:-1], train_sigmas=self.train_sigmas,
                            generator=gen, num_timesteps=getattr(opts, "num_timesteps", 1),
-                           fraction=getattr(opts, "timestep_fraction", 1.0), time_shift=getattr(opts, "time_shift", 3.0))
+                           fraction=getattr(opts, "timestep_fraction", 1.0), time_shift=getattr(opts, "time_shift", 3.0),
+                           max_index=getattr(opts, "max_timestep_index", None))
         x0 = batch["x0"]
         batch["fm_t"] = t[row_draw]
         batch["fm_eps"] = torch.randn((draws, t.shape[1], *x0.shape[1:]), generator=gen)[row_draw]
@@ -234,6 +245,8 @@ class ForwardProcessObjective:
         else:
             inputs = {"x0": clean[0], "x_t": x_t, "t": t, "eps": eps, "v": v, "v_ref": v_ref, "v_old": v_old,
                       "advantages": micro["advantages"].to(device).float()}
+            if e.loss.whole_groups:  # the micro-batch's prompt groups, whole (the engine keeps them so)
+                inputs["groups"] = group_indices(micro["uids"]).to(device)
             # off-policy: the old policy's error scored before the update; on-policy the current
             # forward is the old policy, and the loss takes it detached (a ratio of exactly 1)
             if "fm_old_err" in micro and (not ctx.on_policy or self._samples_from_old_policy()):

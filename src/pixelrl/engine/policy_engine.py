@@ -15,7 +15,7 @@ import torch
 from pixelrl.algos.losses import REFERENCE_STEP_KEYS, get_loss, require_keys
 from pixelrl.engine.flops import FlopMeter, matmul_peak_flops, peak_memory_gb
 from pixelrl.engine.learner import Learner
-from pixelrl.engine.objectives import OBJECTIVE_CLASSES, side_by_side, step_groups
+from pixelrl.engine.objectives import OBJECTIVE_CLASSES, side_by_side, step_groups, whole_group_order
 from pixelrl.engine.weights_ema import WeightsEMA
 from pixelrl.core.batch import Batch
 from pixelrl.core.config import PixelRLConfig, actor_optimizer_steps
@@ -335,7 +335,10 @@ class PolicyEngine:
 
         self.model.transformer.train()
         for _epoch in range(acfg.ppo_epochs):
-            order = torch.randperm(num_samples, generator=gen) if acfg.shuffle else torch.arange(num_samples)
+            if self.loss.whole_groups:  # whole prompt groups, shuffled as units (DGPO's group sums)
+                order = whole_group_order(batch["uids"], gen if acfg.shuffle else None)
+            else:
+                order = torch.randperm(num_samples, generator=gen) if acfg.shuffle else torch.arange(num_samples)
             for mb_start in range(0, num_samples, mini_size):
                 mini = batch.select(order[mb_start:mb_start + mini_size])
                 ctx.on_policy = self.policy_version == rollout_version
