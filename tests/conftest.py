@@ -154,6 +154,15 @@ def any_tiny_vlm_path(request):
     return request.getfixturevalue("tiny_vlm_path" if request.param == "qwen2_vl" else "tiny_vlm25_path")
 
 
+@pytest.fixture(scope="session")
+def ptx_file(tmp_path_factory):
+    """A supervised set for vlm.ptx_coef: 16 shapes-QA validation items as (image, question, answer) rows."""
+    from pixelrl.shapes import qa as shapes_qa
+    from pixelrl.vlm import qa_files
+
+    return qa_files.write_qa_file(shapes_qa.items("val", 0, 16), tmp_path_factory.mktemp("ptx") / "ptx.jsonl")
+
+
 def vlm_config(path, tmp_path, *overrides):
     """The shapes-QA GRPO config shrunk for tests (4 questions x 4 answers, 12 held-out items, in-process)."""
     from pixelrl.config import load_config

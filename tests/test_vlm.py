@@ -131,13 +131,13 @@ def _state(engine):
      "vlm.kl_target=0.01", "vlm.kl_horizon=100"),
     ("model.lora_rank=4", "model.lora_alpha=8", "vlm.kl_coef=0.1", "vlm.kl_in_reward=true", "vlm.ptx_coef=0.1"),
 ])
-def test_four_steps_equal_two_plus_two_bitwise(tiny_vlm_path, tmp_path, extra, monkeypatch):
+def test_four_steps_equal_two_plus_two_bitwise(tiny_vlm_path, tmp_path, extra, monkeypatch, ptx_file):
     """A run killed after its step-2 checkpoint and resumed ends bitwise where an uninterrupted run
     ends, with the config's cosine lr (a schedule over the whole run)."""
     from pixelrl.vlm.trainer import VLMPPOTrainer
 
     common = ("trainer.total_training_steps=4", "trainer.save_freq=2", "actor.lr=1e-3", "vlm.critic_lr=1e-3",
-              *extra)
+              *extra, *([f"vlm.ptx_files=[{ptx_file}]"] if "vlm.ptx_coef=0.1" in extra else []))
     whole = VLMPPOTrainer(vlm_config(tiny_vlm_path, tmp_path / "a", *common)).fit()
     assert whole["engine"].cfg.actor.lr_schedule == "cosine"
     vlm_run_killed_after_checkpoint(vlm_config(tiny_vlm_path, tmp_path / "b", *common), monkeypatch, 2)

@@ -292,3 +292,28 @@ def test_eval_vlm_scores_a_folder_on_question_files_as_validation_does(tmp_path,
     assert "accuracy_scenes" in files and "scenes" in out  # a file's own types are reported
     assert main(["eval-vlm", "--model", str(tmp_path)]) == 2
     assert "`--model`" in capsys.readouterr().err
+
+
+def test_ptx_trains_on_its_own_files_and_is_refused_without_them(tiny_vlm_path, tmp_path, ptx_file, monkeypatch):
+    """vlm.ptx_coef's supervised loss reads (image, question, answer) rows of vlm.ptx_files (as
+    LightRFT's ptx is a pretraining set of its own), never the RL questions' answers; the rows a
+    call draws depend only on (seed, step, rank, call), so a resumed run draws the same."""
+    from pixelrl.vlm.engine import VLMEngine
+
+    with pytest.raises(ConfigError, match="vlm.ptx_files"):
+        vlm_config(tiny_vlm_path, tmp_path, "vlm.ptx_coef=0.1")
+    with pytest.raises(ConfigError, match="vlm.ptx_files"):
+        vlm_config(tiny_vlm_path, tmp_path, f"vlm.ptx_files=[{ptx_file}]")
+    cfg = vlm_config(tiny_vlm_path, tmp_path, "vlm.ptx_coef=0.1", f"vlm.ptx_files=[{ptx_file}]")
+    engine = VLMEngine(cfg)
+    seen = []
+    real = engine.policy.with_responses
+    monkeypatch.setattr(engine.policy, "with_responses", lambda prompts, answers: seen.append(answers) or real(prompts, answers))
+    first = engine._ptx_loss(6, step=3, call=0)
+    again = engine._ptx_loss(6, step=3, call=0)
+    engine._ptx_loss(6, step=4, call=0)
+    file_answers = {str(it["answer"]) for it in shapes_qa.items("val", 0, 16)}
+    assert all(set(a) <= file_answers for a in seen) and len(seen[0]) == 6
+    assert seen[0] == seen[1] and float(first.detach()) == float(again.detach())  # the same draw for the same (step, call)
+    assert seen[2] != seen[0]
+    assert torch.isfinite(first) and first.requires_grad

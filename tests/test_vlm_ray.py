@@ -18,10 +18,10 @@ def _assert_ranks_agree(states):
         assert np.array_equal(rank0[key], rank1[key]), key
 
 
-def test_ddp_ranks_hold_identical_weights_after_training(ray_cluster, tiny_vlm_path, tmp_path):
+def test_ddp_ranks_hold_identical_weights_after_training(ray_cluster, tiny_vlm_path, tmp_path, ptx_file):
     from pixelrl.vlm.trainer import VLMPPOTrainer
 
-    overrides = _two_workers("ddp", "model.lora_rank=4", "model.lora_alpha=8", "vlm.ptx_coef=0.1",
+    overrides = _two_workers("ddp", "model.lora_rank=4", "model.lora_alpha=8", "vlm.ptx_coef=0.1", f"vlm.ptx_files=[{ptx_file}]",
                              "trainer.total_training_steps=2", "vlm.estimator=rloo")
     result = VLMPPOTrainer(vlm_config(tiny_vlm_path, tmp_path, *overrides)).fit()
     _assert_ranks_agree(result["states"])

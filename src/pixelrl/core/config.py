@@ -279,7 +279,10 @@ class VLMConfig:
     # sequences, as verl and LightRFT do (their samplers are other engines). false: reuse those the
     # sampler computed with the same weights (equal within float reordering, one forward less)
     recompute_old_logp: bool = True
-    ptx_coef: float = 0.0  # supervised loss on the step's prompts and their reference answers
+    # > 0: a supervised loss (mean NLL of the answer) on rows of its own pretraining / SFT set,
+    # ptx_files (.jsonl / .parquet with image, question and answer, as vlm.task=files), as LightRFT
+    ptx_coef: float = 0.0
+    ptx_files: list = field(default_factory=list)
     ema_decay: float = 0.0  # > 0: keep an EMA of the actor (0.992 in LightRFT), saved with checkpoints
     validate_ema: bool = False  # validation scores the EMA actor (the model LightRFT keeps) instead of the actor
     critic_lr: float = 1e-4

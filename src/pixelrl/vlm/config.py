@@ -37,6 +37,13 @@ def validate_vlm(cfg: PixelRLConfig) -> None:
     _choice("vlm.policy_loss", v.policy_loss, ("ppo", "gspo", "cpg"))
     _choice("vlm.aggregation", v.aggregation, AGGREGATIONS)
     _choice("vlm.kl_estimator", v.kl_estimator, KL_ESTIMATORS)
+    if v.ptx_coef > 0 and not v.ptx_files:
+        raise ConfigError("vlm.ptx_files", [], "vlm.ptx_coef > 0 trains a supervised loss on a pretraining / SFT set "
+                          "of its own: list .jsonl or .parquet files of (image, question, answer) rows (the layout "
+                          "of vlm.task=files), or set vlm.ptx_coef=0")
+    if v.ptx_files and v.ptx_coef == 0:
+        raise ConfigError("vlm.ptx_files", list(v.ptx_files), "nothing reads these files while vlm.ptx_coef=0: set "
+                          "vlm.ptx_coef > 0 (LightRFT's ptx_coef) or remove them")
     _check_backend(t)
     check_best_metric(t)
     _choice("trainer.strategy", t.strategy, ("ddp", "fsdp2"))

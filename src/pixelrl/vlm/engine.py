@@ -42,14 +42,12 @@ class Experience:
     ref_logp: torch.Tensor | None = None
     values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
-    answers: list | None = None  # reference answers (for the ptx loss)
 
     def select(self, rows: torch.Tensor) -> "Experience":
         pick = lambda x: None if x is None else x[rows]  # noqa: E731
         return replace(self, batch=self.batch.select(rows), old_logp=self.old_logp[rows],
                        advantages=self.advantages[rows], policy_mask=self.policy_mask[rows],
-                       ref_logp=pick(self.ref_logp), values=pick(self.values), returns=pick(self.returns),
-                       answers=None if self.answers is None else [self.answers[i] for i in rows.tolist()])
+                       ref_logp=pick(self.ref_logp), values=pick(self.values), returns=pick(self.returns))
 
     def __len__(self) -> int:
         return len(self.batch)
@@ -84,6 +82,7 @@ class VLMEngine:
                        else T.FixedKLController(v.kl_coef))
         self.reward = WeightedReward.from_functions(cfg.reward.functions, cfg.reward.timeout_s)
         self.data_parallel_size = 1  # ranks sharing each optimizer step (set by enable_data_parallel)
+        self._ptx_rows = None  # vlm.ptx_files' rows, read at the first ptx loss
 
     def enable_data_parallel(self, strategy: str) -> None:
         """Join the process group's ranks (already initialised): the same start weights, then either
@@ -211,7 +210,7 @@ class VLMEngine:
         if values is not None:
             metrics["critic/explained_variance"] = T.explained_variance(values, returns, mask)
         exp = Experience(batch, old_logp, adv, T.entropy_mask(entropy, mask, v.entropy_mask_ratio), ref_logp,
-                         values, returns, [m.get("answer", "") for m in meta])
+                         values, returns)
         return exp, metrics
 
     # --- consumer ------------------------------------------------------------------------
@@ -262,7 +261,7 @@ class VLMEngine:
                         for k, val in m.items():
                             sums.setdefault(f"actor/{k}", []).append(float(val))
                         if v.ptx_coef > 0:
-                            ptx = self._ptx_loss(sub)
+                            ptx = self._ptx_loss(len(sub), step, len(sums.get("actor/ptx_loss", ())))
                             (v.ptx_coef * ptx * weight).backward()
                             sums.setdefault("actor/ptx_loss", []).append(float(ptx.detach()))
                     if self.critic is not None:
@@ -287,11 +286,22 @@ class VLMEngine:
         metrics["actor/trained"] = float(train_actor)
         return metrics
 
-    def _ptx_loss(self, sub: Experience) -> torch.Tensor:
-        """Supervised loss on the experience's prompts followed by their reference answers."""
-        prompt = replace(sub.batch, input_ids=sub.batch.input_ids[:, :sub.batch.prompt_length],
-                         attention_mask=sub.batch.attention_mask[:, :sub.batch.prompt_length], response_mask=None)
-        target = self.policy.with_responses(prompt, [str(a) for a in sub.answers])
+    def _ptx_loss(self, count: int, step: int, call: int) -> torch.Tensor:
+        """Supervised loss on `count` rows of vlm.ptx_files (image and question, then the answer),
+        drawn with replacement from (seed, step, rank, call): a resumed run draws the same rows."""
+        import torch.distributed as dist
+
+        from pixelrl.vlm import qa_files
+
+        if self._ptx_rows is None:  # checked on the driver before any worker started (vlm/config.py)
+            self._ptx_rows = qa_files.open_qa_files(tuple(self.cfg.vlm.ptx_files), self.cfg.data.prompt_key,
+                                                    "vlm.ptx_files")
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        gen = torch.Generator().manual_seed(derive_seed(self.cfg.seed * 1_000_003 + step, f"ptx/{rank}/{call}"))
+        items = [qa_files.load_item(self._ptx_rows[i])
+                 for i in torch.randint(len(self._ptx_rows), (count,), generator=gen).tolist()]
+        prompts = self.policy.prompts([it["image"] for it in items], [it["question"] for it in items])
+        target = self.policy.with_responses(prompts, [str(it["answer"]) for it in items])
         return T.ptx_loss(self.policy.token_logprobs(target, temperature=1.0), target.response_mask)
 
     # --- state ---------------------------------------------------------------------------

@@ -56,7 +56,10 @@ def check_task_data(cfg: PixelRLConfig) -> None:
     """Open the dataset files on the driver, so a bad row or too few held-out rows stops the run
     before any worker starts."""
     from pixelrl.core.errors import ConfigError
+    from pixelrl.vlm import qa_files
 
+    if cfg.vlm.ptx_files:  # the supervised set of vlm.ptx_coef: every row checked now
+        qa_files.open_qa_files(tuple(str(f) for f in cfg.vlm.ptx_files), cfg.data.prompt_key, "vlm.ptx_files")
     if cfg.vlm.task != "files":
         return
     task_rows(cfg, "train")
