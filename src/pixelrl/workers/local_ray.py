@@ -11,7 +11,8 @@ No orphans: Ray ties the GCS and the raylet to the driver's life, but the agents
 starts (dashboard agent, runtime-env agent) survive a SIGKILL of the driver. A watchdog process
 (`python -m pixelrl.workers.local_ray <pid>`, in its own session so a Ctrl-C in the terminal
 does not reach it first) keeps a list of the driver's descendants and, when the pipe it holds to
-the driver closes (the driver ended, however it ended), stops every one still running.
+the driver closes (the driver ended, however it ended), freezes every one still running (so none
+can start another), looks once more for their children, and kills them all.
 """
 
 from __future__ import annotations
@@ -74,18 +75,26 @@ def _watch(driver_pid: int, period_s: float = 0.5, grace_s: float = 3.0) -> None
         if readable and not os.read(sys.stdin.fileno(), 1):
             break  # EOF: the driver is gone
     # is_running() compares creation times, so a reused pid is never touched
-    alive = [p for p in known.values() if p.is_running()]
-    for proc in alive:
-        try:
-            proc.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, still = psutil.wait_procs(alive, timeout=grace_s)
-    for proc in still:
+    alive = {p.pid: p for p in known.values() if p.is_running()}
+    # freeze the tree before the last look at it: a raylet starting a worker between the last
+    # poll and the kill would otherwise leave that worker behind, unseen
+    frozen: set[int] = set()
+    while len(frozen) < len(alive):
+        for pid, proc in list(alive.items()):
+            if pid in frozen:
+                continue
+            frozen.add(pid)
+            try:
+                proc.suspend()
+                alive.update({c.pid: c for c in proc.children(recursive=True) if c.pid != me})
+            except psutil.NoSuchProcess:
+                pass
+    for proc in alive.values():  # a stopped process dies of SIGKILL at once
         try:
             proc.kill()
         except psutil.NoSuchProcess:
             pass
+    psutil.wait_procs(list(alive.values()), timeout=grace_s)
 
 
 if __name__ == "__main__":
