@@ -113,7 +113,7 @@ TRAINER_TYPE_ALIASES = {"policy_gradient": "transition", "direct_preference": "f
 class AlgorithmConfig:
     # How the update sees a sample. transition: re-scores the sampler's SDE transitions
     # (Flow-GRPO family); forward_process: re-noises the clean sample at drawn timesteps
-    # (Diffusion-DPO, DiffusionNFT, AWM). vlm_ppo: the vision-language trainer. The names before
+    # (Diffusion-DPO, DiffusionNFT, AWM, DGPO). vlm_ppo: the vision-language trainer. The names before
     # 2026-11, policy_gradient and direct_preference, still load (TRAINER_TYPE_ALIASES).
     trainer_type: str = "transition"
     adv_estimator: str = "grpo"
