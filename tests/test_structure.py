@@ -169,6 +169,9 @@ def test_a_whole_group_loss_is_shuffled_by_groups_and_its_sizes_are_checked():
             "rollout.noise_level=0", "rollout.guidance_scale=1"]
     cfg = load_config("shapes_flow_grpo", base + ["actor.ppo_micro_batch_size=16"])
     assert cfg.diffusion_loss.name == "dgpo"
+    # distinct timesteps the grid cannot hold: refused at start-up, not at the first update
+    with pytest.raises(ConfigError, match=r"diffusion_loss\.params\.num_timesteps.*rollout.num_steps=3"):
+        load_config("shapes_dgpo", ["rollout.num_steps=3"])
     for bad, field in [(["actor.ppo_micro_batch_size=12"], "actor.ppo_micro_batch_size"),
                        (["algorithm.drop_zero_advantage=true"], "algorithm.drop_zero_advantage"),
                        (["actor.ppo_mini_batch_size=24"], "actor.ppo_mini_batch_size"),

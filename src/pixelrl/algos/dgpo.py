@@ -26,7 +26,7 @@ import torch
 
 from pixelrl.algos.forward_process import OldPolicyParams, check_timesteps, mean_over_dims
 from pixelrl.algos.losses import positive, register_loss
-from pixelrl.core.errors import ConfigError
+from pixelrl.core.errors import ConfigError, require_integer
 
 
 @dataclass
@@ -49,9 +49,7 @@ class DGPOParams(OldPolicyParams):
         for name in ("ref_kl_coef", "clip_range"):
             if not 0 <= getattr(self, name) < float("inf"):
                 raise ConfigError(f"diffusion_loss.params.{name}", getattr(self, name), "a finite number >= 0")
-        if isinstance(self.max_timestep_index, bool) or not isinstance(self.max_timestep_index, int) \
-                or self.max_timestep_index < 0:
-            raise ConfigError("diffusion_loss.params.max_timestep_index", self.max_timestep_index, "an integer >= 0")
+        require_integer("diffusion_loss.params.max_timestep_index", self.max_timestep_index, 0)
         if self.num_timesteps > self.max_timestep_index + 1:
             raise ConfigError("diffusion_loss.params.num_timesteps", self.num_timesteps,
                               f"draws distinct indices out of 0..max_timestep_index={self.max_timestep_index}: "
@@ -78,7 +76,7 @@ def dgpo_loss(step: dict, cfg) -> tuple[torch.Tensor, dict]:
     groups = step["groups"]
     num_groups = int(groups.max()) + 1
     with torch.no_grad():
-        size = torch.zeros(num_groups, device=err.device, dtype=err.dtype).index_add_(0, groups, torch.ones_like(err))
+        size = torch.bincount(groups, minlength=num_groups).to(err.dtype)
         inside = torch.zeros(num_groups, device=err.device, dtype=err.dtype).index_add_(
             0, groups, advantages * cfg.beta_dpo * (err.detach() - ref_err)) / size
         weight = torch.sigmoid(inside)[groups]

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from pixelrl.algos.losses import positive, register_loss
-from pixelrl.core.errors import ConfigError
+from pixelrl.core.errors import ConfigError, require_integer
 from pixelrl.sampling.schedule import time_shift as shifted
 from pixelrl.sampling.sde import mean_over_dims
 
@@ -54,9 +54,22 @@ def grid_strata(kind: str, num_steps: int, num_timesteps: int, fraction: float) 
     return lower, upper
 
 
-def check_strata(kind: str, num_timesteps: int, num_steps: int, fraction: float) -> None:
+def grid_subset_top(num_steps: int, max_index: int | None) -> int:
+    """The highest grid index `grid_subset` draws from: max_index, within the N-step grid."""
+    return num_steps - 1 if max_index is None else min(num_steps - 1, max_index)
+
+
+def check_strata(kind: str, num_timesteps: int, num_steps: int, fraction: float, max_index: int | None = None) -> None:
     """Every stratum must hold at least one grid index (the reference then draws its lower bound
-    for every empty one, training one timestep several times)."""
+    for every empty one, training one timestep several times); `grid_subset` draws distinct
+    indices, so the grid must hold that many up to max_index."""
+    if kind == "grid_subset":
+        top = grid_subset_top(num_steps, max_index)
+        if num_timesteps > top + 1:
+            raise ConfigError("diffusion_loss.params.num_timesteps", num_timesteps,
+                              f"draws distinct grid indices out of 0..{top} (rollout.num_steps={num_steps}): "
+                              f"use at most {top + 1}")
+        return
     if kind not in GRID_STRATA:
         return
     lower, upper = grid_strata(kind, num_steps, num_timesteps, fraction)
@@ -98,11 +111,8 @@ def draw_timesteps(kind: str, batch_size: int, *, grid: torch.Tensor, train_sigm
         u = torch.rand(batch_size, num_timesteps, generator=generator)
         return grid[lower + (u * (upper - lower)).long()]
     if kind == "grid_subset":
-        top = min(n - 1, n - 1 if max_index is None else max_index)
-        if num_timesteps > top + 1:
-            raise ConfigError("diffusion_loss.params.num_timesteps", num_timesteps,
-                              f"draws distinct grid indices out of 0..{top} (rollout.num_steps={n}): use at most {top + 1}")
-        picked = torch.randperm(top + 1, generator=generator)[:num_timesteps]
+        check_strata(kind, num_timesteps, n, fraction, max_index)
+        picked = torch.randperm(grid_subset_top(n, max_index) + 1, generator=generator)[:num_timesteps]
         return grid[picked].unsqueeze(0).expand(batch_size, -1).clone()
     if kind in CONTINUOUS_STRATA:
         u = (torch.arange(num_timesteps) + torch.rand(batch_size, num_timesteps, generator=generator)) / num_timesteps
@@ -211,10 +221,7 @@ class OldPolicyParams:
                               f"choose one of {list(OLD_POLICY_SCHEDULES)}")
         if not 0 <= self.old_policy_decay < 1:
             raise ConfigError("diffusion_loss.params.old_policy_decay", self.old_policy_decay, "must be in [0, 1)")
-        if isinstance(self.old_policy_update_interval, bool) or not isinstance(self.old_policy_update_interval, int) \
-                or self.old_policy_update_interval < 1:
-            raise ConfigError("diffusion_loss.params.old_policy_update_interval", self.old_policy_update_interval,
-                              "an integer >= 1")
+        require_integer("diffusion_loss.params.old_policy_update_interval", self.old_policy_update_interval, 1)
         if self.rollout_policy not in ("current", "old"):
             raise ConfigError("diffusion_loss.params.rollout_policy", self.rollout_policy, "choose one of "
                               "['current', 'old']")

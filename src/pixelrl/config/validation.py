@@ -208,7 +208,8 @@ def validate(cfg: PixelRLConfig) -> None:
     _choice("diffusion_loss.name", cfg.diffusion_loss.name, LOSSES.names())
     bound = LOSSES.get(cfg.diffusion_loss.name).bind(cfg.diffusion_loss)  # the loss's own params, checked
     if hasattr(bound, "num_timesteps"):
-        check_strata(bound.timesteps, bound.num_timesteps, r.num_steps, getattr(bound, "timestep_fraction", 1.0))
+        check_strata(bound.timesteps, bound.num_timesteps, r.num_steps, getattr(bound, "timestep_fraction", 1.0),
+                     getattr(bound, "max_timestep_index", None))
     if getattr(bound, "group_noise", False) and r.n < 2:
         raise ConfigError("diffusion_loss.params.group_noise", True, f"shares noise within a prompt's group, and "
                           f"rollout.n={r.n} makes groups of one: set rollout.n >= 2 or group_noise=false")

@@ -14,6 +14,12 @@ class ConfigError(PixelRLError, ValueError):
         super().__init__(f"{kind} `{field}` = {value!r}: {fix}")
 
 
+def require_integer(field: str, value, least: int) -> None:
+    """Stop with a ConfigError naming `field` unless `value` is an integer (never a bool) >= `least`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ConfigError(field, value, f"an integer >= {least}")
+
+
 class MissingBatchKeysError(PixelRLError, KeyError):
     """A loss or estimator needs batch keys that the batch does not carry."""
 

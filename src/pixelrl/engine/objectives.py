@@ -152,8 +152,7 @@ class ForwardProcessObjective:
         self.train_sigmas = FlowMatchEulerDiscreteScheduler.from_config(engine.model.scheduler.config).sigmas.float()
 
     def check_batch(self, batch: Batch) -> None:
-        group = ("uids",) if getattr(self.engine.loss_options, "group_noise", False) or self.engine.loss.whole_groups \
-            else ()
+        group = ("uids",) if getattr(self.engine.loss_options, "group_noise", False) else ()
         require_keys(f"loss `{self.engine.loss.name}`", (*self.engine.loss.batch_keys, "prompts", *group), batch.keys())
 
     def context(self, batch: Batch) -> UpdateContext:

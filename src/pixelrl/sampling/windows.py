@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pixelrl.core.errors import ConfigError
+from pixelrl.core.errors import ConfigError, require_integer
 
 
 @dataclass(frozen=True)
@@ -61,11 +61,6 @@ def random_window(num_steps: int, window_size: int, window_range, seed: int) -> 
     return Window(start, start + window_size)
 
 
-def _whole(field: str, value, least: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ConfigError(f"rollout.sde_window_params.{field}", value, f"an integer >= {least}")
-
-
 @dataclass(frozen=True)
 class RandomWindowParams:
     """`random` (Flow-GRPO-Fast): no params; the start is drawn from the step's rollout seed."""
@@ -77,7 +72,7 @@ class MixGRPORandomParams:
     seed: int = 0
 
     def __post_init__(self):
-        _whole("seed", self.seed, 0)
+        require_integer("rollout.sde_window_params.seed", self.seed, 0)
 
 
 @dataclass(frozen=True)
@@ -89,8 +84,8 @@ class MixGRPOProgressiveParams:
     rollback: bool = False
 
     def __post_init__(self):
-        _whole("stride", self.stride, 1)
-        _whole("iters_per_group", self.iters_per_group, 1)
+        require_integer("rollout.sde_window_params.stride", self.stride, 1)
+        require_integer("rollout.sde_window_params.iters_per_group", self.iters_per_group, 1)
         if not isinstance(self.rollback, bool):
             raise ConfigError("rollout.sde_window_params.rollback", self.rollback, "true or false")
 
