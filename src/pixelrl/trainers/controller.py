@@ -2,7 +2,7 @@
 
 The controller only orchestrates: it takes prompts from the loader, runs the producer
 (`make_rollout`) and the consumer of `algorithm.trainer_type` (`train_on_transitions` for the Flow-GRPO
-family, `train_on_forward_process` for Diffusion-DPO, DiffusionNFT and AWM) against the actor
+family, `train_on_forward_process` for Diffusion-DPO, DiffusionNFT, AWM and DGPO) against the actor
 worker group and the reward group, and handles checkpoints, validation, dumps and tracking.
 Workers compute.
 """

@@ -1,4 +1,4 @@
-"""The direct-preference consumer: Diffusion-DPO, DiffusionNFT and AWM.
+"""The forward-process consumer: Diffusion-DPO, DiffusionNFT, AWM and DGPO.
 
 The producer is the shared one (`make_rollout`), but only the final clean samples are used: the
 consumer trains the `forward_process` objective, noising them again at sampled timesteps.
@@ -18,7 +18,7 @@ from pixelrl.trainers.step import (PhaseTimer, Rollout, actor_step_metrics, summ
 
 
 def train_on_forward_process(actor, rollout: Rollout, cfg, num_workers: int = 1,
-                           actor_version: int | None = None) -> dict[str, float]:
+                             actor_version: int | None = None) -> dict[str, float]:
     """(best/worst pairs, or the samples with A != 0) -> update on the clean samples. Forward-process
     losses never re-score the sampler's trajectory, so `actor_version` changes nothing here."""
     timer = PhaseTimer()
@@ -29,7 +29,7 @@ def train_on_forward_process(actor, rollout: Rollout, cfg, num_workers: int = 1,
             train = Batch({"x0": batch["x0"][chosen], "x0_rejected": batch["x0"][rejected]},
                           {"prompts": [batch["prompts"][i] for i in chosen]}, dict(batch.info))
             train.info["num_mini_batches"] = mini_batches_per_epoch(cfg)
-        else:  # DiffusionNFT, AWM: every sample, or (drop_zero_advantage) those with A != 0
+        else:  # DiffusionNFT, AWM, DGPO: every sample, or (drop_zero_advantage) those with A != 0
             train = without_zero_advantages(Batch({"x0": batch["x0"], "advantages": batch["advantages"]},
                                                   {"prompts": batch["prompts"], "uids": batch["uids"]},
                                                   dict(batch.info)),
