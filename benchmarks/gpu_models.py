@@ -15,26 +15,14 @@ from pathlib import Path
 
 import torch
 
+from pixelrl.models.releases import FLUX_DEV, SD35_MEDIUM, WAN_1_3B
 from pixelrl.models.tiny import DEFAULT_WORDS, build_clip_tokenizer, build_t5_tokenizer
 
-# stabilityai/stable-diffusion-3.5-medium transformer/config.json (2.47B parameters)
-SD35_MEDIUM = dict(sample_size=128, patch_size=2, in_channels=16, out_channels=16, num_layers=24,
-                   attention_head_dim=64, num_attention_heads=24, joint_attention_dim=4096,
-                   caption_projection_dim=1536, pooled_projection_dim=2048, pos_embed_max_size=384,
-                   qk_norm="rms_norm", dual_attention_layers=tuple(range(13)))
 # SD3 / FLUX VAE: 16 latent channels, factor 8
 SD3_VAE = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
                up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(128, 256, 512, 512),
                layers_per_block=2, latent_channels=16, norm_num_groups=32, sample_size=1024,
                use_quant_conv=False, use_post_quant_conv=False)
-# black-forest-labs/FLUX.1-dev transformer/config.json (11.9B parameters)
-FLUX_DEV = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
-                num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768,
-                guidance_embeds=True, axes_dims_rope=(16, 56, 56))
-# Wan-AI/Wan2.1-T2V-1.3B-Diffusers transformer/config.json (1.42B parameters)
-WAN_1_3B = dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16,
-                out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30,
-                cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
 TINY = dict(
     sd35=dict(SD35_MEDIUM, sample_size=8, num_layers=2, attention_head_dim=8, num_attention_heads=2,
               joint_attention_dim=32, caption_projection_dim=16, pooled_projection_dim=32, pos_embed_max_size=8,

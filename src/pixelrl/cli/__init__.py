@@ -1,6 +1,7 @@
 """`pixelrl` command line.
 
     pixelrl train [--config-name NAME] [key=value ...]   train (Ray, or trainer.backend=local)
+    pixelrl plan --config-name NAME --gpus G --gpu-memory GB   fit a recipe's micro-batches to your GPUs
     pixelrl export CHECKPOINT OUT [--adapter-only]      a diffusers pipeline (or adapter) folder; a Qwen2-VL folder
     pixelrl eval [--model PATH | --checkpoint DIR]      GenEval-style table on the shapes test set (--task text: OCR)
     pixelrl generate --prompt "..." [--model PATH]      an image grid (PNG)

@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from pixelrl.cli.arguments import non_negative_int, positive_int
+from pixelrl.cli.arguments import non_negative_int, positive_float, positive_int
 from pixelrl.core.paths import check_no_links_out, check_output_dir, check_output_file, image_suffixes
 
 
@@ -24,6 +24,18 @@ def cmd_train(args) -> int:
     # offline DPO generates nothing during training: report its implicit accuracy instead
     key = "critic/rewards/mean" if "critic/rewards/mean" in first else "actor/implicit_acc"
     print(f"done: {len(history)} steps, {key} {first[key]:.4f} -> {last[key]:.4f}; run folder {result['run_dir']}")
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from pixelrl.config.plan import describe, plan_for
+    from pixelrl.core.config_io import merge_config
+    from pixelrl.core.plugins import import_plugins
+
+    cfg = merge_config(args.config_name, args.overrides)
+    cfg.plugins = import_plugins(cfg.plugins)
+    plan = plan_for(cfg, args.gpus, args.gpu_memory, args.peak_tflops)
+    print(describe(cfg, plan, args.config_name))
     return 0
 
 
@@ -168,6 +180,15 @@ def add_parsers(sub) -> None:
     train.add_argument("--config-name", default=None, help="a config in configs/ or a YAML path")
     train.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rollout.n=8")
     train.set_defaults(func=cmd_train)
+    plan = sub.add_parser("plan", help="fit a recipe to your GPUs: micro-batches and checkpointing from an estimate "
+                          "of memory and step time, the algorithm's batch sizes kept")
+    plan.add_argument("--config-name", default=None, help="a config in configs/ or a YAML path")
+    plan.add_argument("--gpus", type=positive_int, required=True, help="GPUs to train on (one worker each)")
+    plan.add_argument("--gpu-memory", type=positive_float, required=True, help="memory of each GPU in GB, e.g. 80")
+    plan.add_argument("--peak-tflops", type=positive_float, default=989.0,
+                      help="each GPU's dense bf16 peak in TFLOP/s (989: H100 / H200 SXM; 312: A100)")
+    plan.add_argument("overrides", nargs="*", help="key=value overrides, e.g. model.path=/models/sd35")
+    plan.set_defaults(func=cmd_plan)
     plot = sub.add_parser("plot", help="plot a run's metrics (one panel per matching key) to a PNG")
     plot.add_argument("run", help="a run folder (with metrics.jsonl) or a metrics.jsonl file")
     plot.add_argument("--keys", nargs="+", default=["val-core/*", "val/*", "critic/rewards/mean"],

@@ -38,7 +38,25 @@ def load_config(config_name: str | None = None, overrides: list[str] | tuple = (
     cfg = merge_config(config_name, overrides)
     cfg.plugins = import_plugins(cfg.plugins)
     validate(cfg)
+    if cfg.trainer.fit_to_memory_gb and cfg.algorithm.trainer_type in DIFFUSION_TRAINERS:
+        cfg = _fitted_to_memory(cfg)
     return cfg
+
+
+def _fitted_to_memory(cfg: PixelRLConfig) -> PixelRLConfig:
+    """trainer.fit_to_memory_gb: the plan's micro-batches and checkpointing, announced once."""
+    import sys
+
+    from pixelrl.config.plan import apply_plan, plan_for
+
+    plan = plan_for(cfg, cfg.trainer.n_workers, cfg.trainer.fit_to_memory_gb, cfg.trainer.peak_tflops or 989.0,
+                    field="trainer.fit_to_memory_gb")
+    fitted = apply_plan(cfg, plan)
+    validate(fitted)
+    chosen = " ".join(o for o in plan.overrides if not o.startswith(("trainer.n_workers", "trainer.backend")))
+    print(f"pixelrl: trainer.fit_to_memory_gb={cfg.trainer.fit_to_memory_gb:g}: {chosen or 'the config as written'} "
+          f"(estimated peak {plan.estimate.peak_gb:.1f} GB per GPU; `pixelrl plan` shows the estimate)", file=sys.stderr)
+    return fitted
 
 
 def _choice(field: str, value, options) -> None:
@@ -297,6 +315,7 @@ def validate(cfg: PixelRLConfig) -> None:
     _positive("diffusion_loss.kl_coef", cfg.diffusion_loss.kl_coef, allow_zero=True)
     _positive("trainer.time_budget_s", t.time_budget_s, allow_zero=True)
     _positive("trainer.peak_tflops", t.peak_tflops, allow_zero=True)
+    _positive("trainer.fit_to_memory_gb", t.fit_to_memory_gb, allow_zero=True)
     _positive("trainer.total_training_steps", t.total_training_steps, allow_zero=True)  # 0 = from the epochs
     _positive("trainer.total_epochs", t.total_epochs)
     _choice("rollout.solver", r.solver, SOLVERS)

@@ -1,0 +1,408 @@
+"""Fit a recipe to the user's GPUs (`pixelrl plan`, `trainer.fit_to_memory_gb`).
+
+A paper config is written for its authors' cards: 8 GPUs of 80 GB in the Flow-GRPO setting,
+with a small micro-batch and gradient checkpointing chosen for that memory. pixelrl's batch
+sizes are global (prompts per step, images per optimizer step), so running the recipe on G GPUs
+keeps the algorithm as it is: each worker accumulates (images per optimizer step / G) samples
+per optimizer step in micro-batches. What G and the card's memory do change is how large those
+micro-batches can be, whether checkpointing is needed, and how fast a step runs; this module
+chooses them from an estimate of each phase's peak memory and time, and says what it changed.
+
+The estimate is arithmetic on the denoiser's shape (read from the model folder, or the
+release's published shape when the folder is not here), calibrated on measurements of
+SD3.5-Medium-shaped models on one H200 (docs/benchmarks.md, "On one NVIDIA H200"). Its error
+on those measurements is in docs/planning.md; it leaves out communication between GPUs, the
+reward's own time and memory, and the VAE decode's time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from pixelrl.core.config import PixelRLConfig, images_per_step
+from pixelrl.core.errors import ConfigError
+
+# --- calibration: SD3.5-Medium shapes, one NVIDIA H200, bf16, torch 2.11 + CUDA 13 ----------------
+# Bytes a forward with gradient keeps for its backward, per (token x hidden unit x layer) of one
+# row: (38.8 GB peak - 5.9 GB resident) / 32 rows of 1229 tokens x 1536 x 24 layers (the tuned
+# Flow-GRPO case); the same constant predicts the Flow-GRPO-Fast and AWM cases within 1%.
+ACTIVATION_BYTES = 22.7
+# With gradient checkpointing a block keeps only its input (bf16, both streams) until its
+# recompute; one block's full activations live at a time. Not calibrated: the checkpointed cases
+# measured peaked while decoding, not in the update.
+CHECKPOINT_BYTES = 2.0
+# Decoding one sampling micro-batch, per output pixel: an image VAE, (10.2 GB - 5.9 GB) / 8 images
+# of 512 x 512 (the checkpointed Flow-GRPO cases, which peaked while decoding); a video VAE (Wan's,
+# which decodes frame chunks with a cache), per pixel of the whole clip, from the one Wan case
+# (11.2 GB peak, 2 clips of 33 frames): fitted on that point alone, not validated.
+DECODE_BYTES_PER_PIXEL = 2070.0
+VIDEO_DECODE_BYTES_PER_PIXEL = 422.0
+# Time: a phase takes its FLOPs at a fixed fraction of the card's dense bf16 peak, plus a fixed
+# cost per forward-equivalent of each denoiser call (a backward counts two, a checkpointed
+# recompute one more): host work and kernel launches, which make small micro-batches slow. Both
+# fitted on the SD3.5 cases' phases on the H200 (docs/planning.md lists prediction beside measurement).
+ACHIEVED_FRACTION_OF_PEAK = 0.446
+SECONDS_PER_FORWARD_CALL = 0.096
+BACKWARD_FLOPS = 2.0  # a backward costs two forwards
+NEAR_TIE = 0.05
+# The calibration reached 32 rows per denoiser call; past twice that the predicted gain is
+# overhead spread thinner, which nothing measured confirms, so the search stops there.
+MAX_ROWS_PER_CALL = 64
+HEADROOM = 0.9  # plan to this fraction of the card: allocator fragmentation, the CUDA context, NCCL
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
+TRAINABLE_STATE_BYTES = 16  # float32 weight, gradient and Adam's two moments per trained parameter
+LORA_PROJECTIONS_PER_LAYER = 8  # the attention projections of both streams the adapters target
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the estimate needs to know about one model at one resolution."""
+    name: str
+    denoiser_params: float
+    encoder_params: float
+    vae_params: float
+    layers: int
+    hidden: int
+    seq_tokens: int  # tokens in the denoiser's sequence (image + joint text) per row
+    forward_flops: float  # one row's denoiser forward
+    frames: int  # decoded frames per sample (1 for images)
+    pixels: int  # decoded pixels per frame
+
+
+def _safetensors_params(folder: Path) -> float:
+    """Parameters stored in a component folder's safetensors files (their JSON headers only)."""
+    total = 0
+    for file in sorted(folder.glob("*.safetensors")):
+        with open(file, "rb") as f:
+            header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+        total += sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
+    return float(total)
+
+
+def _denoiser_costs(model_type: str, c: dict, resolution: int, num_frames: int, text_tokens: int,
+                    clip_tokens: int) -> tuple[int, int, int, float]:
+    """(layers, hidden, tokens per row, forward FLOPs per row): matmuls count 2 x the weights
+    each token passes through; attention 4 x hidden x (query tokens x key tokens) per layer."""
+    d = c["num_attention_heads"] * c["attention_head_dim"]
+    if model_type == "wan":
+        latent_frames = (num_frames - 1) // 4 + 1
+        image = latent_frames * (resolution // 16) ** 2
+        layers = c["num_layers"]
+        per_token = layers * (6 * d * d + 2 * d * c["ffn_dim"])  # self-attention, cross q/o, FFN
+        flops = 2 * (image * per_token + text_tokens * layers * 2 * d * d) \
+            + 4 * d * layers * (image * image + image * text_tokens)
+        return layers, d, image, flops
+    if model_type == "sd3":
+        image = (resolution // (8 * c["patch_size"])) ** 2
+        text = clip_tokens + text_tokens
+        layers, dual = c["num_layers"], len(c.get("dual_attention_layers") or ())
+        flops = 2 * ((image + text) * layers * 12 * d * d + image * dual * 4 * d * d) \
+            + 4 * d * (layers * (image + text) ** 2 + dual * image * image)
+        return layers, d, image + text, flops
+    # flux and qwen_image: packed 2 x 2 latents, joint attention over image and text in every block
+    image = (resolution // 16) ** 2
+    layers = c["num_layers"] + c.get("num_single_layers", 0)
+    seq = image + text_tokens
+    return layers, d, seq, 2 * seq * layers * 12 * d * d + 4 * d * layers * seq * seq
+
+
+def model_shape(cfg: PixelRLConfig) -> Shape:
+    """The configured model's shape: from its folder when it is here, else from the published
+    release of its family (pixelrl.models.releases)."""
+    from pixelrl.core.assets import resolve
+    from pixelrl.models.base import read_component_config
+    from pixelrl.models.releases import RELEASES
+
+    m, r = cfg.model, cfg.rollout
+    folder = Path(resolve(str(m.path))) if m.path else None
+    transformer = read_component_config(folder, "transformer") if folder and folder.is_dir() else None
+    release = RELEASES.get(m.type)
+    if transformer is None and release is None:
+        raise ConfigError("model.path", m.path, f"planning needs the model folder (its transformer/config.json) for "
+                          f"model.type={m.type}; pixelrl knows the published shapes of {sorted(RELEASES)}")
+    uses_t5 = m.type != "sd3" or m.max_sequence_length > 0
+    if transformer is not None:
+        name = str(folder)
+        parts = {p.name: _safetensors_params(p) for p in folder.iterdir() if p.is_dir()}
+        denoiser = parts.get("transformer", 0.0)
+        encoders = sum(v for k, v in parts.items() if k.startswith("text_encoder")
+                       and (uses_t5 or k != "text_encoder_3"))
+        vae = parts.get("vae", 0.0)
+    else:
+        transformer, name, denoiser = release.transformer, release.name + " (published shape)", release.denoiser_params
+        encoders = sum(v for k, v in release.encoder_params.items() if uses_t5 or k != "text_encoder_3")
+        vae = release.vae_params
+    clip_tokens = 77 if m.type == "sd3" else 0
+    text_tokens = m.max_sequence_length if uses_t5 else 0
+    layers, hidden, seq, flops = _denoiser_costs(m.type, transformer, r.resolution, m.num_frames, text_tokens,
+                                                 clip_tokens)
+    return Shape(name, denoiser, encoders, vae, layers, hidden, seq, float(flops), max(1, m.num_frames),
+                 r.resolution ** 2)
+
+
+@dataclass(frozen=True)
+class Work:
+    """One worker's denoiser work in a step. A row is one sample at one step in one CFG branch."""
+    sampled_images: int
+    sampling_steps: int
+    trained_samples: int  # samples (or preference pairs) the update trains on
+    substeps: int  # per sample: trained window steps, or drawn timesteps
+    rows_per_substep: int  # CFG branches (transition), the pair (Diffusion-DPO), else 1
+    substeps_per_call: int  # actor.window_steps_per_forward (0 = all)
+    no_grad_passes: int  # forwards without gradient per trained sub-step: reference, old policy
+    epochs: int
+    branches: int  # CFG branches while sampling
+
+
+def _cfg_branches(cfg: PixelRLConfig) -> int:
+    from pixelrl.models.loader import model_family
+
+    return 2 if cfg.rollout.guidance_scale > 1 and model_family(cfg.model.type).uses_negative_prompt else 1
+
+
+def step_work(cfg: PixelRLConfig, gpus: int) -> Work:
+    from pixelrl.algos.losses import LOSSES, REFERENCE_STEP_KEYS
+
+    r, a = cfg.rollout, cfg.actor
+    images = images_per_step(cfg) // gpus
+    loss = LOSSES.get(cfg.diffusion_loss.name)
+    branches = _cfg_branches(cfg)
+    if loss.objective == "transition":
+        window = r.sde_window_size or r.num_steps - 1
+        substeps = max(1, int(window * a.timestep_fraction)) if a.permute_timesteps \
+            else min(window, max(1, int(r.num_steps * a.timestep_fraction)))
+        per_substep, passes, samples = branches, int(cfg.diffusion_loss.kl_coef > 0), images
+    else:  # forward process: no guidance in training, as the references
+        bound = loss.bind(cfg.diffusion_loss)
+        substeps = getattr(bound, "num_timesteps", 1)
+        needed = set(loss.step_keys_needed(bound))
+        pairs = cfg.diffusion_loss.name == "diffusion_dpo"
+        per_substep = 2 if pairs else 1  # chosen and rejected side by side
+        passes = int(bool(needed & REFERENCE_STEP_KEYS)) + int("v_old" in needed)
+        samples = cfg.data.train_batch_size // gpus if pairs else images
+    sampled = images if cfg.algorithm.sample_source == "online" else 0
+    return Work(sampled, r.num_steps, samples, substeps, per_substep, min(a.window_steps_per_forward or substeps,
+                substeps), passes, a.ppo_epochs, branches)
+
+
+@dataclass(frozen=True)
+class Choice:
+    micro_batch: int  # actor.ppo_micro_batch_size
+    checkpointing: bool
+    sampling_micro_batch: int  # rollout.micro_batch_size
+
+
+@dataclass(frozen=True)
+class Estimate:
+    resident_gb: float
+    update_gb: float
+    sampling_gb: float
+    sampling_s: float
+    no_grad_s: float
+    update_s: float
+    step_flops: float
+
+    @property
+    def peak_gb(self) -> float:
+        return self.resident_gb + max(self.update_gb, self.sampling_gb)
+
+    @property
+    def step_s(self) -> float:
+        return self.sampling_s + self.no_grad_s + self.update_s
+
+
+def resident_bytes(cfg: PixelRLConfig, shape: Shape, gpus: int) -> float:
+    """Weights and optimizer state held for the whole run on each GPU: FSDP2 shards the denoiser
+    (and a full fine-tune's state) over the GPUs; the encoders and the VAE are replicated."""
+    m = cfg.model
+    width = DTYPE_BYTES.get(m.dtype, 4)
+    shards = gpus if cfg.trainer.strategy == "fsdp2" else 1
+    if m.lora_rank:
+        trainable = m.lora_rank * 2 * shape.hidden * LORA_PROJECTIONS_PER_LAYER * shape.layers
+        frozen = shape.denoiser_params * width / shards
+    else:
+        trainable, frozen = shape.denoiser_params / shards, 0.0
+    ema = 4 * trainable if cfg.actor.ema_decay > 0 else 0.0
+    return frozen + trainable * TRAINABLE_STATE_BYTES + ema + (shape.encoder_params + shape.vae_params) * width
+
+
+def estimate(cfg: PixelRLConfig, shape: Shape, work: Work, gpus: int, choice: Choice, peak_tflops: float) -> Estimate:
+    """Per-GPU peak memory and phase times of one step under `choice`."""
+    rate = ACHIEVED_FRACTION_OF_PEAK * peak_tflops * 1e12
+    token_layer = shape.seq_tokens * shape.hidden * shape.layers
+    rows_per_call = choice.micro_batch * work.rows_per_substep * work.substeps_per_call
+    if choice.checkpointing:
+        kept = token_layer * CHECKPOINT_BYTES + token_layer / shape.layers * ACTIVATION_BYTES
+    else:
+        kept = token_layer * ACTIVATION_BYTES
+    per_pixel = DECODE_BYTES_PER_PIXEL if shape.frames == 1 else VIDEO_DECODE_BYTES_PER_PIXEL
+    sampling_bytes = choice.sampling_micro_batch * shape.frames * shape.pixels * per_pixel
+    f = shape.forward_flops
+    sampling_calls = math.ceil(work.sampled_images / choice.sampling_micro_batch) * work.sampling_steps
+    sampling_flops = work.sampled_images * work.sampling_steps * work.branches * f
+    calls = math.ceil(work.trained_samples / choice.micro_batch) * math.ceil(work.substeps / work.substeps_per_call)
+    rows = work.trained_samples * work.substeps * work.rows_per_substep
+    per_update_call = 1 + BACKWARD_FLOPS + choice.checkpointing  # forward-equivalents
+    update_flops = rows * work.epochs * f * per_update_call
+    no_grad_flops = rows * work.no_grad_passes * f
+    return Estimate(resident_bytes(cfg, shape, gpus) / 1e9, rows_per_call * kept / 1e9, sampling_bytes / 1e9,
+                    sampling_flops / rate + sampling_calls * SECONDS_PER_FORWARD_CALL,
+                    no_grad_flops / rate + calls * work.no_grad_passes * SECONDS_PER_FORWARD_CALL,
+                    update_flops / rate + calls * work.epochs * per_update_call * SECONDS_PER_FORWARD_CALL,
+                    sampling_flops + no_grad_flops + update_flops)
+
+
+# errors about things on the user's machine (folders, files) rather than the recipe: a plan made
+# elsewhere (a paper config naming /models/...) notes them and goes on
+MACHINE_FIELDS = ("model.path", "reward.functions", "data.train_files", "data.val_files", "trainer.default_local_dir",
+                  "vlm.ptx_files")
+
+
+def check_recipe(cfg: PixelRLConfig) -> str:
+    """Every config check; returns the message of one about this machine's files (or "")."""
+    from pixelrl.config.validation import validate
+
+    try:
+        validate(cfg)
+    except ConfigError as err:
+        if not err.field.startswith(MACHINE_FIELDS):
+            raise
+        return str(err)
+    return ""
+
+
+@dataclass
+class Plan:
+    shape: Shape
+    gpus: int
+    gpu_memory_gb: float
+    peak_tflops: float
+    choice: Choice
+    estimate: Estimate
+    changes: list  # (field, was, now, why)
+    unchecked: str  # a machine-specific check that failed here ("" = none)
+    samples_per_optimizer_step: int  # per worker
+
+    @property
+    def overrides(self) -> list[str]:
+        return [f"{name}={_text(now)}" for name, _, now, _ in self.changes]
+
+
+def _text(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _divisors(n: int, cap: int | None = None) -> list[int]:
+    return [d for d in range(min(n, cap or n), 0, -1) if n % d == 0]
+
+
+def _samples_per_optimizer_step(cfg: PixelRLConfig, gpus: int) -> int:
+    from pixelrl.core.config import mini_batches_per_epoch
+
+    if cfg.diffusion_loss.name == "diffusion_dpo":  # one pair per prompt
+        return cfg.data.train_batch_size // (gpus * mini_batches_per_epoch(cfg))
+    return (cfg.actor.ppo_mini_batch_size or images_per_step(cfg)) // gpus
+
+
+def plan_for(cfg: PixelRLConfig, gpus: int, gpu_memory_gb: float, peak_tflops: float = 989.0,
+             field: str = "--gpu-memory") -> Plan:
+    """The fastest micro-batches and checkpointing whose estimated peak fits `gpu_memory_gb` on
+    each of `gpus` GPUs, with everything that defines the algorithm kept."""
+    if gpus < 1:
+        raise ConfigError("--gpus", gpus, "the number of GPUs (one worker each), at least 1")
+    if not gpu_memory_gb > 0:
+        raise ConfigError(field, gpu_memory_gb, "each GPU's memory in GB, e.g. 80 for an H100 / A100-80GB")
+    planned = replace(cfg, trainer=replace(cfg.trainer, n_workers=gpus,
+                                           backend="ray" if gpus > 1 else cfg.trainer.backend))
+    images = images_per_step(cfg)
+    if images % gpus or (cfg.actor.ppo_mini_batch_size or images) % gpus:
+        fitting = [g for g in range(1, 65) if images % g == 0 and (cfg.actor.ppo_mini_batch_size or images) % g == 0]
+        raise ConfigError("--gpus", gpus, f"the recipe's {images} images per step and "
+                          f"{cfg.actor.ppo_mini_batch_size or images} per optimizer step do not split evenly over "
+                          f"{gpus} GPUs; GPU counts that keep the recipe: {fitting}")
+    shape, work = model_shape(planned), step_work(planned, gpus)
+    per_worker = _samples_per_optimizer_step(planned, gpus)
+    budget = gpu_memory_gb * HEADROOM
+    options = []
+    for micro in _divisors(per_worker, max(1, MAX_ROWS_PER_CALL // (work.rows_per_substep * work.substeps_per_call))):
+        for checkpointing in (False, True):
+            for sampling in _divisors(work.sampled_images or 1, max(1, MAX_ROWS_PER_CALL // work.branches)):
+                choice = Choice(micro, checkpointing, sampling)
+                est = estimate(planned, shape, work, gpus, choice, peak_tflops)
+                options.append((est.peak_gb <= budget, choice, est))
+    fitting = [(choice, est) for fits, choice, est in options if fits]
+    if not fitting:
+        smallest = min(options, key=lambda o: o[2].peak_gb)[2]
+        raise ConfigError(field, gpu_memory_gb, f"no micro-batch fits: the smallest setting (micro-batch 1, gradient "
+                          f"checkpointing, one image per sampling call) needs about {smallest.peak_gb:.0f} GB per GPU, "
+                          f"{smallest.resident_gb:.0f} GB of it weights and optimizer state ({shape.name}); use more "
+                          "GPUs with trainer.strategy=fsdp2, a LoRA (model.lora_rank > 0) or a lower rollout.resolution")
+    # within NEAR_TIE of the fastest, prefer no recompute and then the largest micro-batches: the
+    # estimate's error is larger than such differences
+    fastest = min(est.step_s for _, est in fitting)
+    choice, est = max(((c, e) for c, e in fitting if e.step_s <= fastest * (1 + NEAR_TIE)),
+                      key=lambda ce: (not ce[0].checkpointing, ce[0].micro_batch, ce[0].sampling_micro_batch))
+    planned = replace(planned, actor=replace(planned.actor, ppo_micro_batch_size=choice.micro_batch),
+                      model=replace(planned.model, gradient_checkpointing=choice.checkpointing),
+                      rollout=replace(planned.rollout, micro_batch_size=choice.sampling_micro_batch))
+    unchecked = check_recipe(planned)
+    peak = f"an estimated {est.peak_gb:.0f} of {gpu_memory_gb:g} GB"
+    reasons = {
+        "trainer.n_workers": f"one worker per GPU; batch sizes are global, so each worker accumulates {per_worker} "
+                             "samples per optimizer step",
+        "actor.ppo_micro_batch_size": f"the fastest update that fits ({peak} per GPU, {HEADROOM:.0%} planned)",
+        "model.gradient_checkpointing": "on: without it no micro-batch fits" if choice.checkpointing
+                                        else "off: the update fits without it, and the recompute would cost time",
+        "rollout.micro_batch_size": "images per sampling call (and per decode) that fit beside the weights",
+    }
+    was = {"trainer.n_workers": cfg.trainer.n_workers, "actor.ppo_micro_batch_size": cfg.actor.ppo_micro_batch_size,
+           "model.gradient_checkpointing": cfg.model.gradient_checkpointing,
+           "rollout.micro_batch_size": cfg.rollout.micro_batch_size}
+    now = {"trainer.n_workers": gpus, "actor.ppo_micro_batch_size": choice.micro_batch,
+           "model.gradient_checkpointing": choice.checkpointing, "rollout.micro_batch_size": choice.sampling_micro_batch}
+    if gpus > 1 and cfg.trainer.backend == "local":
+        was["trainer.backend"], now["trainer.backend"] = "local", "ray"
+        reasons["trainer.backend"] = "several workers run under Ray"
+    changes = [(k, was[k], now[k], reasons[k]) for k in now if was[k] != now[k]]
+    return Plan(shape, gpus, gpu_memory_gb, peak_tflops, choice, est, changes, unchecked, per_worker)
+
+
+def apply_plan(cfg: PixelRLConfig, plan: Plan) -> PixelRLConfig:
+    """`cfg` with the plan's choices (the number of workers is the config's own)."""
+    c = plan.choice
+    return replace(cfg, actor=replace(cfg.actor, ppo_micro_batch_size=c.micro_batch),
+                   model=replace(cfg.model, gradient_checkpointing=c.checkpointing),
+                   rollout=replace(cfg.rollout, micro_batch_size=c.sampling_micro_batch))
+
+
+def describe(cfg: PixelRLConfig, plan: Plan, config_name: str | None = None) -> str:
+    """The plan as text: what stays, what changes and why, the estimate, the command."""
+    from pixelrl.core.config import optimizer_steps_per_rollout
+
+    e, s, a = plan.estimate, plan.shape, cfg.actor
+    images = images_per_step(cfg)
+    lines = [f"plan: {config_name or 'config'} on {plan.gpus} GPU(s) of {plan.gpu_memory_gb:g} GB, "
+             f"{plan.peak_tflops:g} TFLOP/s dense bf16 peak each",
+             f"model: {s.name}: denoiser {s.denoiser_params / 1e9:.2f}B, text encoders {s.encoder_params / 1e9:.2f}B, "
+             f"{s.seq_tokens} tokens per row, {s.forward_flops / 1e12:.2f} TFLOP per row forward",
+             "kept (defines the algorithm): "
+             f"{cfg.data.train_batch_size} prompts x {cfg.rollout.n} images = {images} images per step, "
+             f"{a.ppo_mini_batch_size or images} per optimizer step, {optimizer_steps_per_rollout(cfg)} optimizer "
+             f"step(s) per rollout batch, lr {a.lr:g}, {cfg.diffusion_loss.name} (clip {cfg.diffusion_loss.clip_ratio:g}, "
+             f"KL {cfg.diffusion_loss.kl_coef:g})"]
+    lines.append("changed:" if plan.changes else "changed: nothing (the recipe already fits)")
+    lines += [f"  {name}: {_text(was)} -> {_text(now)}  ({why})" for name, was, now, why in plan.changes]
+    lines += [f"estimate per GPU: peak {e.peak_gb:.1f} GB (weights and state {e.resident_gb:.1f}, update "
+              f"{e.update_gb:.1f}, sampling and decode {e.sampling_gb:.1f})",
+              f"estimate per step: {e.step_s:.1f} s (sampling {e.sampling_s:.1f}, reference/old forwards "
+              f"{e.no_grad_s:.1f}, update {e.update_s:.1f}), {images / e.step_s / plan.gpus:.2f} images/s per GPU, "
+              f"{e.step_flops / 1e15:.2f} PFLOP per GPU; communication, rewards and decode time not included"]
+    if plan.unchecked:
+        lines.append(f"not checked on this machine: {plan.unchecked}")
+    command = " ".join(["pixelrl train"] + ([f"--config-name {config_name}"] if config_name else []) + plan.overrides)
+    lines.append(f"run: {command}")
+    return "\n".join(lines)
