@@ -175,3 +175,28 @@ def test_fit_to_memory_gb_chooses_the_micro_batches_at_start_up(tmp_path, tiny_s
     assert "trainer.fit_to_memory_gb=80: actor.ppo_micro_batch_size=" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="trainer.fit_to_memory_gb"):
         load_config("flow_grpo_tiny", [*base, "trainer.fit_to_memory_gb=-1"])
+
+
+def test_a_step_larger_than_this_machine_is_refused_with_its_numbers(tmp_path, tiny_pixel_path, monkeypatch):
+    """Pixels and stored trajectories by hand: the tiny pixel-space SD3 at 32 px keeps 3 x 32 x 32
+    = 3072 float32 values per latent; a 4-step transition run stores the window's 3 + 1 latents and
+    the final one (5), beside 3072 bytes of pixels: 3072 + 5 x 3072 x 4 = 64,512 bytes per image."""
+    import psutil
+
+    from pixelrl.config import load_config
+    from pixelrl.config import plan
+
+    args = [f"model.path={tiny_pixel_path}", "model.max_sequence_length=0", "rollout.resolution=32",
+            "rollout.num_steps=4", "data.train_batch_size=2", "rollout.n=4", "trainer.backend=local",
+            f"trainer.default_local_dir={tmp_path}"]
+    total = psutil.virtual_memory()._replace
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: total(total=8 * 64_512))
+    load_config("flow_grpo_tiny", args)  # exactly fits
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: total(total=8 * 64_512 - 1))
+    with pytest.raises(ConfigError, match="`rollout.n` = 4: a step samples data.train_batch_size x rollout.n = 8 images"):
+        load_config("flow_grpo_tiny", args)
+    monkeypatch.undo()
+    # time: the step's FLOPs at this machine's rate must stay under a day
+    monkeypatch.setattr(plan, "_this_machines_rate", lambda cfg: (1e3, "a stand-in rate"))
+    with pytest.raises(ConfigError, match=r"at least \d+ hours per step on each of trainer.n_workers=1 at a stand-in"):
+        load_config("flow_grpo_tiny", args)

@@ -451,3 +451,23 @@ def test_the_vlm_trainer_keeps_its_best_validation_checkpoint(tiny_vlm_path, tmp
     pointer = json.loads((run / "checkpoints" / "best_checkpoint.json").read_text())
     assert (pointer["step"], pointer["value"]) == (best, validated[best])
     assert {p.name for p in (run / "checkpoints").glob("global_step_*")} == {f"global_step_{best}", "global_step_3"}
+
+
+def test_the_adaptive_kl_coefficient_moves_after_the_round_it_measured(tiny_vlm_path, tmp_path):
+    """LightRFT updates its KL controller after the round's PPO update (with that round's KL and
+    response count), so a round's loss uses the coefficient its experience was made under; the
+    update is beta *= 1 + clip(KL / target - 1, +-0.2) * n / horizon by hand."""
+    from pixelrl.vlm.engine import VLMEngine
+    from pixelrl.vlm.qa_tasks import task_items
+
+    cfg = vlm_config(tiny_vlm_path, tmp_path, "vlm.kl_coef=0.1", "vlm.kl_target=0.05", "vlm.kl_horizon=100")
+    engine = VLMEngine(cfg)
+    used = []
+    exp, metrics = engine.make_experience(task_items(cfg, "train", 0, 4), 1)
+    assert engine.kl_ctl.value == metrics["actor/kl_coef"] == 0.1  # not yet moved by this round's KL
+    engine.policy.token_logprobs = (lambda score: lambda *a, **k: used.append(engine.kl_ctl.value) or score(*a, **k))(
+        engine.policy.token_logprobs)
+    engine.train_on(exp, 1)
+    assert used and set(used) == {0.1}  # every micro-batch of the update trained with the round's coefficient
+    error = min(max(metrics["actor/kl"] / 0.05 - 1, -0.2), 0.2)
+    assert engine.kl_ctl.value == pytest.approx(0.1 * (1 + error * 16 / 100), rel=1e-12)

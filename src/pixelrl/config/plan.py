@@ -68,6 +68,7 @@ class Shape:
     layers: int
     hidden: int
     seq_tokens: int  # tokens in the denoiser's sequence (image + joint text) per row
+    image_tokens: int  # of which image (latent) tokens, all frames
     forward_flops: float  # one row's denoiser forward
     frames: int  # decoded frames per sample (1 for images)
     pixels: int  # decoded pixels per frame
@@ -84,30 +85,31 @@ def _safetensors_params(folder: Path) -> float:
 
 
 def _denoiser_costs(model_type: str, c: dict, resolution: int, num_frames: int, text_tokens: int,
-                    clip_tokens: int) -> tuple[int, int, int, float]:
-    """(layers, hidden, tokens per row, forward FLOPs per row): matmuls count 2 x the weights
-    each token passes through; attention 4 x hidden x (query tokens x key tokens) per layer."""
+                    clip_tokens: int, unit: int = 16) -> tuple[int, int, int, float, int]:
+    """(layers, hidden, tokens per row, forward FLOPs per row, image tokens per row): matmuls count 2 x the weights
+    each token passes through; attention 4 x hidden x (query tokens x key tokens) per layer.
+    `unit`: pixels per token side (VAE scale x patch size; 16 in every release)."""
     d = c["num_attention_heads"] * c["attention_head_dim"]
     if model_type == "wan":
         latent_frames = (num_frames - 1) // 4 + 1
-        image = latent_frames * (resolution // 16) ** 2
+        image = latent_frames * (resolution // unit) ** 2
         layers = c["num_layers"]
         per_token = layers * (6 * d * d + 2 * d * c["ffn_dim"])  # self-attention, cross q/o, FFN
         flops = 2 * (image * per_token + text_tokens * layers * 2 * d * d) \
             + 4 * d * layers * (image * image + image * text_tokens)
-        return layers, d, image, flops
+        return layers, d, image, flops, image
     if model_type == "sd3":
-        image = (resolution // (8 * c["patch_size"])) ** 2
+        image = (resolution // unit) ** 2
         text = clip_tokens + text_tokens
         layers, dual = c["num_layers"], len(c.get("dual_attention_layers") or ())
         flops = 2 * ((image + text) * layers * 12 * d * d + image * dual * 4 * d * d) \
             + 4 * d * (layers * (image + text) ** 2 + dual * image * image)
-        return layers, d, image + text, flops
+        return layers, d, image + text, flops, image
     # flux and qwen_image: packed 2 x 2 latents, joint attention over image and text in every block
-    image = (resolution // 16) ** 2
+    image = (resolution // unit) ** 2
     layers = c["num_layers"] + c.get("num_single_layers", 0)
     seq = image + text_tokens
-    return layers, d, seq, 2 * seq * layers * 12 * d * d + 4 * d * layers * seq * seq
+    return layers, d, seq, 2 * seq * layers * 12 * d * d + 4 * d * layers * seq * seq, image
 
 
 def model_shape(cfg: PixelRLConfig) -> Shape:
@@ -115,6 +117,7 @@ def model_shape(cfg: PixelRLConfig) -> Shape:
     release of its family (pixelrl.models.releases)."""
     from pixelrl.core.assets import resolve
     from pixelrl.models.base import read_component_config
+    from pixelrl.models.loader import latent_unit
     from pixelrl.models.releases import RELEASES
 
     m, r = cfg.model, cfg.rollout
@@ -131,16 +134,16 @@ def model_shape(cfg: PixelRLConfig) -> Shape:
         denoiser = parts.get("transformer", 0.0)
         encoders = sum(v for k, v in parts.items() if k.startswith("text_encoder")
                        and (uses_t5 or k != "text_encoder_3"))
-        vae = parts.get("vae", 0.0)
+        vae, unit = parts.get("vae", 0.0), latent_unit(m.type, folder) or 16
     else:
         transformer, name, denoiser = release.transformer, release.name + " (published shape)", release.denoiser_params
         encoders = sum(v for k, v in release.encoder_params.items() if uses_t5 or k != "text_encoder_3")
-        vae = release.vae_params
+        vae, unit = release.vae_params, 16
     clip_tokens = 77 if m.type == "sd3" else 0
     text_tokens = m.max_sequence_length if uses_t5 else 0
-    layers, hidden, seq, flops = _denoiser_costs(m.type, transformer, r.resolution, m.num_frames, text_tokens,
-                                                 clip_tokens)
-    return Shape(name, denoiser, encoders, vae, layers, hidden, seq, float(flops), max(1, m.num_frames),
+    layers, hidden, seq, flops, image = _denoiser_costs(m.type, transformer, r.resolution, m.num_frames, text_tokens,
+                                                 clip_tokens, unit)
+    return Shape(name, denoiser, encoders, vae, layers, hidden, seq, image, float(flops), max(1, m.num_frames),
                  r.resolution ** 2)
 
 
@@ -406,3 +409,75 @@ def describe(cfg: PixelRLConfig, plan: Plan, config_name: str | None = None) -> 
     command = " ".join(["pixelrl train"] + ([f"--config-name {config_name}"] if config_name else []) + plan.overrides)
     lines.append(f"run: {command}")
     return "\n".join(lines)
+
+
+# --- the start-up check: a step nobody meant -------------------------------------------------
+MAX_STEP_HOURS = 24.0
+_CPU_RATE: dict[str, float] = {}
+
+
+def _latent_elements_per_token(model_type: str, c: dict) -> int:
+    """Latent values per denoiser token (SD3 patches latents itself; the packed families' and
+    Wan's inputs already hold a 2 x 2 patch per token)."""
+    if model_type == "sd3":
+        return c.get("in_channels", 16) * c.get("patch_size", 2) ** 2
+    return c.get("in_channels", 16) * (4 if model_type == "wan" else 1)
+
+
+def _this_machines_rate(cfg: PixelRLConfig) -> tuple[float, str]:
+    """FLOP/s a step's denoiser work gets: for a GPU the estimate's share of its peak (from
+    trainer.peak_tflops, else an H100's 989); on a CPU the measured matmul rate of this process."""
+    import torch
+
+    if torch.device(cfg.model.device).type == "cuda":
+        peak = cfg.trainer.peak_tflops or 989.0
+        return ACHIEVED_FRACTION_OF_PEAK * peak * 1e12, f"{ACHIEVED_FRACTION_OF_PEAK:.0%} of a {peak:g} TFLOP/s GPU"
+    from pixelrl.engine.flops import matmul_peak_flops
+    from pixelrl.models.base import resolve_dtype
+
+    if cfg.model.dtype not in _CPU_RATE:
+        _CPU_RATE[cfg.model.dtype] = matmul_peak_flops("cpu", resolve_dtype(cfg.model.dtype), size=512, repeats=3)
+    return _CPU_RATE[cfg.model.dtype], "this CPU's measured matmul rate"
+
+
+def check_step_size(cfg: PixelRLConfig) -> None:
+    """Refuse, with the numbers, a step that cannot be what the user meant (a typo such as
+    rollout.n=200000): its decoded images and stored SDE trajectories, which reach the driver,
+    larger than this machine's memory; or its denoiser work longer than MAX_STEP_HOURS even at
+    full speed. Runs before any worker starts, so hours of sampling are not lost to it."""
+    import psutil
+
+    from pixelrl.core.assets import resolve
+    from pixelrl.models.base import read_component_config
+    from pixelrl.models.releases import RELEASES
+
+    r, images, workers = cfg.rollout, images_per_step(cfg), cfg.trainer.n_workers
+    field, value = ("rollout.n", r.n) if r.n >= cfg.data.train_batch_size else ("data.train_batch_size",
+                                                                                  cfg.data.train_batch_size)
+    fix = "lower rollout.n, data.train_batch_size, rollout.resolution or rollout.num_steps"
+    shape, work = model_shape(cfg), step_work(cfg, workers)
+    folder = Path(resolve(str(cfg.model.path)))
+    transformer = (read_component_config(folder, "transformer") if folder.is_dir() else None) \
+        or getattr(RELEASES.get(cfg.model.type), "transformer", {})
+    latent_values = shape.image_tokens * _latent_elements_per_token(cfg.model.type, transformer)
+    # a transition run keeps the window's float32 latents (W + 1) and the final one per sample
+    window = (r.sde_window_size or r.num_steps - 1) if cfg.algorithm.trainer_type == "transition" else 0
+    sampled = work.sampled_images * workers
+    stored = sampled * (shape.frames * shape.pixels * 3 + (window + 2) * latent_values * 4)
+    ram = psutil.virtual_memory().total
+    if stored > ram:
+        raise ConfigError(field, value, f"a step samples data.train_batch_size x rollout.n = {images} images of "
+                          f"{r.resolution} px{f' x {shape.frames} frames' if shape.frames > 1 else ''}; their pixels "
+                          f"and stored trajectories take {stored / 1e9:.0f} GB on the driver, more than this "
+                          f"machine's {ram / 1e9:.0f} GB of memory: {fix}")
+    choice = Choice(cfg.actor.ppo_micro_batch_size, cfg.model.gradient_checkpointing, r.micro_batch_size)
+    flops = estimate(cfg, shape, work, workers, choice, 989.0).step_flops  # per worker
+    rate, how = _this_machines_rate(cfg)
+    hours = flops / rate / 3600
+    if how.startswith("this CPU"):
+        fix += ", or train on GPUs (model.device=cuda)"
+    if hours > MAX_STEP_HOURS:
+        raise ConfigError(field, value, f"a step samples {images} images ({r.num_steps} steps each) and trains on "
+                          f"them: {flops * workers / 1e15:.1f} PFLOP of denoiser work, at least {hours:.0f} hours "
+                          f"per step on each of trainer.n_workers={workers} at {how} ({rate / 1e12:.2f} TFLOP/s): "
+                          f"{fix}")

@@ -124,23 +124,6 @@ def _check_schedule_and_validation(cfg: PixelRLConfig) -> None:
                           "prompt some text, or read prompts from data.train_files")
 
 
-def _check_step_fits_in_memory(cfg: PixelRLConfig) -> None:
-    """A step's decoded images reach the driver (rewards score them there): their bytes alone, a
-    lower bound on the step's memory, must fit in this machine's RAM, or the run would sample for
-    hours and then be killed."""
-    import psutil
-
-    r = cfg.rollout
-    images = cfg.data.train_batch_size * r.n
-    pixel_bytes = images * r.resolution ** 2 * 3 * max(1, cfg.model.num_frames)
-    ram = psutil.virtual_memory().total
-    if pixel_bytes > ram:
-        raise ConfigError("rollout.n", r.n, f"a step samples data.train_batch_size x rollout.n = {images} images of "
-                          f"{r.resolution} px{' x ' + str(cfg.model.num_frames) + ' frames' if cfg.model.num_frames > 1 else ''}, "
-                          f"{pixel_bytes / 1e9:.0f} GB of decoded pixels alone, more than this machine's "
-                          f"{ram / 1e9:.0f} GB of memory: lower rollout.n, data.train_batch_size or rollout.resolution")
-
-
 def _check_device(cfg: PixelRLConfig) -> None:
     """A device torch cannot name is refused; so is a CUDA device in a one-process run on a machine
     that has none (Ray workers may sit on other nodes with GPUs, so only the local backend knows)."""
@@ -253,7 +236,6 @@ def validate(cfg: PixelRLConfig) -> None:
     _choice("algorithm.rollout_correction", cfg.algorithm.rollout_correction, ("bypass", "decoupled"))
     _check_rollout_correction(cfg.algorithm)
     _check_schedule_and_validation(cfg)
-    _check_step_fits_in_memory(cfg)
     _choice("algorithm.reward_aggregation", cfg.algorithm.reward_aggregation, ("sum_rewards", "sum_advantages"))
     objective = LOSSES.get(cfg.diffusion_loss.name).objective
     _positive("actor.window_steps_per_forward", cfg.actor.window_steps_per_forward, allow_zero=True)
@@ -375,6 +357,9 @@ def validate(cfg: PixelRLConfig) -> None:
         if getattr(m, option) != value:
             raise ConfigError(f"model.{option}", getattr(m, option), f"the model folder was trained with {value} "
                               f"(its pixelrl_model.json): set model.{option}={value}")
+    from pixelrl.config.plan import check_step_size
+
+    check_step_size(cfg)  # needs the model's shape: last
 
 
 def _check_output_locations(cfg: PixelRLConfig) -> None:

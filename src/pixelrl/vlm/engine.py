@@ -80,6 +80,7 @@ class VLMEngine:
         self.ema = [p.detach().clone() for p in self.trainable] if v.ema_decay > 0 else None
         self.kl_ctl = (T.AdaptiveKLController(v.kl_coef, v.kl_target, v.kl_horizon) if v.kl_target
                        else T.FixedKLController(v.kl_coef))
+        self._round_kl: tuple[float, int] | None = None  # measured while making experience, applied after training
         self.reward = WeightedReward.from_functions(cfg.reward.functions, cfg.reward.timeout_s)
         self.data_parallel_size = 1  # ranks sharing each optimizer step (set by enable_data_parallel)
         self._ptx_rows = None  # vlm.ptx_files' rows, read at the first ptx loss
@@ -203,10 +204,11 @@ class VLMEngine:
         if kl is not None:
             metrics["actor/kl"] = float(T.masked_mean(kl, mask, dim=-1).mean())
             metrics["actor/kl_coef"] = self.kl_ctl.value
-            # once per rollout round, with the KL and sample count of all ranks: the controllers stay equal
+            # the KL and sample count of all ranks (the controllers stay equal), applied after this
+            # round's update as LightRFT does, so the round trains with the coefficient it sampled under
             kl_sum, count = all_reduce_sum(torch.tensor([metrics["actor/kl"] * len(batch), float(len(batch))],
                                                         dtype=torch.float64)).tolist()
-            self.kl_ctl.update(kl_sum / count if self.data_parallel_size > 1 else metrics["actor/kl"], int(count))
+            self._round_kl = (kl_sum / count if self.data_parallel_size > 1 else metrics["actor/kl"], int(count))
         if values is not None:
             metrics["critic/explained_variance"] = T.explained_variance(values, returns, mask)
         exp = Experience(batch, old_logp, adv, T.entropy_mask(entropy, mask, v.entropy_mask_ratio), ref_logp,
@@ -282,6 +284,9 @@ class VLMEngine:
                     self.critic_learner.step(critic_total)
                     sums.setdefault("critic/value_loss", []).append(critic_total)
         metrics = {k: sum(x) / len(x) for k, x in sums.items()}
+        if self._round_kl is not None:  # the adaptive KL controller, once per rollout round
+            self.kl_ctl.update(*self._round_kl)
+            self._round_kl = None
         metrics["actor/lr"] = self.actor_learner.current_lr
         metrics["actor/trained"] = float(train_actor)
         return metrics
