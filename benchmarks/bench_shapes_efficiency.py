@@ -1,5 +1,5 @@
 """How much cheaper are the forward-process methods? Flow-GRPO-Fast (the demo config), DiffusionNFT,
-AWM and online Diffusion-DPO on the shipped shapes model, each with the same training-time budget,
+AWM, online Diffusion-DPO and DGPO on the shipped shapes model, each with the same training-time budget,
 one after another in this process (run it with nothing else on the machine).
 
 Each method trains through the regular trainer with `trainer.time_budget_s` (summed step time:
@@ -26,6 +26,7 @@ METHODS = {  # name -> (config, label)
     "nft": ("shapes_nft", "DiffusionNFT"),
     "awm": ("shapes_awm", "AWM"),
     "dpo": ("shapes_dpo", "Diffusion-DPO (online)"),
+    "dgpo": ("shapes_dgpo", "DGPO"),
 }
 # The reward the table in docs/benchmarks.md was measured with: the shapes configs' reward before
 # the demo added its extra-object penalty (kept so the table reproduces; pass a reward.functions
@@ -42,7 +43,7 @@ def train(method: str, out: Path, budget: float, save_every_s: float, overrides:
 
     config, _ = METHODS[method]
     # checkpoint spacing in steps from a rough s/step (the measured one is in the metrics)
-    rough_step_s = {"fast": 9.0, "nft": 14.5, "awm": 8.0, "dpo": 4.5}[method]
+    rough_step_s = {"fast": 9.0, "nft": 14.5, "awm": 8.0, "dpo": 4.5, "dgpo": 8.0}[method]
     save_freq = max(1, round(save_every_s / rough_step_s))
     cfg = load_config(config, [f"trainer.default_local_dir={out}", f"trainer.experiment_name={method}",
                                f"trainer.time_budget_s={budget}", "trainer.total_training_steps=100000",

@@ -183,8 +183,7 @@ def test_a_step_larger_than_this_machine_is_refused_with_its_numbers(tmp_path, t
     the final one (5), beside 3072 bytes of pixels: 3072 + 5 x 3072 x 4 = 64,512 bytes per image."""
     import psutil
 
-    from pixelrl.config import load_config
-    from pixelrl.config import plan
+    from pixelrl.config import load_config, step_size
 
     args = [f"model.path={tiny_pixel_path}", "model.max_sequence_length=0", "rollout.resolution=32",
             "rollout.num_steps=4", "data.train_batch_size=2", "rollout.n=4", "trainer.backend=local",
@@ -197,6 +196,31 @@ def test_a_step_larger_than_this_machine_is_refused_with_its_numbers(tmp_path, t
         load_config("flow_grpo_tiny", args)
     monkeypatch.undo()
     # time: the step's FLOPs at this machine's rate must stay under a day
-    monkeypatch.setattr(plan, "_this_machines_rate", lambda cfg: (1e3, "a stand-in rate"))
+    monkeypatch.setattr(step_size, "_this_machines_rate", lambda cfg: (1e3, "a stand-in rate"))
     with pytest.raises(ConfigError, match=r"at least \d+ hours per step on each of trainer.n_workers=1 at a stand-in"):
         load_config("flow_grpo_tiny", args)
+
+
+def test_communication_per_step_by_hand_and_the_strategy_it_picks():
+    """Flow-GRPO SD3.5 on 8 GPUs, micro-batch 24, sampling 24: each worker makes 6 x 10 sampling
+    calls, 6 x 9 reference calls and 6 x 9 training calls. FSDP2 all-gathers the 2.47B bf16
+    denoiser (4.94 GB) per forward and again per backward ((60 + 54) + 2 x 54 = 222 gathers) and
+    reduce-scatters the LoRA gradients (r32 x 2 x 1536 x 8 projections x 24 layers = 18.87M
+    float32) per backward; DDP all-reduces those gradients once per optimizer step (2). A ring
+    moves 7/8 of each buffer."""
+    cfg = paper_config("flow_grpo_sd35")
+    shape = model_shape(cfg)
+    work = step_work(cfg, 8)
+    lora = 32 * 2 * 1536 * 8 * 24 * 4
+    fsdp = estimate(cfg, shape, work, 8, Choice(24, False, 24, "fsdp2"), 989.0)
+    assert fsdp.communication_gb * 1e9 == pytest.approx(7 / 8 * (222 * 2.47e9 * 2 + 54 * lora), rel=1e-9)
+    ddp_cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, strategy="ddp"))
+    ddp = estimate(ddp_cfg, shape, work, 8, Choice(24, False, 24, "ddp"), 989.0)
+    assert ddp.communication_gb * 1e9 == pytest.approx(7 / 8 * 2 * lora * 2, rel=1e-9)
+    assert estimate(cfg, shape, step_work(cfg, 1), 1, Choice(24, False, 24), 989.0).communication_gb == 0
+    # FLUX's 24 GB of weights: within a node FSDP2's gathers cost less than DDP's smaller
+    # micro-batches, so the recipe's fsdp2 stays; over InfiniBand they do not, and DDP is chosen
+    flux = paper_config("flow_grpo_flux")
+    assert plan_for(flux, 8, 80).choice.strategy == "fsdp2"
+    across = plan_for(flux, 8, 80, link_gb_per_s=45)
+    assert across.choice.strategy == "ddp" and "trainer.strategy=ddp" in across.overrides

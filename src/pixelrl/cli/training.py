@@ -34,7 +34,7 @@ def cmd_plan(args) -> int:
 
     cfg = merge_config(args.config_name, args.overrides)
     cfg.plugins = import_plugins(cfg.plugins)
-    plan = plan_for(cfg, args.gpus, args.gpu_memory, args.peak_tflops)
+    plan = plan_for(cfg, args.gpus, args.gpu_memory, args.peak_tflops, link_gb_per_s=args.link_gb_per_s)
     print(describe(cfg, plan, args.config_name))
     return 0
 
@@ -187,6 +187,9 @@ def add_parsers(sub) -> None:
     plan.add_argument("--gpu-memory", type=positive_float, required=True, help="memory of each GPU in GB, e.g. 80")
     plan.add_argument("--peak-tflops", type=positive_float, default=989.0,
                       help="each GPU's dense bf16 peak in TFLOP/s (989: H100 / H200 SXM; 312: A100)")
+    plan.add_argument("--link-gb-per-s", type=positive_float, default=350.0,
+                      help="collective bandwidth per GPU in GB/s (350: NVLink in one H100 node; ~45 across nodes "
+                           "on 400 Gb/s InfiniBand)")
     plan.add_argument("overrides", nargs="*", help="key=value overrides, e.g. model.path=/models/sd35")
     plan.set_defaults(func=cmd_plan)
     plot = sub.add_parser("plot", help="plot a run's metrics (one panel per matching key) to a PNG")

@@ -49,6 +49,9 @@ ACHIEVED_FRACTION_OF_PEAK = 0.446
 SECONDS_PER_FORWARD_CALL = 0.096
 BACKWARD_FLOPS = 2.0  # a backward costs two forwards
 NEAR_TIE = 0.05
+# All-gather / all-reduce bus bandwidth per GPU, GB/s: an assumption for NVLink within one node of
+# H100s (its links carry 450 GB/s each way); across nodes over 400 Gb/s InfiniBand it is about 45.
+LINK_GB_PER_S = 350.0
 # The calibration reached 32 rows per denoiser call; past twice that the predicted gain is
 # overhead spread thinner, which nothing measured confirms, so the search stops there.
 MAX_ROWS_PER_CALL = 64
@@ -159,6 +162,7 @@ class Work:
     no_grad_passes: int  # forwards without gradient per trained sub-step: reference, old policy
     epochs: int
     branches: int  # CFG branches while sampling
+    optimizer_steps: int  # per rollout batch (epochs x mini-batches)
 
 
 def _cfg_branches(cfg: PixelRLConfig) -> int:
@@ -187,9 +191,11 @@ def step_work(cfg: PixelRLConfig, gpus: int) -> Work:
         per_substep = 2 if pairs else 1  # chosen and rejected side by side
         passes = int(bool(needed & REFERENCE_STEP_KEYS)) + int("v_old" in needed)
         samples = cfg.data.train_batch_size // gpus if pairs else images
+    from pixelrl.core.config import optimizer_steps_per_rollout
+
     sampled = images if cfg.algorithm.sample_source == "online" else 0
     return Work(sampled, r.num_steps, samples, substeps, per_substep, min(a.window_steps_per_forward or substeps,
-                substeps), passes, a.ppo_epochs, branches)
+                substeps), passes, a.ppo_epochs, branches, optimizer_steps_per_rollout(cfg))
 
 
 @dataclass(frozen=True)
@@ -197,6 +203,7 @@ class Choice:
     micro_batch: int  # actor.ppo_micro_batch_size
     checkpointing: bool
     sampling_micro_batch: int  # rollout.micro_batch_size
+    strategy: str = ""  # trainer.strategy ("" = the config's)
 
 
 @dataclass(frozen=True)
@@ -208,6 +215,8 @@ class Estimate:
     no_grad_s: float
     update_s: float
     step_flops: float
+    communication_gb: float = 0.0  # sent and received per GPU per step
+    communication_s: float = 0.0  # at the link bandwidth, none of it hidden behind compute
 
     @property
     def peak_gb(self) -> float:
@@ -225,7 +234,7 @@ def resident_bytes(cfg: PixelRLConfig, shape: Shape, gpus: int) -> float:
     width = DTYPE_BYTES.get(m.dtype, 4)
     shards = gpus if cfg.trainer.strategy == "fsdp2" else 1
     if m.lora_rank:
-        trainable = m.lora_rank * 2 * shape.hidden * LORA_PROJECTIONS_PER_LAYER * shape.layers
+        trainable = lora_parameters(cfg, shape)
         frozen = shape.denoiser_params * width / shards
     else:
         trainable, frozen = shape.denoiser_params / shards, 0.0
@@ -233,8 +242,9 @@ def resident_bytes(cfg: PixelRLConfig, shape: Shape, gpus: int) -> float:
     return frozen + trainable * TRAINABLE_STATE_BYTES + ema + (shape.encoder_params + shape.vae_params) * width
 
 
-def estimate(cfg: PixelRLConfig, shape: Shape, work: Work, gpus: int, choice: Choice, peak_tflops: float) -> Estimate:
-    """Per-GPU peak memory and phase times of one step under `choice`."""
+def estimate(cfg: PixelRLConfig, shape: Shape, work: Work, gpus: int, choice: Choice, peak_tflops: float,
+             link_gb_per_s: float = LINK_GB_PER_S) -> Estimate:
+    """Per-GPU peak memory, phase times and communication of one step under `choice`."""
     rate = ACHIEVED_FRACTION_OF_PEAK * peak_tflops * 1e12
     token_layer = shape.seq_tokens * shape.hidden * shape.layers
     rows_per_call = choice.micro_batch * work.rows_per_substep * work.substeps_per_call
@@ -252,11 +262,34 @@ def estimate(cfg: PixelRLConfig, shape: Shape, work: Work, gpus: int, choice: Ch
     per_update_call = 1 + BACKWARD_FLOPS + choice.checkpointing  # forward-equivalents
     update_flops = rows * work.epochs * f * per_update_call
     no_grad_flops = rows * work.no_grad_passes * f
+    sent = communication_bytes(cfg, shape, work, gpus, sampling_calls + calls * work.no_grad_passes,
+                               calls * work.epochs)
     return Estimate(resident_bytes(cfg, shape, gpus) / 1e9, rows_per_call * kept / 1e9, sampling_bytes / 1e9,
                     sampling_flops / rate + sampling_calls * SECONDS_PER_FORWARD_CALL,
                     no_grad_flops / rate + calls * work.no_grad_passes * SECONDS_PER_FORWARD_CALL,
                     update_flops / rate + calls * work.epochs * per_update_call * SECONDS_PER_FORWARD_CALL,
-                    sampling_flops + no_grad_flops + update_flops)
+                    sampling_flops + no_grad_flops + update_flops, sent / 1e9, sent / 1e9 / link_gb_per_s)
+
+
+def communication_bytes(cfg: PixelRLConfig, shape: Shape, work: Work, gpus: int, forward_calls: int,
+                        backward_calls: int) -> float:
+    """Bytes each GPU moves per step (ring collectives: (G - 1) / G of the buffer each way).
+    FSDP2 all-gathers the sharded denoiser for every forward and again for every backward, and
+    reduce-scatters the trained gradients after every backward; DDP (pixelrl's) all-reduces the
+    trained gradients once per optimizer step (2 x the buffer)."""
+    if gpus == 1:
+        return 0.0
+    m, ring = cfg.model, (gpus - 1) / gpus
+    trained = lora_parameters(cfg, shape) if m.lora_rank else shape.denoiser_params
+    if cfg.trainer.strategy == "fsdp2":
+        weights = shape.denoiser_params * DTYPE_BYTES.get(m.dtype, 4)
+        return ring * ((forward_calls + 2 * backward_calls) * weights + backward_calls * trained * 4)
+    return ring * 2 * trained * 4 * work.optimizer_steps
+
+
+def lora_parameters(cfg: PixelRLConfig, shape: Shape) -> float:
+    """The adapters on each layer's attention projections of both streams: rank x (in + out) each."""
+    return cfg.model.lora_rank * 2 * shape.hidden * LORA_PROJECTIONS_PER_LAYER * shape.layers
 
 
 # errors about things on the user's machine (folders, files) rather than the recipe: a plan made
@@ -289,6 +322,7 @@ class Plan:
     changes: list  # (field, was, now, why)
     unchecked: str  # a machine-specific check that failed here ("" = none)
     samples_per_optimizer_step: int  # per worker
+    link_gb_per_s: float = LINK_GB_PER_S
 
     @property
     def overrides(self) -> list[str]:
@@ -312,9 +346,10 @@ def _samples_per_optimizer_step(cfg: PixelRLConfig, gpus: int) -> int:
 
 
 def plan_for(cfg: PixelRLConfig, gpus: int, gpu_memory_gb: float, peak_tflops: float = 989.0,
-             field: str = "--gpu-memory") -> Plan:
-    """The fastest micro-batches and checkpointing whose estimated peak fits `gpu_memory_gb` on
-    each of `gpus` GPUs, with everything that defines the algorithm kept."""
+             field: str = "--gpu-memory", link_gb_per_s: float = LINK_GB_PER_S) -> Plan:
+    """The fastest strategy, micro-batches and checkpointing whose estimated peak fits
+    `gpu_memory_gb` on each of `gpus` GPUs, with everything that defines the algorithm kept.
+    Communication counts in full (none hidden behind compute) when comparing DDP with FSDP2."""
     if gpus < 1:
         raise ConfigError("--gpus", gpus, "the number of GPUs (one worker each), at least 1")
     if not gpu_memory_gb > 0:
@@ -330,13 +365,17 @@ def plan_for(cfg: PixelRLConfig, gpus: int, gpu_memory_gb: float, peak_tflops: f
     shape, work = model_shape(planned), step_work(planned, gpus)
     per_worker = _samples_per_optimizer_step(planned, gpus)
     budget = gpu_memory_gb * HEADROOM
+    # one GPU: nothing to shard or average; FSDP2 cannot compile (validation refuses it)
+    strategies = (cfg.trainer.strategy,) if gpus == 1 or cfg.model.compile else ("ddp", "fsdp2")
     options = []
-    for micro in _divisors(per_worker, max(1, MAX_ROWS_PER_CALL // (work.rows_per_substep * work.substeps_per_call))):
-        for checkpointing in (False, True):
-            for sampling in _divisors(work.sampled_images or 1, max(1, MAX_ROWS_PER_CALL // work.branches)):
-                choice = Choice(micro, checkpointing, sampling)
-                est = estimate(planned, shape, work, gpus, choice, peak_tflops)
-                options.append((est.peak_gb <= budget, choice, est))
+    for strategy in strategies:
+        sharded = replace(planned, trainer=replace(planned.trainer, strategy=strategy))
+        for micro in _divisors(per_worker, max(1, MAX_ROWS_PER_CALL // (work.rows_per_substep * work.substeps_per_call))):
+            for checkpointing in (False, True):
+                for sampling in _divisors(work.sampled_images or 1, max(1, MAX_ROWS_PER_CALL // work.branches)):
+                    choice = Choice(micro, checkpointing, sampling, strategy)
+                    est = estimate(sharded, shape, work, gpus, choice, peak_tflops, link_gb_per_s)
+                    options.append((est.peak_gb <= budget, choice, est))
     fitting = [(choice, est) for fits, choice, est in options if fits]
     if not fitting:
         smallest = min(options, key=lambda o: o[2].peak_gb)[2]
@@ -346,12 +385,14 @@ def plan_for(cfg: PixelRLConfig, gpus: int, gpu_memory_gb: float, peak_tflops: f
                           "GPUs with trainer.strategy=fsdp2, a LoRA (model.lora_rank > 0) or a lower rollout.resolution")
     # within NEAR_TIE of the fastest, prefer no recompute and then the largest micro-batches: the
     # estimate's error is larger than such differences
-    fastest = min(est.step_s for _, est in fitting)
-    choice, est = max(((c, e) for c, e in fitting if e.step_s <= fastest * (1 + NEAR_TIE)),
-                      key=lambda ce: (not ce[0].checkpointing, ce[0].micro_batch, ce[0].sampling_micro_batch))
-    planned = replace(planned, actor=replace(planned.actor, ppo_micro_batch_size=choice.micro_batch),
-                      model=replace(planned.model, gradient_checkpointing=choice.checkpointing),
-                      rollout=replace(planned.rollout, micro_batch_size=choice.sampling_micro_batch))
+    def seconds(e: Estimate) -> float:
+        return e.step_s + e.communication_s
+
+    fastest = min(seconds(est) for _, est in fitting)
+    choice, est = max(((c, e) for c, e in fitting if seconds(e) <= fastest * (1 + NEAR_TIE)),
+                      key=lambda ce: (ce[0].strategy == cfg.trainer.strategy, not ce[0].checkpointing,
+                                      ce[0].micro_batch, ce[0].sampling_micro_batch))
+    planned = apply_plan(planned, Plan(shape, gpus, gpu_memory_gb, peak_tflops, choice, est, [], "", per_worker))
     unchecked = check_recipe(planned)
     peak = f"an estimated {est.peak_gb:.0f} of {gpu_memory_gb:g} GB"
     reasons = {
@@ -361,23 +402,30 @@ def plan_for(cfg: PixelRLConfig, gpus: int, gpu_memory_gb: float, peak_tflops: f
         "model.gradient_checkpointing": "on: without it no micro-batch fits" if choice.checkpointing
                                         else "off: the update fits without it, and the recompute would cost time",
         "rollout.micro_batch_size": "images per sampling call (and per decode) that fit beside the weights",
+        "trainer.strategy": "ddp: the replicated weights fit, and it saves FSDP2's all-gather of the denoiser on "
+                            "every call" if choice.strategy == "ddp" else
+                            "fsdp2: sharding the weights leaves room for larger micro-batches, which outweighs its "
+                            "all-gathers",
     }
-    was = {"trainer.n_workers": cfg.trainer.n_workers, "actor.ppo_micro_batch_size": cfg.actor.ppo_micro_batch_size,
+    was = {"trainer.n_workers": cfg.trainer.n_workers, "trainer.strategy": cfg.trainer.strategy,
+           "actor.ppo_micro_batch_size": cfg.actor.ppo_micro_batch_size,
            "model.gradient_checkpointing": cfg.model.gradient_checkpointing,
            "rollout.micro_batch_size": cfg.rollout.micro_batch_size}
-    now = {"trainer.n_workers": gpus, "actor.ppo_micro_batch_size": choice.micro_batch,
+    now = {"trainer.n_workers": gpus, "trainer.strategy": choice.strategy,
+           "actor.ppo_micro_batch_size": choice.micro_batch,
            "model.gradient_checkpointing": choice.checkpointing, "rollout.micro_batch_size": choice.sampling_micro_batch}
     if gpus > 1 and cfg.trainer.backend == "local":
         was["trainer.backend"], now["trainer.backend"] = "local", "ray"
         reasons["trainer.backend"] = "several workers run under Ray"
     changes = [(k, was[k], now[k], reasons[k]) for k in now if was[k] != now[k]]
-    return Plan(shape, gpus, gpu_memory_gb, peak_tflops, choice, est, changes, unchecked, per_worker)
+    return Plan(shape, gpus, gpu_memory_gb, peak_tflops, choice, est, changes, unchecked, per_worker, link_gb_per_s)
 
 
 def apply_plan(cfg: PixelRLConfig, plan: Plan) -> PixelRLConfig:
     """`cfg` with the plan's choices (the number of workers is the config's own)."""
     c = plan.choice
-    return replace(cfg, actor=replace(cfg.actor, ppo_micro_batch_size=c.micro_batch),
+    return replace(cfg, trainer=replace(cfg.trainer, strategy=c.strategy or cfg.trainer.strategy),
+                   actor=replace(cfg.actor, ppo_micro_batch_size=c.micro_batch),
                    model=replace(cfg.model, gradient_checkpointing=c.checkpointing),
                    rollout=replace(cfg.rollout, micro_batch_size=c.sampling_micro_batch))
 
@@ -403,81 +451,12 @@ def describe(cfg: PixelRLConfig, plan: Plan, config_name: str | None = None) -> 
               f"{e.update_gb:.1f}, sampling and decode {e.sampling_gb:.1f})",
               f"estimate per step: {e.step_s:.1f} s (sampling {e.sampling_s:.1f}, reference/old forwards "
               f"{e.no_grad_s:.1f}, update {e.update_s:.1f}), {images / e.step_s / plan.gpus:.2f} images/s per GPU, "
-              f"{e.step_flops / 1e15:.2f} PFLOP per GPU; communication, rewards and decode time not included"]
+              f"{e.step_flops / 1e15:.2f} PFLOP per GPU; rewards and decode time not included"]
+    if plan.gpus > 1:
+        lines.append(f"communication per GPU per step ({plan.choice.strategy}): {e.communication_gb:.0f} GB, "
+                     f"{e.communication_s:.1f} s at {plan.link_gb_per_s:g} GB/s if none of it overlapped compute")
     if plan.unchecked:
         lines.append(f"not checked on this machine: {plan.unchecked}")
     command = " ".join(["pixelrl train"] + ([f"--config-name {config_name}"] if config_name else []) + plan.overrides)
     lines.append(f"run: {command}")
     return "\n".join(lines)
-
-
-# --- the start-up check: a step nobody meant -------------------------------------------------
-MAX_STEP_HOURS = 24.0
-_CPU_RATE: dict[str, float] = {}
-
-
-def _latent_elements_per_token(model_type: str, c: dict) -> int:
-    """Latent values per denoiser token (SD3 patches latents itself; the packed families' and
-    Wan's inputs already hold a 2 x 2 patch per token)."""
-    if model_type == "sd3":
-        return c.get("in_channels", 16) * c.get("patch_size", 2) ** 2
-    return c.get("in_channels", 16) * (4 if model_type == "wan" else 1)
-
-
-def _this_machines_rate(cfg: PixelRLConfig) -> tuple[float, str]:
-    """FLOP/s a step's denoiser work gets: for a GPU the estimate's share of its peak (from
-    trainer.peak_tflops, else an H100's 989); on a CPU the measured matmul rate of this process."""
-    import torch
-
-    if torch.device(cfg.model.device).type == "cuda":
-        peak = cfg.trainer.peak_tflops or 989.0
-        return ACHIEVED_FRACTION_OF_PEAK * peak * 1e12, f"{ACHIEVED_FRACTION_OF_PEAK:.0%} of a {peak:g} TFLOP/s GPU"
-    from pixelrl.engine.flops import matmul_peak_flops
-    from pixelrl.models.base import resolve_dtype
-
-    if cfg.model.dtype not in _CPU_RATE:
-        _CPU_RATE[cfg.model.dtype] = matmul_peak_flops("cpu", resolve_dtype(cfg.model.dtype), size=512, repeats=3)
-    return _CPU_RATE[cfg.model.dtype], "this CPU's measured matmul rate"
-
-
-def check_step_size(cfg: PixelRLConfig) -> None:
-    """Refuse, with the numbers, a step that cannot be what the user meant (a typo such as
-    rollout.n=200000): its decoded images and stored SDE trajectories, which reach the driver,
-    larger than this machine's memory; or its denoiser work longer than MAX_STEP_HOURS even at
-    full speed. Runs before any worker starts, so hours of sampling are not lost to it."""
-    import psutil
-
-    from pixelrl.core.assets import resolve
-    from pixelrl.models.base import read_component_config
-    from pixelrl.models.releases import RELEASES
-
-    r, images, workers = cfg.rollout, images_per_step(cfg), cfg.trainer.n_workers
-    field, value = ("rollout.n", r.n) if r.n >= cfg.data.train_batch_size else ("data.train_batch_size",
-                                                                                  cfg.data.train_batch_size)
-    fix = "lower rollout.n, data.train_batch_size, rollout.resolution or rollout.num_steps"
-    shape, work = model_shape(cfg), step_work(cfg, workers)
-    folder = Path(resolve(str(cfg.model.path)))
-    transformer = (read_component_config(folder, "transformer") if folder.is_dir() else None) \
-        or getattr(RELEASES.get(cfg.model.type), "transformer", {})
-    latent_values = shape.image_tokens * _latent_elements_per_token(cfg.model.type, transformer)
-    # a transition run keeps the window's float32 latents (W + 1) and the final one per sample
-    window = (r.sde_window_size or r.num_steps - 1) if cfg.algorithm.trainer_type == "transition" else 0
-    sampled = work.sampled_images * workers
-    stored = sampled * (shape.frames * shape.pixels * 3 + (window + 2) * latent_values * 4)
-    ram = psutil.virtual_memory().total
-    if stored > ram:
-        raise ConfigError(field, value, f"a step samples data.train_batch_size x rollout.n = {images} images of "
-                          f"{r.resolution} px{f' x {shape.frames} frames' if shape.frames > 1 else ''}; their pixels "
-                          f"and stored trajectories take {stored / 1e9:.0f} GB on the driver, more than this "
-                          f"machine's {ram / 1e9:.0f} GB of memory: {fix}")
-    choice = Choice(cfg.actor.ppo_micro_batch_size, cfg.model.gradient_checkpointing, r.micro_batch_size)
-    flops = estimate(cfg, shape, work, workers, choice, 989.0).step_flops  # per worker
-    rate, how = _this_machines_rate(cfg)
-    hours = flops / rate / 3600
-    if how.startswith("this CPU"):
-        fix += ", or train on GPUs (model.device=cuda)"
-    if hours > MAX_STEP_HOURS:
-        raise ConfigError(field, value, f"a step samples {images} images ({r.num_steps} steps each) and trains on "
-                          f"them: {flops * workers / 1e15:.1f} PFLOP of denoiser work, at least {hours:.0f} hours "
-                          f"per step on each of trainer.n_workers={workers} at {how} ({rate / 1e12:.2f} TFLOP/s): "
-                          f"{fix}")

@@ -357,7 +357,7 @@ def validate(cfg: PixelRLConfig) -> None:
         if getattr(m, option) != value:
             raise ConfigError(f"model.{option}", getattr(m, option), f"the model folder was trained with {value} "
                               f"(its pixelrl_model.json): set model.{option}={value}")
-    from pixelrl.config.plan import check_step_size
+    from pixelrl.config.step_size import check_step_size
 
     check_step_size(cfg)  # needs the model's shape: last
 

@@ -239,9 +239,9 @@ class TrainerConfig:
     # per-device peak for perf/mfu, in TFLOP/s (e.g. 989 for an H100's dense bf16); 0 = measure a
     # matmul peak on each actor worker at start-up, in the model's dtype
     peak_tflops: float = 0.0
-    # > 0: choose actor.ppo_micro_batch_size, model.gradient_checkpointing and
-    # rollout.micro_batch_size at start-up so that a step's estimated peak fits this many GB per GPU,
-    # fastest first (what `pixelrl plan` prints); 0 = use them as written
+    # > 0: choose actor.ppo_micro_batch_size, model.gradient_checkpointing, rollout.micro_batch_size
+    # and (several workers) trainer.strategy at start-up so that a step's estimated peak fits this
+    # many GB per GPU, fastest first (what `pixelrl plan` prints); 0 = use them as written
     fit_to_memory_gb: float = 0.0
 
 
