@@ -9,12 +9,31 @@ from safetensors.torch import load_file
 from conftest import ray_actor_pids, read_metrics, train_cli
 
 
+TWO_WORKERS = ("trainer.n_workers=2", "trainer.logger=[jsonl]", "trainer.save_freq=1", "trainer.total_training_steps=2")
+
+
+@pytest.fixture(scope="module")
+def two_worker_run(ray_cluster, tmp_path_factory, tiny_pixel_path):
+    """One uninterrupted 2-worker DDP run of 2 steps with a checkpoint per step, made once for the
+    tests that read it (a test that writes into it works on a copy)."""
+    root = tmp_path_factory.mktemp("two_worker_run")
+    code, run = train_cli(root, tiny_pixel_path, *TWO_WORKERS, "trainer.strategy=ddp")
+    assert code == 0
+    return root
+
+
 # FSDP2 resume is also covered by the VLM trainer's and the crash sweep's FSDP2 runs
 @pytest.mark.parametrize("strategy", ["ddp", pytest.param("fsdp2", marks=pytest.mark.slow)])
-def test_two_worker_run_writes_metrics_and_a_checkpoint_that_reloads(ray_cluster, tmp_path, tiny_pixel_path, strategy):
-    code, run = train_cli(tmp_path, tiny_pixel_path, "trainer.n_workers=2", f"trainer.strategy={strategy}",
-                          "trainer.total_training_steps=2", "trainer.save_freq=1", "trainer.logger=[jsonl]")
-    assert code == 0
+def test_two_worker_run_writes_metrics_and_a_checkpoint_that_reloads(ray_cluster, tmp_path, tiny_pixel_path, strategy,
+                                                                     request):
+    import shutil
+
+    if strategy == "ddp":  # the shared run, copied: this test resumes it
+        shutil.copytree(request.getfixturevalue("two_worker_run") / "pixelrl", tmp_path / "pixelrl")
+        run = tmp_path / "pixelrl" / "flow_grpo_tiny"
+    else:
+        code, run = train_cli(tmp_path, tiny_pixel_path, *TWO_WORKERS, f"trainer.strategy={strategy}")
+        assert code == 0
     metrics = read_metrics(run)
     assert [m["step"] for m in metrics] == [1, 2]
     for key in ("critic/rewards/mean", "critic/rewards/zero_std_ratio", "critic/rewards/group_size",
@@ -218,7 +237,7 @@ def test_a_crashed_rank_is_reported_before_a_peer_that_raised(ray_cluster, tiny_
 
 
 def test_pixelrl_train_restarts_a_dead_worker_and_ends_as_an_uninterrupted_run(ray_cluster, tmp_path, tiny_pixel_path,
-                                                                               monkeypatch):
+                                                                               monkeypatch, two_worker_run):
     """`pixelrl train ... trainer.max_restarts=1` (Flow-GRPO, 2 workers): a worker killed by SIGSEGV
     right after the step-1 checkpoint is started again from it; the run's metrics (each step once)
     and its step-2 weights equal those of a run that was never interrupted."""
@@ -227,10 +246,7 @@ def test_pixelrl_train_restarts_a_dead_worker_and_ends_as_an_uninterrupted_run(r
 
     import pixelrl.trainers.controller as policy_gradient
 
-    common = ("trainer.n_workers=2", "trainer.logger=[jsonl]", "trainer.save_freq=1",
-              "trainer.total_training_steps=2", "trainer.max_restarts=1")
-    code, straight = train_cli(tmp_path / "straight", tiny_pixel_path, *common)
-    assert code == 0
+    straight = two_worker_run / "pixelrl" / "flow_grpo_tiny"  # the same run, never interrupted
     already_running = ray_actor_pids("PolicyWorker")
     save, crashed = policy_gradient.save_checkpoint, []
 
@@ -241,7 +257,8 @@ def test_pixelrl_train_restarts_a_dead_worker_and_ends_as_an_uninterrupted_run(r
             os.kill(crashed[0], signal.SIGSEGV)
 
     monkeypatch.setattr(policy_gradient, "save_checkpoint", save_then_crash_a_worker)
-    code, restarted = train_cli(tmp_path / "restarted", tiny_pixel_path, *common)
+    code, restarted = train_cli(tmp_path / "restarted", tiny_pixel_path, *TWO_WORKERS, "trainer.strategy=ddp",
+                                "trainer.max_restarts=1")
     assert code == 0 and crashed
     rows = read_metrics(restarted)
     assert [m["critic/rewards/mean"] for m in rows] == [m["critic/rewards/mean"] for m in read_metrics(straight)]
