@@ -38,7 +38,11 @@ def load_config(config_name: str | None = None, overrides: list[str] | tuple = (
     cfg = merge_config(config_name, overrides)
     cfg.plugins = import_plugins(cfg.plugins)
     validate(cfg)
-    if cfg.trainer.fit_to_memory_gb and cfg.algorithm.trainer_type in DIFFUSION_TRAINERS:
+    if cfg.trainer.fit_to_memory_gb:
+        if cfg.algorithm.trainer_type not in DIFFUSION_TRAINERS:
+            raise ConfigError("trainer.fit_to_memory_gb", cfg.trainer.fit_to_memory_gb, "the memory plan sizes the "
+                              "diffusion trainers' denoiser calls; the vision-language trainer takes "
+                              "actor.ppo_micro_batch_size as written: remove trainer.fit_to_memory_gb")
         cfg = _fitted_to_memory(cfg)
     return cfg
 
