@@ -48,7 +48,7 @@ VIDEO_DECODE_BYTES_PER_PIXEL = 422.0
 ACHIEVED_FRACTION_OF_PEAK = 0.446
 SECONDS_PER_FORWARD_CALL = 0.096
 BACKWARD_FLOPS = 2.0  # a backward costs two forwards
-NEAR_TIE = 0.05
+NEAR_TIE = 0.05  # plans within 5% of the fastest count as equal (the estimate is not finer than that)
 # All-gather / all-reduce bus bandwidth per GPU, GB/s: an assumption for NVLink within one node of
 # H100s (its links carry 450 GB/s each way); across nodes over 400 Gb/s InfiniBand it is about 45.
 LINK_GB_PER_S = 350.0
