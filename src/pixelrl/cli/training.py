@@ -29,11 +29,9 @@ def cmd_train(args) -> int:
 
 def cmd_plan(args) -> int:
     from pixelrl.config.plan import describe, plan_for
-    from pixelrl.core.config_io import merge_config
-    from pixelrl.core.plugins import import_plugins
+    from pixelrl.config.validation import compose_config
 
-    cfg = merge_config(args.config_name, args.overrides)
-    cfg.plugins = import_plugins(cfg.plugins)
+    cfg = compose_config(args.config_name, args.overrides)
     plan = plan_for(cfg, args.gpus, args.gpu_memory, args.peak_tflops, link_gb_per_s=args.link_gb_per_s)
     print(describe(cfg, plan, args.config_name))
     return 0

@@ -23,7 +23,7 @@ import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pixelrl.core.config import PixelRLConfig, images_per_step
+from pixelrl.core.config import PixelRLConfig, images_per_step, mini_batches_per_epoch, optimizer_steps_per_rollout
 from pixelrl.core.errors import ConfigError
 
 # --- calibration: SD3.5-Medium shapes, one NVIDIA H200, bf16, torch 2.11 + CUDA 13 ----------------
@@ -71,7 +71,7 @@ class Shape:
     layers: int
     hidden: int
     seq_tokens: int  # tokens in the denoiser's sequence (image + joint text) per row
-    image_tokens: int  # of which image (latent) tokens, all frames
+    latent_values: int  # one sample's latent (all frames): the float32 values a stored trajectory step holds
     forward_flops: float  # one row's denoiser forward
     frames: int  # decoded frames per sample (1 for images)
     pixels: int  # decoded pixels per frame
@@ -115,6 +115,14 @@ def _denoiser_costs(model_type: str, c: dict, resolution: int, num_frames: int, 
     return layers, d, seq, 2 * seq * layers * 12 * d * d + 4 * d * layers * seq * seq, image
 
 
+def _latent_elements_per_token(model_type: str, c: dict) -> int:
+    """Latent values per denoiser token (SD3 patches latents itself; the packed families' and
+    Wan's inputs already hold a 2 x 2 patch per token)."""
+    if model_type == "sd3":
+        return c.get("in_channels", 16) * c.get("patch_size", 2) ** 2
+    return c.get("in_channels", 16) * (4 if model_type == "wan" else 1)
+
+
 def model_shape(cfg: PixelRLConfig) -> Shape:
     """The configured model's shape: from its folder when it is here, else from the published
     release of its family (pixelrl.models.releases)."""
@@ -146,8 +154,8 @@ def model_shape(cfg: PixelRLConfig) -> Shape:
     text_tokens = m.max_sequence_length if uses_t5 else 0
     layers, hidden, seq, flops, image = _denoiser_costs(m.type, transformer, r.resolution, m.num_frames, text_tokens,
                                                  clip_tokens, unit)
-    return Shape(name, denoiser, encoders, vae, layers, hidden, seq, image, float(flops), max(1, m.num_frames),
-                 r.resolution ** 2)
+    return Shape(name, denoiser, encoders, vae, layers, hidden, seq, image * _latent_elements_per_token(m.type, transformer),
+                 float(flops), max(1, m.num_frames), r.resolution ** 2)
 
 
 @dataclass(frozen=True)
@@ -191,8 +199,6 @@ def step_work(cfg: PixelRLConfig, gpus: int) -> Work:
         per_substep = 2 if pairs else 1  # chosen and rejected side by side
         passes = int(bool(needed & REFERENCE_STEP_KEYS)) + int("v_old" in needed)
         samples = cfg.data.train_batch_size // gpus if pairs else images
-    from pixelrl.core.config import optimizer_steps_per_rollout
-
     sampled = images if cfg.algorithm.sample_source == "online" else 0
     return Work(sampled, r.num_steps, samples, substeps, per_substep, min(a.window_steps_per_forward or substeps,
                 substeps), passes, a.ppo_epochs, branches, optimizer_steps_per_rollout(cfg))
@@ -338,8 +344,6 @@ def _divisors(n: int, cap: int | None = None) -> list[int]:
 
 
 def _samples_per_optimizer_step(cfg: PixelRLConfig, gpus: int) -> int:
-    from pixelrl.core.config import mini_batches_per_epoch
-
     if cfg.diffusion_loss.name == "diffusion_dpo":  # one pair per prompt
         return cfg.data.train_batch_size // (gpus * mini_batches_per_epoch(cfg))
     return (cfg.actor.ppo_mini_batch_size or images_per_step(cfg)) // gpus
@@ -392,7 +396,7 @@ def plan_for(cfg: PixelRLConfig, gpus: int, gpu_memory_gb: float, peak_tflops: f
     choice, est = max(((c, e) for c, e in fitting if seconds(e) <= fastest * (1 + NEAR_TIE)),
                       key=lambda ce: (ce[0].strategy == cfg.trainer.strategy, not ce[0].checkpointing,
                                       ce[0].micro_batch, ce[0].sampling_micro_batch))
-    planned = apply_plan(planned, Plan(shape, gpus, gpu_memory_gb, peak_tflops, choice, est, [], "", per_worker))
+    planned = apply_choice(planned, choice)
     unchecked = check_recipe(planned)
     peak = f"an estimated {est.peak_gb:.0f} of {gpu_memory_gb:g} GB"
     reasons = {
@@ -421,9 +425,8 @@ def plan_for(cfg: PixelRLConfig, gpus: int, gpu_memory_gb: float, peak_tflops: f
     return Plan(shape, gpus, gpu_memory_gb, peak_tflops, choice, est, changes, unchecked, per_worker, link_gb_per_s)
 
 
-def apply_plan(cfg: PixelRLConfig, plan: Plan) -> PixelRLConfig:
-    """`cfg` with the plan's choices (the number of workers is the config's own)."""
-    c = plan.choice
+def apply_choice(cfg: PixelRLConfig, c: Choice) -> PixelRLConfig:
+    """`cfg` with a plan's choices (the number of workers is the config's own)."""
     return replace(cfg, trainer=replace(cfg.trainer, strategy=c.strategy or cfg.trainer.strategy),
                    actor=replace(cfg.actor, ppo_micro_batch_size=c.micro_batch),
                    model=replace(cfg.model, gradient_checkpointing=c.checkpointing),
@@ -432,8 +435,6 @@ def apply_plan(cfg: PixelRLConfig, plan: Plan) -> PixelRLConfig:
 
 def describe(cfg: PixelRLConfig, plan: Plan, config_name: str | None = None) -> str:
     """The plan as text: what stays, what changes and why, the estimate, the command."""
-    from pixelrl.core.config import optimizer_steps_per_rollout
-
     e, s, a = plan.estimate, plan.shape, cfg.actor
     images = images_per_step(cfg)
     lines = [f"plan: {config_name or 'config'} on {plan.gpus} GPU(s) of {plan.gpu_memory_gb:g} GB, "

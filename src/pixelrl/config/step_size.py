@@ -4,22 +4,12 @@ memory. It uses `pixelrl plan`'s shape and FLOP arithmetic (pixelrl.config.plan)
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pixelrl.config.plan import ACHIEVED_FRACTION_OF_PEAK, Choice, estimate, model_shape, step_work
 from pixelrl.core.config import PixelRLConfig, images_per_step
 from pixelrl.core.errors import ConfigError
 
 MAX_STEP_HOURS = 24.0
 _CPU_RATE: dict[str, float] = {}
-
-
-def _latent_elements_per_token(model_type: str, c: dict) -> int:
-    """Latent values per denoiser token (SD3 patches latents itself; the packed families' and
-    Wan's inputs already hold a 2 x 2 patch per token)."""
-    if model_type == "sd3":
-        return c.get("in_channels", 16) * c.get("patch_size", 2) ** 2
-    return c.get("in_channels", 16) * (4 if model_type == "wan" else 1)
 
 
 def _this_machines_rate(cfg: PixelRLConfig) -> tuple[float, str]:
@@ -45,23 +35,15 @@ def check_step_size(cfg: PixelRLConfig) -> None:
     full speed. Runs before any worker starts, so hours of sampling are not lost to it."""
     import psutil
 
-    from pixelrl.core.assets import resolve
-    from pixelrl.models.base import read_component_config
-    from pixelrl.models.releases import RELEASES
-
     r, images, workers = cfg.rollout, images_per_step(cfg), cfg.trainer.n_workers
     field, value = ("rollout.n", r.n) if r.n >= cfg.data.train_batch_size else ("data.train_batch_size",
                                                                                   cfg.data.train_batch_size)
     fix = "lower rollout.n, data.train_batch_size, rollout.resolution or rollout.num_steps"
     shape, work = model_shape(cfg), step_work(cfg, workers)
-    folder = Path(resolve(str(cfg.model.path)))
-    transformer = (read_component_config(folder, "transformer") if folder.is_dir() else None) \
-        or getattr(RELEASES.get(cfg.model.type), "transformer", {})
-    latent_values = shape.image_tokens * _latent_elements_per_token(cfg.model.type, transformer)
     # a transition run keeps the window's float32 latents (W + 1) and the final one per sample
     window = (r.sde_window_size or r.num_steps - 1) if cfg.algorithm.trainer_type == "transition" else 0
     sampled = work.sampled_images * workers
-    stored = sampled * (shape.frames * shape.pixels * 3 + (window + 2) * latent_values * 4)
+    stored = sampled * (shape.frames * shape.pixels * 3 + (window + 2) * shape.latent_values * 4)
     ram = psutil.virtual_memory().total
     if stored > ram:
         raise ConfigError(field, value, f"a step samples data.train_batch_size x rollout.n = {images} images of "
@@ -69,7 +51,7 @@ def check_step_size(cfg: PixelRLConfig) -> None:
                           f"and stored trajectories take {stored / 1e9:.0f} GB on the driver, more than this "
                           f"machine's {ram / 1e9:.0f} GB of memory: {fix}")
     choice = Choice(cfg.actor.ppo_micro_batch_size, cfg.model.gradient_checkpointing, r.micro_batch_size)
-    flops = estimate(cfg, shape, work, workers, choice, 989.0).step_flops  # per worker
+    flops = estimate(cfg, shape, work, workers, choice, 989.0).step_flops  # per worker (the peak only sets times)
     rate, how = _this_machines_rate(cfg)
     hours = flops / rate / 3600
     if how.startswith("this CPU"):

@@ -32,11 +32,18 @@ class SeparateTrainer:
 SEPARATE_TRAINERS: Registry = Registry("trainer type", "algorithm.trainer_type")
 
 
+def compose_config(config_name: str | None = None, overrides: list[str] | tuple = ()) -> PixelRLConfig:
+    """The named config with `overrides` and its plugins imported, not yet validated (`pixelrl
+    plan` checks a recipe whose folders are on another machine itself)."""
+    cfg = merge_config(config_name, overrides)
+    cfg.plugins = import_plugins(cfg.plugins)
+    return cfg
+
+
 def load_config(config_name: str | None = None, overrides: list[str] | tuple = ()) -> PixelRLConfig:
     """The named config with `overrides`, its plugins imported (they register names that the
     checks look up) and every field checked."""
-    cfg = merge_config(config_name, overrides)
-    cfg.plugins = import_plugins(cfg.plugins)
+    cfg = compose_config(config_name, overrides)
     validate(cfg)
     if cfg.trainer.fit_to_memory_gb:
         if cfg.algorithm.trainer_type not in DIFFUSION_TRAINERS:
@@ -51,12 +58,13 @@ def _fitted_to_memory(cfg: PixelRLConfig) -> PixelRLConfig:
     """trainer.fit_to_memory_gb: the plan's micro-batches and checkpointing, announced once."""
     import sys
 
-    from pixelrl.config.plan import apply_plan, plan_for
+    from pixelrl.config.plan import apply_choice, plan_for
 
+    # plan_for validates the config with its choices applied (check_recipe); this run's own files
+    # passed validation above, so that check is complete here
     plan = plan_for(cfg, cfg.trainer.n_workers, cfg.trainer.fit_to_memory_gb, cfg.trainer.peak_tflops or 989.0,
                     field="trainer.fit_to_memory_gb")
-    fitted = apply_plan(cfg, plan)
-    validate(fitted)
+    fitted = apply_choice(cfg, plan.choice)
     chosen = " ".join(o for o in plan.overrides if not o.startswith(("trainer.n_workers", "trainer.backend")))
     print(f"pixelrl: trainer.fit_to_memory_gb={cfg.trainer.fit_to_memory_gb:g}: {chosen or 'the config as written'} "
           f"(estimated peak {plan.estimate.peak_gb:.1f} GB per GPU; `pixelrl plan` shows the estimate)", file=sys.stderr)
