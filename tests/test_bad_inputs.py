@@ -233,6 +233,7 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("negative device peak for MFU", [*SHAPES, "trainer.peak_tflops=-1"], "trainer.peak_tflops"),
     ("negative memory to fit the micro-batches to", [*SHAPES, "trainer.fit_to_memory_gb=-1"], "trainer.fit_to_memory_gb"),
     ("a memory plan for the vision-language trainer", [*VLM, "trainer.fit_to_memory_gb=80"], "trainer.fit_to_memory_gb"),
+    ("a negative step to profile", [*SHAPES, "trainer.profile_step=-2"], "trainer.profile_step"),
     ("a plan for GPUs the recipe's batch does not split over",
      ["plan", "--config-name", "flow_grpo_sd35", "--gpus", "7", "--gpu-memory", "80"], "--gpus"),
     ("a plan for GPUs too small for the weights",

@@ -17,7 +17,10 @@ from pixelrl.core.errors import ConfigError
 # docs/benchmarks.md, "On one NVIDIA H200": (config, overrides, s/step, peak GB, sampling, update + reference).
 # The bench ran 2 prompts x 8 images (Wan: 1 x 4), mini-batch 8 (Wan: 2), one-layer text encoders.
 BENCH = ["data.train_batch_size=2", "rollout.n=8", "actor.ppo_mini_batch_size=8"]
+# with a mini-batch of 8 the engine runs micro-batches of 8: a larger setting means the whole share
 TUNED = ["actor.ppo_micro_batch_size=16", "model.gradient_checkpointing=false"]
+FAST64 = ["data.train_batch_size=8", "rollout.n=8", "actor.ppo_mini_batch_size=64", "rollout.micro_batch_size=32",
+          "model.gradient_checkpointing=false"]
 MEASURED = {
     "sd35": ("flow_grpo_sd35", [], 27.0, 10.2),
     "sd35_tuned": ("flow_grpo_sd35", TUNED, 12.9, 38.8),
@@ -25,20 +28,24 @@ MEASURED = {
     "sd35_fast_tuned": ("flow_grpo_fast_sd35", TUNED, 3.8, 22.3),
     "awm_sd35": ("awm_sd35", TUNED, 8.8, 22.5),
     "wan": ("dance_grpo_wan", ["data.train_batch_size=1", "rollout.n=4", "actor.ppo_mini_batch_size=2"], 56.3, 11.2),
+    # 8 prompts x 8 images in one optimizer step: the update at 16 and 32 samples per call
+    "fast64_micro16": ("flow_grpo_fast_sd35", FAST64 + ["actor.ppo_micro_batch_size=16"], 11.42, 38.7),
+    "fast64_micro32": ("flow_grpo_fast_sd35", FAST64 + ["actor.ppo_micro_batch_size=32"], 11.38, 71.6),
 }
 ONE_LAYER_ENCODERS = {"sd3": 0.223e9, "wan": 0.193e9}  # the benchmark folders' text encoders
 
 
 @pytest.mark.parametrize("case", sorted(MEASURED))
 def test_the_estimate_reproduces_the_measured_gpu_steps(case):
-    """Step time within 15% and peak memory within 3% of each measured H200 case (the SD3.5 peak
-    constants were fitted on sd35_tuned and the checkpointed cases; the others check them)."""
+    """Step time within 10% and peak memory within 3% of each measured H200 case (the time constants
+    are a least-squares fit over these eight steps; the activation bytes were fitted on
+    fast64_micro32 and the decode bytes on the checkpointed cases, the others check them)."""
     name, overrides, seconds, peak = MEASURED[case]
     cfg = paper_config(name, *BENCH, *overrides, "trainer.n_workers=1", "trainer.strategy=fsdp2")
     shape = dataclasses.replace(model_shape(cfg), encoder_params=ONE_LAYER_ENCODERS[cfg.model.type])
     choice = Choice(cfg.actor.ppo_micro_batch_size, cfg.model.gradient_checkpointing, cfg.rollout.micro_batch_size)
     est = estimate(cfg, shape, step_work(cfg, 1), 1, choice, 989.0)
-    assert est.step_s == pytest.approx(seconds, rel=0.15)
+    assert est.step_s == pytest.approx(seconds, rel=0.10)
     assert est.peak_gb == pytest.approx(peak, rel=0.03)
 
 

@@ -1,5 +1,7 @@
 """The vision-language path: the Qwen2-VL adapter, the VLM engine, its trainer and checkpoints."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import vlm_config, vlm_run_killed_after_checkpoint
@@ -268,11 +270,16 @@ def test_console_shows_reward_and_held_out_accuracy(tiny_vlm_path, tmp_path):
 
     lines = []
     cfg = vlm_config(tiny_vlm_path, tmp_path, "trainer.logger=[console]", "trainer.total_training_steps=1",
-                     "trainer.val_before_train=true", "trainer.test_freq=1", "vlm.estimator=gae")
+                     "trainer.val_before_train=true", "trainer.test_freq=1", "vlm.estimator=gae",
+                     "trainer.profile_step=1")
     cfg.trainer.logger = ["console", "jsonl"]
     result = VLMPPOTrainer(cfg, console=lines.append).fit()
+    lines = [line for line in lines if not line.startswith("profile of step")]
     assert lines[0].startswith("step 0: ") and "val/accuracy=" in lines[0]
     assert "rewards/mean=" in lines[1] and "explained_variance=" in lines[1] and "val/accuracy=" in lines[1]
+    # trainer.profile_step reached the worker: the step's summary, by the worker's two phases
+    profile = (Path(result["run_dir"]) / "profile" / "step_1_rank_0.txt").read_text()
+    assert profile.startswith("step 1 on cpu") and "experience" in profile and "matmul" in profile
     # per worker: the step's responses and tokens over the time of sampling, scoring and training
     row = result["history"][0]
     seconds = row["timing_s/experience"] + row["timing_s/train"]

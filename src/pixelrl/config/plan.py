@@ -27,10 +27,14 @@ from pixelrl.core.config import PixelRLConfig, images_per_step, mini_batches_per
 from pixelrl.core.errors import ConfigError
 
 # --- calibration: SD3.5-Medium shapes, one NVIDIA H200, bf16, torch 2.11 + CUDA 13 ----------------
+# Eight measured steps (docs/planning.md lists each prediction beside its measurement): the
+# shipped and tuned Flow-GRPO, Flow-GRPO-Fast and AWM cases at 16 images per step, Flow-GRPO-Fast
+# at 64 images per step with micro-batches of 16 and 32, and one Wan case.
+#
 # Bytes a forward with gradient keeps for its backward, per (token x hidden unit x layer) of one
-# row: (38.8 GB peak - 5.9 GB resident) / 32 rows of 1229 tokens x 1536 x 24 layers (the tuned
-# Flow-GRPO case); the same constant predicts the Flow-GRPO-Fast and AWM cases within 1%.
-ACTIVATION_BYTES = 22.7
+# row: (71.6 GB peak - 5.9 GB resident) / 32 rows of 1229 tokens x 1536 x 24 layers (Flow-GRPO-Fast,
+# micro-batch 32); the other seven cases agree within 1%.
+ACTIVATION_BYTES = 45.4
 # With gradient checkpointing a block keeps only its input (bf16, both streams) until its
 # recompute; one block's full activations live at a time. Not calibrated: the checkpointed cases
 # measured peaked while decoding, not in the update.
@@ -41,12 +45,15 @@ CHECKPOINT_BYTES = 2.0
 # (11.2 GB peak, 2 clips of 33 frames): fitted on that point alone, not validated.
 DECODE_BYTES_PER_PIXEL = 2070.0
 VIDEO_DECODE_BYTES_PER_PIXEL = 422.0
-# Time: a phase takes its FLOPs at a fixed fraction of the card's dense bf16 peak, plus a fixed
-# cost per forward-equivalent of each denoiser call (a backward counts two, a checkpointed
-# recompute one more): host work and kernel launches, which make small micro-batches slow. Both
-# fitted on the SD3.5 cases' phases on the H200 (docs/planning.md lists prediction beside measurement).
-ACHIEVED_FRACTION_OF_PEAK = 0.446
-SECONDS_PER_FORWARD_CALL = 0.096
+# Time, least squares over the eight steps (all within 9%): a phase takes its FLOPs at a fixed
+# fraction of the card's dense bf16 peak, plus a fixed cost per forward-equivalent of each denoiser
+# call (host work and kernel launches, which make small micro-batches slow; a backward counts two).
+# A checkpointed update call costs one more forward of FLOPs but about five more of that fixed
+# cost (the recompute re-enters every block from Python); decoding costs a fixed time per pixel.
+ACHIEVED_FRACTION_OF_PEAK = 0.49
+SECONDS_PER_FORWARD_CALL = 0.052
+CHECKPOINT_OVERHEAD_CALLS = 5.1
+DECODE_SECONDS_PER_MEGAPIXEL = 0.18
 BACKWARD_FLOPS = 2.0  # a backward costs two forwards
 NEAR_TIE = 0.05  # plans within 5% of the fastest count as equal (the estimate is not finer than that)
 # All-gather / all-reduce bus bandwidth per GPU, GB/s: an assumption for NVLink within one node of
@@ -253,7 +260,10 @@ def estimate(cfg: PixelRLConfig, shape: Shape, work: Work, gpus: int, choice: Ch
     """Per-GPU peak memory, phase times and communication of one step under `choice`."""
     rate = ACHIEVED_FRACTION_OF_PEAK * peak_tflops * 1e12
     token_layer = shape.seq_tokens * shape.hidden * shape.layers
-    rows_per_call = choice.micro_batch * work.rows_per_substep * work.substeps_per_call
+    # the engine splits each worker's optimizer-step share into micro-batches: a larger setting runs
+    # as the whole share
+    micro_batch = min(choice.micro_batch, _samples_per_optimizer_step(cfg, gpus))
+    rows_per_call = micro_batch * work.rows_per_substep * work.substeps_per_call
     if choice.checkpointing:
         kept = token_layer * CHECKPOINT_BYTES + token_layer / shape.layers * ACTIVATION_BYTES
     else:
@@ -263,17 +273,19 @@ def estimate(cfg: PixelRLConfig, shape: Shape, work: Work, gpus: int, choice: Ch
     f = shape.forward_flops
     sampling_calls = math.ceil(work.sampled_images / choice.sampling_micro_batch) * work.sampling_steps
     sampling_flops = work.sampled_images * work.sampling_steps * work.branches * f
-    calls = math.ceil(work.trained_samples / choice.micro_batch) * math.ceil(work.substeps / work.substeps_per_call)
+    calls = math.ceil(work.trained_samples / micro_batch) * math.ceil(work.substeps / work.substeps_per_call)
     rows = work.trained_samples * work.substeps * work.rows_per_substep
-    per_update_call = 1 + BACKWARD_FLOPS + choice.checkpointing  # forward-equivalents
+    per_update_call = 1 + BACKWARD_FLOPS + choice.checkpointing  # forward-equivalents of FLOPs
     update_flops = rows * work.epochs * f * per_update_call
+    update_overheads = 1 + BACKWARD_FLOPS + choice.checkpointing * CHECKPOINT_OVERHEAD_CALLS
     no_grad_flops = rows * work.no_grad_passes * f
     sent = communication_bytes(cfg, shape, work, gpus, sampling_calls + calls * work.no_grad_passes,
                                calls * work.epochs)
     return Estimate(resident_bytes(cfg, shape, gpus) / 1e9, rows_per_call * kept / 1e9, sampling_bytes / 1e9,
-                    sampling_flops / rate + sampling_calls * SECONDS_PER_FORWARD_CALL,
+                    sampling_flops / rate + sampling_calls * SECONDS_PER_FORWARD_CALL
+                    + work.sampled_images * shape.frames * shape.pixels / 1e6 * DECODE_SECONDS_PER_MEGAPIXEL,
                     no_grad_flops / rate + calls * work.no_grad_passes * SECONDS_PER_FORWARD_CALL,
-                    update_flops / rate + calls * work.epochs * per_update_call * SECONDS_PER_FORWARD_CALL,
+                    update_flops / rate + calls * work.epochs * update_overheads * SECONDS_PER_FORWARD_CALL,
                     sampling_flops + no_grad_flops + update_flops, sent / 1e9, sent / 1e9 / link_gb_per_s)
 
 
@@ -452,7 +464,7 @@ def describe(cfg: PixelRLConfig, plan: Plan, config_name: str | None = None) -> 
               f"{e.update_gb:.1f}, sampling and decode {e.sampling_gb:.1f})",
               f"estimate per step: {e.step_s:.1f} s (sampling {e.sampling_s:.1f}, reference/old forwards "
               f"{e.no_grad_s:.1f}, update {e.update_s:.1f}), {images / e.step_s / plan.gpus:.2f} images/s per GPU, "
-              f"{e.step_flops / 1e15:.2f} PFLOP per GPU; rewards and decode time not included"]
+              f"{e.step_flops / 1e15:.2f} PFLOP per GPU; the rewards' time not included (sampling includes the decode)"]
     if plan.gpus > 1:
         lines.append(f"communication per GPU per step ({plan.choice.strategy}): {e.communication_gb:.0f} GB, "
                      f"{e.communication_s:.1f} s at {plan.link_gb_per_s:g} GB/s if none of it overlapped compute")

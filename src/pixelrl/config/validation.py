@@ -67,7 +67,8 @@ def _fitted_to_memory(cfg: PixelRLConfig) -> PixelRLConfig:
     fitted = apply_choice(cfg, plan.choice)
     chosen = " ".join(o for o in plan.overrides if not o.startswith(("trainer.n_workers", "trainer.backend")))
     print(f"pixelrl: trainer.fit_to_memory_gb={cfg.trainer.fit_to_memory_gb:g}: {chosen or 'the config as written'} "
-          f"(estimated peak {plan.estimate.peak_gb:.1f} GB per GPU; `pixelrl plan` shows the estimate)", file=sys.stderr)
+          f"(estimated peak {plan.estimate.peak_gb:.1f} GB per GPU, {plan.estimate.step_s:.1f} s per step before "
+          "the rewards; `pixelrl plan` shows the estimate)", file=sys.stderr)
     return fitted
 
 
@@ -310,6 +311,7 @@ def validate(cfg: PixelRLConfig) -> None:
     _positive("trainer.time_budget_s", t.time_budget_s, allow_zero=True)
     _positive("trainer.peak_tflops", t.peak_tflops, allow_zero=True)
     _positive("trainer.fit_to_memory_gb", t.fit_to_memory_gb, allow_zero=True)
+    _positive("trainer.profile_step", t.profile_step, allow_zero=True)
     _positive("trainer.total_training_steps", t.total_training_steps, allow_zero=True)  # 0 = from the epochs
     _positive("trainer.total_epochs", t.total_epochs)
     _choice("rollout.solver", r.solver, SOLVERS)

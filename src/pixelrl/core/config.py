@@ -243,6 +243,10 @@ class TrainerConfig:
     # and (several workers) trainer.strategy at start-up so that a step's estimated peak fits this
     # many GB per GPU, fastest first (what `pixelrl plan` prints); 0 = use them as written
     fit_to_memory_gb: float = 0.0
+    # > 0: run this step under torch.profiler on every actor worker and write <run>/profile/
+    # step_<N>_rank_<R>.txt (device time by kernel category and worker phase) and .json.gz (a
+    # Chrome trace); 0 = off. Profiling slows the step it watches: its timing row is not the run's
+    profile_step: int = 0
 
 
 @dataclass

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 import torch
 
 from pixelrl.core.errors import PixelRLError
+from pixelrl.engine.profiling import PHASE_PREFIX
 
 # what to lower in each phase, in the order worth trying
 KNOBS = {
@@ -38,6 +39,7 @@ def _torch_figures(err: BaseException) -> str:
 @contextmanager
 def naming_the_phase(phase: str):
     try:
-        yield
+        with torch.profiler.record_function(PHASE_PREFIX + phase):  # labels the phase in `trainer.profile_step`'s trace
+            yield
     except torch.OutOfMemoryError as err:  # torch.cuda.OutOfMemoryError is the same class
         raise OutOfMemory(phase, _torch_figures(err)) from None

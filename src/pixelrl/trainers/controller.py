@@ -267,6 +267,9 @@ class DiffusionTrainer:
                         disable=not os.isatty(2))
         reward_errors = self.reward_errors
         for step in range(start_step + 1, total + 1):
+            profiling = step == t.profile_step
+            if profiling:
+                self.actor.call("start_profile", gather="all")
             step_start = time.time()
             if cfg.algorithm.sample_source == "offline":
                 batch, metrics = None, offline_preference_step(self.actor, next_rows(), cfg, self.actor.size)
@@ -290,6 +293,9 @@ class DiffusionTrainer:
                     self.actor_version = int(metrics["actor/policy_version"])
                     metrics.update(timeline_metrics(batch.info, train_start, time.time()))
                     metrics["reward/error"] = 0.0
+            if profiling:
+                self.actor.call("stop_profile", None, str(self.run_dir / "profile"), step, gather="all")
+                self.console(f"profile of step {step}: {self.run_dir / 'profile'}/step_{step}_rank_*.txt")
             metrics["training/global_step"] = step
             metrics["training/epoch"] = loader.sampler.epoch
             last = schedule.finish_step(step, metrics["timing_s/step"])

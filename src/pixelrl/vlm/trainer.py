@@ -109,9 +109,15 @@ class VLMPPOTrainer:
                 tracker.log(val, 0)
                 val_history.append(val)
             for step in range(start_step + 1, total + 1):
+                profiling = step == t.profile_step
+                if profiling:
+                    self.actor.call("start_profile", gather="all")
                 began = time.perf_counter()
                 metrics = self.actor.call("train_step", None, step, gather="mean")
                 metrics["timing_s/step"] = time.perf_counter() - began
+                if profiling:
+                    self.actor.call("stop_profile", None, str(self.run_dir / "profile"), step, gather="all")
+                    self.console(f"profile of step {step}: {self.run_dir / 'profile'}/step_{step}_rank_*.txt")
                 last = schedule.finish_step(step, metrics["timing_s/step"])
                 new_best, val_error = False, None
                 if schedule.validates(step, last):

@@ -43,22 +43,30 @@ class VLMWorker(RankProcess):
         """Sample, score and train on this rank's share of step `step`'s questions; the metrics."""
         import time
 
+        from torch.profiler import record_function
+
         from pixelrl.engine.flops import peak_memory_gb
+        from pixelrl.engine.profiling import PHASE_PREFIX
 
         began = time.perf_counter()
         size = self.cfg.data.train_batch_size
         items = self._my_items("train", (step - 1) * size, size)
-        exp, metrics = self.engine.make_experience(items, step)
+        with record_function(PHASE_PREFIX + "experience"):  # trainer.profile_step's phases
+            exp, metrics = self.engine.make_experience(items, step)
         metrics["timing_s/experience"] = time.perf_counter() - began
         mid = time.perf_counter()
-        metrics.update(self.engine.train_on(exp, step))
+        with record_function(PHASE_PREFIX + "update"):
+            metrics.update(self.engine.train_on(exp, step))
         metrics["timing_s/train"] = time.perf_counter() - mid
         # per worker (per device), as verl reports them; the controller averages over workers
         seconds = metrics["timing_s/experience"] + metrics["timing_s/train"]
         metrics["perf/throughput"] = len(exp) / seconds  # sampled responses per second
         metrics["perf/tokens_per_s"] = metrics["response/sequence_tokens"] / seconds  # prompt + response
-        metrics["perf/peak_memory_gb"] = peak_memory_gb(next(self.engine.policy.model.parameters()).device)
+        metrics["perf/peak_memory_gb"] = peak_memory_gb(self.device())
         return metrics
+
+    def device(self):
+        return next(self.engine.policy.model.parameters()).device
 
     def validate(self) -> list[tuple[str, float]]:
         """(question type, correct) for this rank's share of the held-out questions."""

@@ -24,6 +24,7 @@ class RankProcess:
         self.cfg_yaml, self.rank, self.world_size = cfg_yaml, rank, world_size
         self.num_threads = num_threads
         self._store_socket: socket.socket | None = None
+        self._profiler = None  # a StepProfiler while trainer.profile_step runs
 
     def address(self) -> tuple[str, int]:
         """Where rank 0 listens for the process group."""
@@ -55,6 +56,22 @@ class RankProcess:
             listen_socket, self._store_socket = self._store_socket, None  # rank 0's, from address()
             init_process_group(self.rank, self.world_size, master[0], master[1], cfg.model.device, listen_socket)
         return cfg
+
+    # --- trainer.profile_step -------------------------------------------------------------
+    def device(self):
+        """Where this rank's model runs (each worker class says)."""
+        raise NotImplementedError
+
+    def start_profile(self) -> None:
+        from pixelrl.engine.profiling import StepProfiler
+
+        self._profiler = StepProfiler(self.device())
+        self._profiler.start()
+
+    def stop_profile(self, folder: str, step: int) -> dict:
+        """Stop and write this rank's summary and trace into `folder`; returns the summary."""
+        profiler, self._profiler = self._profiler, None
+        return profiler.stop(folder, step, self.rank)
 
     def shutdown(self) -> None:
         from pixelrl.engine.distributed import destroy_process_group
@@ -116,6 +133,9 @@ class PolicyWorker(RankProcess):
     def update(self, payload: dict) -> dict:
         with naming_the_phase("update"):
             return self.engine.update(Batch.from_numpy(payload))
+
+    def device(self):
+        return self.engine.model.device
 
     def weights(self) -> dict:
         """The trained weights (numpy) and their version; every rank must join (FSDP gathers)."""
