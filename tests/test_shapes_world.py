@@ -242,3 +242,68 @@ def test_bootstrap_interval_by_hand():
     assert bootstrap_overall(after, "strict", baseline=before) == (1.0, 1.0)
     with pytest.raises(ValueError, match="same items"):
         bootstrap_overall(after, "strict", baseline=before[::-1])
+
+
+# --------------------------------------------------------------------- the careful judge
+RED_SQUARE = {"category": "colors", "objects": [{"shape": "square", "colour": "red", "count": 1}], "relation": None}
+SQUARE_AND_CIRCLE = {"category": "two_object", "relation": None,
+                     "objects": [{"shape": "square", "colour": None, "count": 1},
+                                 {"shape": "circle", "colour": None, "count": 1}]}
+
+
+def test_the_careful_judge_passes_every_clean_render():
+    from pixelrl.shapes.careful import careful_verdict
+
+    verdicts = [careful_verdict(render(it["metadata"], k), it["metadata"])
+                for k, it in ((k, ITEMS[(k * 7) % len(ITEMS)]) for k in range(300))]
+    assert all(ok for ok, _ in verdicts), [why for ok, why in verdicts if not ok]
+
+
+def test_the_careful_judge_rejects_what_the_strict_verdict_lets_through():
+    """Each flaw, put into a clean render: the strict (GenEval-style) verdict still passes the
+    image, the careful judge fails it and names the flaw."""
+    import colorsys
+
+    from pixelrl.shapes.careful import careful_verdict
+    from pixelrl.shapes.detector import score_scene
+    from pixelrl.shapes.world import Placed, draw
+
+    square = draw([Placed("square", "red", 10, 10, 10)])
+    assert careful_verdict(square, RED_SQUARE) == (True, "clean")
+    notched = square.copy()
+    notched[10:16, 10:16] = 0  # a 6 x 6 corner bitten out of a 10 x 10 square: IoU 0.64
+    orange = square.copy()
+    lit = square.max(axis=-1) > 0
+    hue_20 = np.array(colorsys.hsv_to_rgb(20 / 360, 0.86, 1.0))  # 20 degrees from the palette's red
+    orange[lit] = (hue_20 * square[lit].max(axis=-1, keepdims=True)).astype(np.uint8)
+    grey_specks = square.copy()
+    for y, x in ((2, 2), (2, 28), (28, 2), (28, 28), (5, 25)):
+        grey_specks[y, x] = 128
+    flawed = [
+        (notched, RED_SQUARE, "misshapen"),
+        (orange, RED_SQUARE, "off-palette colour"),
+        (draw([Placed("square", "red", -3, 10, 10)]), RED_SQUARE, "cut at the border"),
+        (grey_specks, RED_SQUARE, "stray pixels"),
+        (draw([Placed("square", "red", 4, 10, 10), Placed("circle", "blue", 14, 10, 10)]), SQUARE_AND_CIRCLE,
+         "two colours touching"),
+        (render(with_extra_object(RED_SQUARE, "triangle", "purple"), 3), RED_SQUARE, "unrequested object"),
+    ]
+    for image, spec, reason in flawed:
+        assert score_scene(image, spec)["strict"], reason
+        assert careful_verdict(image, spec) == (False, reason)
+    # and a scene the strict verdict fails, it fails too
+    assert careful_verdict(square, SQUARE_AND_CIRCLE) == (False, "scene")
+
+
+def test_evaluation_reports_the_careful_judge_and_its_agreement():
+    from pixelrl.shapes.evaluate import format_careful, geneval_scores
+
+    items = [dict(ITEMS[k], seed=k) for k in range(12)]
+    clean = torch.stack([torch.from_numpy(render(it["metadata"], k)) for k, it in enumerate(items)])
+    grey = clean.clone()
+    grey[:6, 0:3, 0:3] = 128  # nine grey pixels in a corner of half the images
+    clean_scores, grey_scores = geneval_scores(clean, items), geneval_scores(grey, items)
+    assert clean_scores["overall_careful"] == 1.0 and clean_scores["agreement"] == 1.0
+    assert grey_scores["agreement"] == 0.5 and grey_scores["careful_rejects"]["stray pixels"] == 0.5
+    line = format_careful(grey_scores, baseline=clean_scores)
+    assert "agrees with the strict verdict on 100.0% -> 50.0%" in line and "stray pixels 50.0%" in line

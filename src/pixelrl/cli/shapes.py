@@ -25,7 +25,7 @@ def cmd_eval(args) -> int:
 
     from pixelrl.shapes.world import evaluation_items
     from pixelrl.engine.evaluate import diversity, load_for_eval
-    from pixelrl.shapes.evaluate import bootstrap_overall, evaluate_geneval, format_failures, format_table
+    from pixelrl.shapes.evaluate import bootstrap_overall, evaluate_geneval, format_careful, format_failures, format_table
 
     check_output_file(args.out, "--out", (".json",))
     torch.set_num_threads(max(1, os.cpu_count() or 1))
@@ -45,6 +45,7 @@ def cmd_eval(args) -> int:
     for score in ("strict", "exact"):
         result[f"{score}_interval"] = bootstrap_overall(result["items"], score)
         print(format_table(result, Path(result["model"]).name, score))
+    print(format_careful(result))
     low, high = bootstrap_overall(result["items"], "partial")
     print(f"partial-credit overall {result['overall_partial']:.3f} [{low:.3f}, {high:.3f}]; unrequested objects "
           f"per image {result['extra_objects']:.2f}; diversity {result['diversity']}  ([a, b]: 95% bootstrap "
@@ -57,6 +58,8 @@ def cmd_eval(args) -> int:
         report = demo_report(baseline, result, baseline["diversity"], result["diversity"])
         print(f"paired against {baseline.get('model', args.baseline)} ({args.baseline}):")
         print("\n".join(report["lines"]))
+        if "overall_careful" in baseline:  # a baseline written before the careful judge has none
+            print(format_careful(result, baseline=baseline))
         result["paired"] = {"baseline": args.baseline, "strict_gain_interval": report["strict_gain_interval"],
                             "exact_gain_interval": report["exact_gain_interval"], "criteria": report["criteria"]}
     return _write_result(result, args.out)

@@ -155,7 +155,8 @@ def run_demo(overrides: list[str], per_category: int = 64, config_name: str = DE
     from pixelrl.core.errors import ConfigError
     from pixelrl.shapes.world import evaluation_items
     from pixelrl.engine.evaluate import diversity, load_for_eval
-    from pixelrl.shapes.evaluate import bootstrap_overall, evaluate_geneval, format_failures, format_table
+    from pixelrl.shapes.evaluate import (bootstrap_overall, evaluate_geneval, format_careful, format_failures,
+                                         format_table)
     from pixelrl.trainers.checkpointing import best_checkpoint_folder, find_resume_folder
     from pixelrl.trainers.controller import DiffusionTrainer
     from pixelrl.trainers.run_folder import run_dir_of
@@ -200,16 +201,19 @@ def run_demo(overrides: list[str], per_category: int = 64, config_name: str = DE
     report = demo_report(base, trained, div_before, div_after)
     for line in report["lines"]:
         print(line)
+    print(format_careful(trained, baseline=base))
     print("what went wrong (fraction of each category's images, base -> trained):")
     print(format_failures(base, trained))
     _before_after_grid(base["images"], trained["images"], items, run_dir / "before_after.png")
     _plot_rewards(result["history"], run_dir / "reward_curve.png")
     if plot_validation_curves(run_dir / "metrics.jsonl", run_dir / "validation_curve.png"):
         print(f"wrote {run_dir / 'validation_curve.png'}")
-    keys = ("strict", "exact", "partial", "overall", "overall_exact", "overall_partial", "extra_objects", "failures")
+    keys = ("strict", "exact", "partial", "overall", "overall_exact", "overall_partial", "extra_objects", "failures",
+            "careful", "overall_careful", "agreement", "careful_rejects")
     summary = {
         "before": {k: base[k] for k in keys}, "after": {k: trained[k] for k in keys},
         "paired_strict_interval": report["strict_gain_interval"], "criteria": report["criteria"],
+        "paired_careful_interval": bootstrap_overall(trained["items"], "careful", baseline=base["items"]),
         "diversity_before": div_before, "diversity_after": div_after,
         "evaluated_checkpoint": str(chosen), "evaluated_with": eval_kwargs,
         "minutes": (time.time() - started) / 60, "config_name": config_name, "overrides": list(overrides),

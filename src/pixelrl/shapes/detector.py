@@ -16,7 +16,7 @@ Prompt metadata (what the prompt asks for), JSON-friendly:
 from __future__ import annotations
 
 import colorsys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -55,10 +55,18 @@ class Detection:
     cy: float
     fill: float  # covered area / soft bounding-box area
     iou: float  # soft IoU with the best-matching ideal shape
+    touches_border: bool = False  # a pixel in the image's outermost row or column: cut off
+    hue_error: float = 0.0  # median distance of its pixels' hue from its palette hue (fraction of the circle)
+    member: np.ndarray | None = field(default=None, repr=False, compare=False)  # its pixels, [H, W] bool
 
 
 def colour_map(image: np.ndarray) -> np.ndarray:
     """Per pixel: index into COLOURS of the nearest palette hue, or -1 for background."""
+    return _colours_and_hue_errors(image)[0]
+
+
+def _colours_and_hue_errors(image: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`colour_map`, and each pixel's hue distance from the palette hue it was given."""
     rgb = image.astype(np.float32) / 255.0
     value = rgb.max(axis=-1)
     low = rgb.min(axis=-1)
@@ -70,7 +78,7 @@ def colour_map(image: np.ndarray) -> np.ndarray:
     diff = np.abs(hue[..., None] - hues) % 1.0
     nearest = np.minimum(diff, 1.0 - diff).argmin(axis=-1)
     foreground = (value > FOREGROUND_VALUE) & (saturation > MIN_SATURATION)
-    return np.where(foreground, nearest, -1)
+    return np.where(foreground, nearest, -1), np.minimum(diff, 1.0 - diff).min(axis=-1)
 
 
 def ideal_coverage(shape: str, left: float, top: float, side_w: float, side_h: float, size: int) -> np.ndarray:
@@ -112,7 +120,7 @@ def detect(image: np.ndarray, min_area: int | None = None) -> list[Detection]:
 
     size = image.shape[0]
     min_area = min_area if min_area is not None else max(2, round(MIN_AREA * (size / 32) ** 2))
-    labels_by_colour = colour_map(image)
+    labels_by_colour, hue_errors = _colours_and_hue_errors(image)
     value = image.astype(np.float32).max(axis=-1) / 255.0
     found = []
     for colour_index, colour in enumerate(COLOURS):
@@ -140,7 +148,9 @@ def detect(image: np.ndarray, min_area: int | None = None) -> list[Detection]:
             cx = float((coverage.sum(axis=0) * (np.arange(size) + 0.5)).sum() / area)
             cy = float((coverage.sum(axis=1) * (np.arange(size) + 0.5)).sum() / area)
             shape, iou = classify_shape(coverage, left, top, width, height)
-            found.append(Detection(shape, colour, len(xs), cx, cy, area / (width * height), iou))
+            border = xs.min() == 0 or ys.min() == 0 or xs.max() == size - 1 or ys.max() == size - 1
+            found.append(Detection(shape, colour, len(xs), cx, cy, area / (width * height), iou, bool(border),
+                                   float(np.median(hue_errors[member])), member))
     return found
 
 
@@ -182,7 +192,11 @@ def score_scene(image: np.ndarray, spec: dict) -> dict:
     - `exact`: strict, and nothing else in the image (`extra_objects` == 0). GenEval's
       "at least" checks pass a scene with added objects; this does not.
     """
-    detections = detect(image)
+    return score_detections(detect(image), spec, image.shape[1])
+
+
+def score_detections(detections: list[Detection], spec: dict, width: int) -> dict:
+    """`score_scene` of objects already detected in an image `width` pixels wide."""
     subs: dict[str, float] = {}
     matches = []
     for i, obj in enumerate(spec["objects"]):
@@ -202,7 +216,7 @@ def score_scene(image: np.ndarray, spec: dict) -> dict:
         matches.append(coloured)
     relation = spec.get("relation")
     if relation:
-        margin = POSITION_MARGIN * image.shape[1]
+        margin = POSITION_MARGIN * width
         ok = any(relation_holds(relation["type"], a, b, margin)
                  for a in matches[relation["a"]] for b in matches[relation["b"]])
         subs["position"] = 1.0 if ok else 0.0

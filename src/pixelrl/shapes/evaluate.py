@@ -11,6 +11,7 @@ import torch
 
 from pixelrl.engine.evaluate import generate
 from pixelrl.models.base import DiffusionModel
+from pixelrl.shapes.careful import REASONS, careful_verdict
 from pixelrl.shapes.detector import CATEGORIES, FAILURE_MODES, score_scene
 
 
@@ -19,16 +20,18 @@ def geneval_scores(images: torch.Tensor, items: list[dict]) -> dict:
     of the category strict scores (GenEval's convention), `overall_exact` the same for exact
     scenes; `extra_objects` is the mean number of unrequested objects per image; `failures` the
     fraction of each category's images in each of the detector's FAILURE_MODES."""
-    scores: dict[str, dict[str, list[float]]] = {k: defaultdict(list) for k in ("strict", "exact", "partial")}
+    scores: dict[str, dict[str, list[float]]] = {k: defaultdict(list) for k in ("strict", "exact", "partial", "careful")}
     per_item = []
     for image, item in zip(images.numpy(), items):
         scene = score_scene(image, item["metadata"])
+        scene["careful"], careful_reason = careful_verdict(image, item["metadata"])
         for key in scores:
             scores[key][item["category"]].append(float(scene[key]))
         per_item.append({"prompt": item["prompt"], "seed": item.get("seed"), "category": item["category"],
                          "strict": bool(scene["strict"]), "exact": bool(scene["exact"]),
                          "partial": scene["partial"], "extra_objects": scene["extra_objects"],
-                         "failure": scene["failure"]})
+                         "failure": scene["failure"], "careful": bool(scene["careful"]),
+                         "careful_reason": careful_reason})
     categories = [c for c in CATEGORIES if c in scores["strict"]]
     tables = {key: {c: float(np.mean(scores[key][c])) for c in categories} for key in scores}
     failures = {c: {mode: float(np.mean([r["failure"] == mode for r in per_item if r["category"] == c]))
@@ -40,6 +43,13 @@ def geneval_scores(images: torch.Tensor, items: list[dict]) -> dict:
         "overall": float(np.mean(list(tables["strict"].values()))),
         "overall_exact": float(np.mean(list(tables["exact"].values()))),
         "overall_partial": float(np.mean(list(tables["partial"].values()))),
+        # the second, stricter judgement (careful.py): its overall, how often it agrees with the
+        # strict verdict, and why the images the strict verdict passes fail it
+        "careful": tables["careful"],
+        "overall_careful": float(np.mean(list(tables["careful"].values()))),
+        "agreement": float(np.mean([r["strict"] == r["careful"] for r in per_item])),
+        "careful_rejects": {reason: float(np.mean([r["strict"] and r["careful_reason"] == reason for r in per_item]))
+                            for reason in REASONS[1:]},
         "extra_objects": float(np.mean([r["extra_objects"] for r in per_item])),
         "failures": failures,
         "num_images": len(items),
@@ -104,6 +114,24 @@ def format_table(result: dict, title: str = "", score: str = "strict") -> str:
     rule = "|---" * (len(cats) + 2) + "|"
     row = f"| {title} | {cell} | " + " | ".join(f"{result[score][c]:.3f}" for c in cats) + " |"
     return "\n".join([head, rule, row])
+
+
+def format_careful(result: dict, baseline: dict | None = None) -> str:
+    """The second, stricter judgement of `result` (careful.py) in one line: its overall with a 95%
+    interval (with `baseline`, the same items scored for another model: both, and the paired gain),
+    how often it agrees with the strict verdict, and why it rejects images the strict verdict passes."""
+    low, high = bootstrap_overall(result["items"], "careful")
+    rejects = ", ".join(f"{reason} {share:.1%}" for reason, share in result["careful_rejects"].items() if share)
+    if baseline is None:
+        return (f"careful judge (stricter, evaluation only): {result['overall_careful']:.3f} [{low:.3f}, {high:.3f}]; "
+                f"agrees with the strict verdict on {result['agreement']:.1%} of images; strict passes it rejects: "
+                f"{rejects or 'none'}")
+    gain_low, gain_high = bootstrap_overall(result["items"], "careful", baseline=baseline["items"])
+    return (f"careful judge (stricter, evaluation only): {baseline['overall_careful']:.3f} -> "
+            f"{result['overall_careful']:.3f} ({result['overall_careful'] - baseline['overall_careful']:+.3f}, paired "
+            f"95% interval [{gain_low:+.3f}, {gain_high:+.3f}]); agrees with the strict verdict on "
+            f"{baseline['agreement']:.1%} -> {result['agreement']:.1%} of images; strict passes it rejects after "
+            f"training: {rejects or 'none'}")
 
 
 def format_failures(before: dict, after: dict | None = None) -> str:
