@@ -39,6 +39,14 @@ def test_paper_configs_take_the_reference_number_of_optimizer_steps_per_rollout(
     assert optimizer_steps_per_rollout(cfg) == PAPER_SCHEDULES[name]
 
 
+def test_awm_paper_config_draws_its_timesteps_per_micro_batch_as_the_reference():
+    """train_sd3_awm.py draws one grid index per `discrete_wo_init` stratum and repeats it over
+    the micro-batch (`repeat_interleave(t_indices, config.train.batch_size)`)."""
+    params = paper_config("awm_sd35").diffusion_loss.params
+    assert (params["timesteps"], params["num_timesteps"], params["timestep_fraction"]) == ("discrete_wo_init", 6, 0.9)
+    assert params["timestep_draw"] == "per_micro_batch"
+
+
 def test_dance_and_mix_grpo_paper_configs_normalise_per_group_like_their_references():
     for name in ("dance_grpo_sd35", "mixgrpo_sd35"):
         a = paper_config(name).algorithm

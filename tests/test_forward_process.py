@@ -244,13 +244,13 @@ def test_group_noise_noises_a_group_alike_and_cancels_what_its_images_share(loss
     x0 = shared.rollout(["a red circle", "a cat", "a cat"], [1, 2, 3])["x0"]
     rows = Batch({"x0": x0[[0, 0, 1, 2]], "advantages": torch.tensor([1.0, -1.0, 1.0, -1.0])},
                  {"prompts": ["a red circle"] * 2 + ["a cat"] * 2, "uids": ["a", "a", "b", "b"]})
-    shared.objective.context(rows)
+    shared.objective.context(rows, [torch.arange(4)])
     t, eps = rows["fm_t"], rows["fm_eps"]
     assert torch.equal(t[0], t[1]) and torch.equal(eps[0], eps[1]) and torch.equal(eps[2], eps[3])
     assert not torch.equal(eps[0], eps[2])
 
     independent, _ = _engine(tiny_pixel_path, loss, diffusion_loss__params=params)
-    independent.objective.context(rows)
+    independent.objective.context(rows, [torch.arange(4)])
     assert not torch.equal(rows["fm_eps"][0], rows["fm_eps"][1])
 
     twins = Batch({"x0": x0[[0, 0]], "advantages": torch.tensor([1.0, -1.0])},
@@ -260,6 +260,49 @@ def test_group_noise_noises_a_group_alike_and_cancels_what_its_images_share(loss
     with pytest.raises(MissingBatchKeysError, match="uids"):
         shared.update(Batch({"x0": x0[[0, 0]], "advantages": torch.tensor([1.0, -1.0])},
                             {"prompts": ["a red circle"] * 2}))
+
+
+def test_awm_can_draw_its_timesteps_once_per_training_micro_batch_as_the_reference(tiny_pixel_path):
+    """`timestep_draw: per_micro_batch`: the rows that train together (the update's first epoch's
+    micro-batches, shuffled) share their K grid indices, one from each stratum, while each row
+    keeps its own noise; `per_sample` (the default) draws per row and stays what it always drew."""
+    from pixelrl.core.batch import Batch
+
+    params = {"num_timesteps": 2, "timestep_fraction": 1.0, "beta_ref": 0.0, "ema_beta": 0.0}
+    shared, _ = _engine(tiny_pixel_path, "awm", diffusion_loss__params={**params, "timestep_draw": "per_micro_batch"})
+    x0 = shared.rollout(["a red circle"] * 2, [1, 2])["x0"]
+    rows = Batch({"x0": x0[[0, 1, 0, 1, 0, 1]], "advantages": torch.zeros(6)},
+                 {"prompts": ["a red circle"] * 6, "uids": list("abcdef")})
+    micro_batches = [torch.tensor([4, 1, 2]), torch.tensor([0, 5, 3])]
+    for seed in range(6):  # the tiny grid's strata are narrow: equal by chance at one seed, not at six
+        shared.cfg.seed = seed
+        shared.objective.context(rows, micro_batches)
+        t, eps = rows["fm_t"], rows["fm_eps"]
+        for micro in micro_batches:
+            assert all(torch.equal(t[micro[0]], t[i]) for i in micro)
+        assert not torch.equal(eps[4], eps[1])
+    independent, _ = _engine(tiny_pixel_path, "awm", diffusion_loss__params=params)
+    draws = []
+    for seed in range(6):  # per sample, rows of a micro-batch get their own indices (here: at some seed)
+        independent.cfg.seed = seed
+        independent.objective.context(rows, micro_batches)
+        draws.append(not all(torch.equal(rows["fm_t"][4], rows["fm_t"][i]) for i in (1, 2)))
+    assert any(draws)
+    # the engine hands the objective the micro-batches it then trains: ppo_micro_batch_size 3 of 6
+    engine, _ = _engine(tiny_pixel_path, "awm", diffusion_loss__params={**params, "timestep_draw": "per_micro_batch"},
+                        actor__ppo_micro_batch_size=3)
+    seen = []
+    keep = engine.objective.substeps_loss
+
+    def record(micro, ks, ctx):
+        seen.append(micro["fm_t"].clone())
+        return keep(micro, ks, ctx)
+
+    engine.objective.substeps_loss = record
+    for _update in range(4):
+        engine.update(Batch({"x0": x0[[0, 1, 0, 1, 0, 1]], "advantages": torch.tensor([1.0, -1, 1, -1, 1, -1])},
+                            {"prompts": ["a red circle"] * 6, "uids": list("abcdef")}))
+    assert len(seen) == 4 * 2 * 2 and all((m == m[0]).all() for m in seen)  # 2 micro-batches x 2 timesteps
 
 
 @pytest.mark.parametrize("config", ["nft_tiny", "dpo_tiny"])

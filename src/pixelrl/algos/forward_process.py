@@ -288,6 +288,9 @@ def diffusion_nft_loss(step: dict, cfg) -> tuple[torch.Tensor, dict]:
 AWM_WEIGHTINGS = ("ghuber", "uniform", "t", "t**2", "huber")
 
 
+TIMESTEP_DRAWS = ("per_sample", "per_micro_batch")
+
+
 @dataclass
 class AWMParams(OldPolicyParams):
     weighting: str = "ghuber"  # the released default
@@ -307,6 +310,11 @@ class AWMParams(OldPolicyParams):
     # same timesteps and noise, as Diffusion-DPO noises a pair. The advantages of a group sum to 0,
     # so the part of the gradient the images share through (t, eps) cancels, not only in expectation
     group_noise: bool = False
+    # per_sample: each sample draws its own grid index in each stratum; per_micro_batch: one draw
+    # for all the samples of a training micro-batch (of the update's first epoch), as the reference
+    # (train_sd3_awm.py repeats one draw over config.train.batch_size). The same distribution per
+    # sample; the reference's couples the samples trained together
+    timestep_draw: str = "per_sample"
     old_policy_schedule: str = "awm"  # the EMA adapter's decay min(0.3, 0.001 step), the reference's
 
     def __post_init__(self):
@@ -314,6 +322,12 @@ class AWMParams(OldPolicyParams):
         check_timesteps(self)
         positive("time_shift", self.time_shift)
         positive("clip_range", self.clip_range)
+        if self.timestep_draw not in TIMESTEP_DRAWS:
+            raise ConfigError("diffusion_loss.params.timestep_draw", self.timestep_draw,
+                              f"choose one of {list(TIMESTEP_DRAWS)}")
+        if self.timestep_draw == "per_micro_batch" and self.group_noise:
+            raise ConfigError("diffusion_loss.params.timestep_draw", self.timestep_draw, "group_noise already "
+                              "shares each prompt group's timesteps and noise: use one of the two")
         if self.weighting not in AWM_WEIGHTINGS:
             raise ConfigError("diffusion_loss.params.weighting", self.weighting, f"choose one of {list(AWM_WEIGHTINGS)}")
         positive("p", self.p)

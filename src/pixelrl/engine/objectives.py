@@ -83,7 +83,7 @@ class TransitionObjective:
         if e.cfg.diffusion_loss.kl_coef > 0:
             require_keys("the KL term (diffusion_loss.kl_coef > 0)", KL_BATCH_KEYS, batch.keys())
 
-    def context(self, batch: Batch) -> UpdateContext:
+    def context(self, batch: Batch, first_micro_batches: list[torch.Tensor]) -> UpdateContext:
         return UpdateContext(SamplingSettings(**batch.info["sampling"]),
                              "old_log_probs" if "old_log_probs" in batch else "log_probs")
 
@@ -155,21 +155,28 @@ class ForwardProcessObjective:
         group = ("uids",) if getattr(self.engine.loss_options, "group_noise", False) else ()
         require_keys(f"loss `{self.engine.loss.name}`", (*self.engine.loss.batch_keys, "prompts", *group), batch.keys())
 
-    def context(self, batch: Batch) -> UpdateContext:
+    def context(self, batch: Batch, first_micro_batches: list[torch.Tensor]) -> UpdateContext:
         """Draw every sample's timesteps and noises for this update (deterministic from the
-        engine seed and update count, so a resumed run draws the same ones)."""
+        engine seed and update count, so a resumed run draws the same ones). The rows of each of
+        `first_micro_batches` (the first epoch's) train together."""
         e, opts = self.engine, self.engine.loss_options
         # the tag is this objective's first name, kept so seeded runs draw the timesteps they always drew
         gen = torch.Generator().manual_seed(derive_seed(e.cfg.seed * 1_000_003 + e.update_calls, "flow_matching"))
         # one draw per sample, or (group_noise) one per prompt group, given to each of its samples
         row_draw = group_indices(batch["uids"]) if getattr(opts, "group_noise", False) else torch.arange(len(batch))
         draws = int(row_draw.max()) + 1 if len(batch) else 0
-        t = draw_timesteps(opts.timesteps, draws, grid=e.sigmas[:-1], train_sigmas=self.train_sigmas,
-                           generator=gen, num_timesteps=getattr(opts, "num_timesteps", 1),
+        # AWM's reference draws the timesteps once per training micro-batch (its noise per sample)
+        row_times = row_draw
+        if getattr(opts, "timestep_draw", "per_sample") == "per_micro_batch":
+            row_times = torch.empty(len(batch), dtype=torch.long)
+            for j, rows in enumerate(first_micro_batches):
+                row_times[rows] = j
+        t = draw_timesteps(opts.timesteps, int(row_times.max()) + 1 if len(batch) else 0, grid=e.sigmas[:-1],
+                           train_sigmas=self.train_sigmas, generator=gen, num_timesteps=getattr(opts, "num_timesteps", 1),
                            fraction=getattr(opts, "timestep_fraction", 1.0), time_shift=getattr(opts, "time_shift", 3.0),
                            max_index=getattr(opts, "max_timestep_index", None))
         x0 = batch["x0"]
-        batch["fm_t"] = t[row_draw]
+        batch["fm_t"] = t[row_times]
         batch["fm_eps"] = torch.randn((draws, t.shape[1], *x0.shape[1:]), generator=gen)[row_draw]
         return UpdateContext(None, "")
 

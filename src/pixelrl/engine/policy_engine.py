@@ -309,7 +309,6 @@ class PolicyEngine:
         objective = self.objective
         objective.check_batch(batch)
         acfg = self.cfg.actor
-        ctx = objective.context(batch)
         rollout_version = batch.info.get("policy_version", -1)
         num_samples = len(batch)
         # The controller fixes the number of optimizer steps per epoch (it survives dropping
@@ -319,12 +318,23 @@ class PolicyEngine:
         if num_samples % num_mini:
             raise ValueError(f"{num_samples} samples on this worker do not split into {num_mini} mini-batches")
         mini_size = num_samples // num_mini
+        micro_size = max(1, acfg.ppo_micro_batch_size)
+        # every epoch's row order, drawn up front (in the order the epochs use them), so the
+        # objective knows which rows will share the first epoch's micro-batches
+        gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self.update_calls)
+        orders = []
+        for _epoch in range(acfg.ppo_epochs):
+            if self.loss.whole_groups:  # whole prompt groups, shuffled as units (DGPO's group sums)
+                orders.append(whole_group_order(batch["uids"], gen if acfg.shuffle else None))
+            else:
+                orders.append(torch.randperm(num_samples, generator=gen) if acfg.shuffle else torch.arange(num_samples))
+        first_micro_batches = [micro for start in range(0, num_samples, mini_size)
+                               for micro in orders[0][start:start + mini_size].split(micro_size)]
+        ctx = objective.context(batch, first_micro_batches)
         ctx.on_policy = self.policy_version == rollout_version
         objective.before_update(batch, ctx, acfg.ppo_epochs * num_mini)
-        micro_size = max(1, acfg.ppo_micro_batch_size)
         num_substeps = objective.num_substeps(batch)
         groups = step_groups(num_substeps, acfg.window_steps_per_forward)
-        gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self.update_calls)
         self.update_calls += 1
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)
@@ -334,11 +344,7 @@ class PolicyEngine:
             counts[name] += weight
 
         self.model.transformer.train()
-        for _epoch in range(acfg.ppo_epochs):
-            if self.loss.whole_groups:  # whole prompt groups, shuffled as units (DGPO's group sums)
-                order = whole_group_order(batch["uids"], gen if acfg.shuffle else None)
-            else:
-                order = torch.randperm(num_samples, generator=gen) if acfg.shuffle else torch.arange(num_samples)
+        for order in orders:
             for mb_start in range(0, num_samples, mini_size):
                 mini = batch.select(order[mb_start:mb_start + mini_size])
                 ctx.on_policy = self.policy_version == rollout_version
