@@ -5,8 +5,8 @@ one after another in this process (run it with nothing else on the machine).
 Each method trains through the regular trainer with `trainer.time_budget_s` (summed step time:
 rollout, reward and update; start-up, checkpoint writes and evaluation are not counted) and
 saves a checkpoint every `--save-every` seconds' worth of steps. Afterwards every checkpoint is
-evaluated on the held-out test split (strict GenEval-style score, 64 items per category, the
-method's own guidance scale) and the script prints a table and plots the score against images
+evaluated on the held-out test split (strict GenEval-style score and the careful judge's, 64
+items per category, the method's own guidance scale) and the script prints a table and plots the score against images
 generated and against training seconds.
 
     python benchmarks/bench_shapes_efficiency.py --budget 900 --out runs/efficiency
@@ -84,7 +84,7 @@ def evaluate_run(method: str, run: Path, per_category: int) -> list[dict]:
 
 
 def _scores(result: dict) -> dict:
-    return {"strict": result["overall"], "partial": result["overall_partial"]}
+    return {"strict": result["overall"], "partial": result["overall_partial"], "careful": result["overall_careful"]}
 
 
 def _cumsum(values):
@@ -148,14 +148,16 @@ def main() -> None:
         print(f"# {method} done ({(time.time() - started) / 60:.1f} min so far)", flush=True)
     print(f"# shapes model, 8 prompts x 8 images per step, budget {args.budget:.0f} training s per method, "
           f"held-out test {6 * args.per_category} images, overrides {args.set or 'none'}")
-    print("| method | steps | images | train s | s/step | strict: base | best | final | first >= target at (images, s) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| method | steps | images | train s | s/step | strict: base | best | final | first >= target at (images, s) "
+          "| careful: base | final |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for method, points in curves.items():
         last, hit = points[-1], first_reaching(points, args.target)
         reach = f"{hit['images']}, {hit['seconds']:.0f}" if hit else "not reached"
         print(f"| {METHODS[method][1]} | {last['step']} | {last['images']} | {last['seconds']:.0f} | "
               f"{last['seconds'] / max(last['step'], 1):.1f} | {points[0]['strict']:.3f} | "
-              f"{max(p['strict'] for p in points):.3f} | {last['strict']:.3f} | {reach} |")
+              f"{max(p['strict'] for p in points):.3f} | {last['strict']:.3f} | {reach} | "
+              f"{points[0]['careful']:.3f} | {last['careful']:.3f} |")
     print(f"target {args.target:.3f} within {math.floor(args.target_images / 3)} images (a third of the demo's)")
     plot(curves, args.out / "efficiency.png", args.target)
     (args.out / "efficiency.json").write_text(json.dumps(curves, indent=1))
