@@ -13,6 +13,7 @@ CUDA kernel time; on the CPU, each aten operator's self time.
 from __future__ import annotations
 
 import time
+from bisect import bisect_right
 from collections import defaultdict
 from pathlib import Path
 
@@ -60,6 +61,7 @@ def summarize(events, wall_s: float, on_cuda: bool) -> dict:
     work = _work_events(events, on_cuda)
     phases = sorted((e.time_range.start, e.time_range.end, e.name[len(PHASE_PREFIX):]) for e in events
                     if e.name.startswith(PHASE_PREFIX) and e.device_type == DeviceType.CPU)
+    phase_starts = [start for start, _, _ in phases]
     by_category: dict[str, float] = defaultdict(float)
     by_name: dict[str, list] = defaultdict(lambda: [0.0, 0])
     by_phase: dict[str, dict[str, float]] = {}
@@ -70,11 +72,8 @@ def summarize(events, wall_s: float, on_cuda: bool) -> dict:
         by_category[category(name)] += seconds
         by_name[name][0] += seconds
         by_name[name][1] += 1
-        owner = "outside the phases"
-        for p_start, _, p_name in phases:
-            if p_start > start:
-                break
-            owner = p_name
+        latest = bisect_right(phase_starts, start) - 1  # the phase that last started before it
+        owner = phases[latest][2] if latest >= 0 else "outside the phases"
         by_phase.setdefault(owner, {"wall_s": 0.0, "busy_s": 0.0})["busy_s"] += seconds
     outside = by_phase.setdefault("outside the phases", {"wall_s": 0.0, "busy_s": 0.0})
     outside["wall_s"] = max(0.0, wall_s - sum(e["wall_s"] for name, e in by_phase.items() if e is not outside))

@@ -53,11 +53,12 @@ def _flaw(d: Detection, others: list[Detection]) -> str:
     return ""
 
 
-def careful_verdict(image: np.ndarray, spec: dict) -> tuple[bool, str]:
-    """(passes, the first reason it does not, one of REASONS) for one uint8 image [H, W, 3]."""
+def careful_verdict(image: np.ndarray, spec: dict, objects: list[Detection] | None = None) -> tuple[bool, str]:
+    """(passes, the first reason it does not, one of REASONS) for one uint8 image [H, W, 3];
+    `objects` are its detections when the caller has them already."""
     size = image.shape[0]
     scale = (size / 32) ** 2
-    objects = detect(image)
+    objects = detect(image) if objects is None else objects
     covered = np.zeros(image.shape[:2], dtype=bool)
     for d in objects:
         covered |= d.member

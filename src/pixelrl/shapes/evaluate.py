@@ -12,7 +12,7 @@ import torch
 from pixelrl.engine.evaluate import generate
 from pixelrl.models.base import DiffusionModel
 from pixelrl.shapes.careful import REASONS, careful_verdict
-from pixelrl.shapes.detector import CATEGORIES, FAILURE_MODES, score_scene
+from pixelrl.shapes.detector import CATEGORIES, FAILURE_MODES, detect, score_detections
 
 
 def geneval_scores(images: torch.Tensor, items: list[dict]) -> dict:
@@ -23,8 +23,9 @@ def geneval_scores(images: torch.Tensor, items: list[dict]) -> dict:
     scores: dict[str, dict[str, list[float]]] = {k: defaultdict(list) for k in ("strict", "exact", "partial", "careful")}
     per_item = []
     for image, item in zip(images.numpy(), items):
-        scene = score_scene(image, item["metadata"])
-        scene["careful"], careful_reason = careful_verdict(image, item["metadata"])
+        objects = detect(image)  # one detection for both verdicts
+        scene = score_detections(objects, item["metadata"], image.shape[1])
+        scene["careful"], careful_reason = careful_verdict(image, item["metadata"], objects)
         for key in scores:
             scores[key][item["category"]].append(float(scene[key]))
         per_item.append({"prompt": item["prompt"], "seed": item.get("seed"), "category": item["category"],
