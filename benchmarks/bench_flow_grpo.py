@@ -45,7 +45,7 @@ SWEEP = [  # (prompts per step, images per prompt, sampling steps, window size (
 def run_one(args) -> dict:
     import torch
 
-    from pixelrl.core.config import PixelRLConfig
+    from pixelrl.config.sections import PixelRLConfig
     from pixelrl.models import build_tiny_sd3
     from pixelrl.models.flux import build_tiny_flux
     from pixelrl.models.qwen_image import build_tiny_qwen_image

@@ -25,7 +25,7 @@ import torch
 def batch_gradients(config: str, overrides: list[str], batches: int) -> dict:
     """K gradients at the starting weights: `grads`, `images` per batch, mean `batch_s` and
     `reward`, and the `engine` (its weights as they started)."""
-    from pixelrl.core.config import optimizer_steps_per_rollout
+    from pixelrl.engine.config import optimizer_steps_per_rollout
     from pixelrl.config import load_config
     from pixelrl.data.prompts import collate_rows
     from pixelrl.engine.policy_engine import PolicyEngine

@@ -61,7 +61,7 @@ def evaluate_run(method: str, run: Path, per_category: int) -> list[dict]:
     """Held-out strict score of the base model and of every checkpoint, with images and seconds."""
     from pixelrl.config import load_config
     from pixelrl.shapes.world import evaluation_items
-    from pixelrl.engine.evaluate import load_for_eval
+    from pixelrl.trainers.checkpointing import load_for_eval
     from pixelrl.shapes.evaluate import evaluate_geneval
 
     cached = run / "efficiency.json"

@@ -23,7 +23,7 @@ def paper_configs() -> list[str]:
 def row(name: str, gpus: int, gpu_memory: float, peak: float) -> str:
     from pixelrl.config.plan import plan_for
     from pixelrl.config.validation import compose_config
-    from pixelrl.core.config import images_per_step
+    from pixelrl.engine.config import images_per_step
     from pixelrl.core.errors import ConfigError
 
     cfg = compose_config(name, [])

@@ -83,7 +83,7 @@ def paper_config(name, *overrides):
 
 def tiny_config(path, **overrides):
     """A small Flow-GRPO config on a tiny model; keyword overrides use `section__field`."""
-    from pixelrl.core.config import PixelRLConfig
+    from pixelrl.config.sections import PixelRLConfig
 
     cfg = PixelRLConfig()
     cfg.model.path = str(path)

@@ -12,7 +12,7 @@ from pixelrl.algos.advantages import zero_advantage_keep
 from pixelrl.core.batch import Batch
 from conftest import paper_config
 from pixelrl.config import load_config
-from pixelrl.core.config import optimizer_steps_per_rollout
+from pixelrl.engine.config import optimizer_steps_per_rollout
 from pixelrl.core.errors import ConfigError
 
 # optimizer steps per rollout batch in each method's reference code

@@ -368,7 +368,7 @@ def test_awm_ratio_against_old_errors_by_hand_and_its_clip():
     surrogate max(-A' r, -A' clamp(r, 0, 2)) stops the gradient of a sample whose ratio left [0, 2]
     in the direction its advantage pushes (the reference's clip_range 1)."""
     from pixelrl.algos import get_loss
-    from pixelrl.core.config import DiffusionLossConfig
+    from pixelrl.algos.config import DiffusionLossConfig
 
     loss = get_loss("awm")
     opts = loss.bind(DiffusionLossConfig(name="awm", params={"beta_ref": 0.0, "ema_beta": 0.0}))

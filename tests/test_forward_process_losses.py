@@ -7,7 +7,7 @@ import torch
 
 from pixelrl.algos import get_loss
 from pixelrl.algos.forward_process import awm_log_prob, nft_optimality
-from pixelrl.core.config import DiffusionLossConfig
+from pixelrl.algos.config import DiffusionLossConfig
 from pixelrl.core.errors import ConfigError
 
 

@@ -161,7 +161,7 @@ def test_a_folder_loads_with_the_options_it_declares(tmp_path, tiny_pixel_path):
 
     from pixelrl.config import load_config
     from pixelrl.core.errors import ConfigError, ModelFolderError
-    from pixelrl.engine.evaluate import load_for_eval
+    from pixelrl.trainers.checkpointing import load_for_eval
 
     assert load_for_eval("builtin:shapes").max_sequence_length == 0
     assert load_for_eval(str(tiny_pixel_path)).max_sequence_length == 256

@@ -68,7 +68,7 @@ def test_flow_dppo_masks_exactly_the_stated_samples_and_uses_the_raw_advantage()
 
 
 def test_flow_dppo_default_threshold_is_the_reference_one():
-    from pixelrl.core.config import DiffusionLossConfig
+    from pixelrl.algos.config import DiffusionLossConfig
 
     options = get_loss("flow_dppo").bind(DiffusionLossConfig(name="flow_dppo"))
     assert options.tau == 1e-5
@@ -176,7 +176,7 @@ def test_rollout_rejection_levels_by_hand():
 
 
 def test_multi_reward_sum_of_advantages():
-    from pixelrl.core.config import PixelRLConfig
+    from pixelrl.config.sections import PixelRLConfig
     from pixelrl.trainers.step import aggregate_advantages
 
     cfg = PixelRLConfig()

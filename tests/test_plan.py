@@ -11,7 +11,7 @@ import torch
 from conftest import paper_config
 
 from pixelrl.config.plan import Choice, describe, estimate, model_shape, plan_for, step_work
-from pixelrl.core.config import images_per_step, optimizer_steps_per_rollout
+from pixelrl.engine.config import images_per_step, optimizer_steps_per_rollout
 from pixelrl.core.errors import ConfigError
 
 # docs/benchmarks.md, "On one NVIDIA H200": (config, overrides, s/step, peak GB, sampling, update + reference).

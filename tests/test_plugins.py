@@ -129,7 +129,7 @@ def test_a_secret_from_the_environment_reaches_the_reward_but_no_file_of_the_run
     saved = (run / "checkpoints" / "global_step_2" / "config.yaml").read_text()
     assert "${oc.env:PIXELRL_TEST_API_KEY}" in saved
     # reading the checkpoint's config back takes the text literally, never the reader's environment
-    from pixelrl.core.config_io import from_yaml_text
+    from pixelrl.config.sections import from_yaml_text
 
     monkeypatch.delenv("PIXELRL_TEST_API_KEY")
     options = from_yaml_text(saved).reward.functions[0]["options"]

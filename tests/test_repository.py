@@ -56,7 +56,7 @@ def _leaf_fields(cls, prefix=""):
 
 
 def test_every_config_field_is_read_by_some_code():
-    from pixelrl.core.config import PixelRLConfig
+    from pixelrl.config.sections import PixelRLConfig
 
     code = "\n".join(p.read_text() for p in SRC.rglob("*.py") if p.name != "config.py")
     unread = [full for full, name in _leaf_fields(PixelRLConfig)

@@ -109,7 +109,8 @@ def test_exported_pipeline_declares_how_it_trained_and_samples_like_its_checkpoi
     as it trained (the family default, 256 zero tokens, would give other images) and samples what
     the checkpoint does."""
     from pixelrl.cli import main
-    from pixelrl.engine.evaluate import generate, load_for_eval
+    from pixelrl.engine.evaluate import generate
+    from pixelrl.trainers.checkpointing import load_for_eval
     from pixelrl.models.loader import declared_options
 
     code, run = train_cli(tmp_path, tiny_sd3_path, *LOCAL, "trainer.total_training_steps=1")

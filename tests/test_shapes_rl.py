@@ -21,7 +21,7 @@ def test_one_shapes_model_ships_and_retired_names_say_what_replaces_them():
 @pytest.mark.parametrize("name", ["shapes"])
 def test_shipped_weights_load_and_generate_recognisable_shapes(name):
     from pixelrl.shapes.world import evaluation_items
-    from pixelrl.engine.evaluate import load_for_eval
+    from pixelrl.trainers.checkpointing import load_for_eval
     from pixelrl.shapes.evaluate import evaluate_geneval
 
     card = (BUILTIN[name] / "README.md").read_text()
@@ -77,7 +77,8 @@ def test_a_short_run_of_each_method_on_the_shipped_model_raises_its_reward(confi
     from pixelrl.cli import main
     from pixelrl.config import load_config
     from pixelrl.shapes.world import prompt_splits
-    from pixelrl.engine.evaluate import generate, load_for_eval
+    from pixelrl.engine.evaluate import generate
+    from pixelrl.trainers.checkpointing import load_for_eval
     from pixelrl.rewards import get_reward
 
     steps, overrides = SHORT_RUNS[config]

@@ -47,7 +47,8 @@ def test_a_former_trainer_type_runs_as_its_new_name_with_a_warning(old, new):
 
 
 def test_a_checkpoint_saved_under_a_former_trainer_type_resumes(tmp_path):
-    from pixelrl.core.config_io import from_yaml_text, saved_yaml
+    from pixelrl.config.sections import from_yaml_text
+    from pixelrl.core.config_io import saved_yaml
     from pixelrl.trainers.checkpointing import check_resume_config
 
     cfg = load_config("shapes_nft")
@@ -115,7 +116,8 @@ def test_a_window_schedule_checks_its_own_params():
 
 
 def test_the_former_flat_window_keys_move_into_the_params_with_a_warning():
-    from pixelrl.core.config_io import from_yaml_text, saved_yaml
+    from pixelrl.config.sections import from_yaml_text
+    from pixelrl.core.config_io import saved_yaml
 
     mix = ["rollout.sde_window_schedule=mixgrpo_progressive", "rollout.sde_window_size=3"]
     with warnings.catch_warnings(record=True) as caught:
@@ -178,3 +180,46 @@ def test_a_whole_group_loss_is_shuffled_by_groups_and_its_sizes_are_checked():
                        (["data.train_batch_size=3"], "data.train_batch_size")]:
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
             load_config("shapes_flow_grpo", base + ["actor.ppo_micro_batch_size=16", *bad])
+
+
+def test_a_trainer_types_sections_are_its_own(tmp_path):
+    """The vision-language section belongs to the vlm_ppo schema only: a diffusion config neither
+    carries it nor accepts it, and a diffusion checkpoint saved while every config carried a
+    `vlm:` section still reads."""
+    from pixelrl.config.sections import PixelRLConfig, from_yaml_text
+    from pixelrl.core.config_io import saved_yaml
+
+    cfg = load_config("shapes_nft")
+    assert type(cfg) is PixelRLConfig and not hasattr(cfg, "vlm")
+    vlm = load_config("vlm_grpo_shapes_qa", [f"trainer.default_local_dir={tmp_path}"])
+    assert vlm.vlm.task == "shapes_qa" and isinstance(vlm, PixelRLConfig)
+    with pytest.raises(ConfigError, match=r"`vlm`.*algorithm.trainer_type=vlm_ppo"):
+        load_config("shapes_nft", ["vlm.kl_coef=0.1"])
+    old = saved_yaml(cfg) + "vlm:\n  task: shapes_qa\n  kl_coef: 0.0\n"
+    assert from_yaml_text(old) == cfg
+    assert from_yaml_text(saved_yaml(vlm)).vlm == vlm.vlm
+
+
+def test_each_section_checks_its_own_fields_without_the_rest_of_the_config():
+    """A section's dataclass refuses its own bad values by itself (its `check()` beside its owner),
+    so a new field's check goes where the field is read."""
+    from pixelrl.algos.config import AlgorithmConfig, DiffusionLossConfig
+    from pixelrl.config.sections import TrainerConfig, ValKwargs
+    from pixelrl.data.config import DataConfig
+    from pixelrl.engine.config import ActorConfig
+    from pixelrl.models.config import ModelConfig
+    from pixelrl.rewards.config import RewardConfig
+    from pixelrl.sampling.config import RolloutConfig
+
+    for section, field in [(ModelConfig(dtype="float12"), "model.dtype"),
+                           (RolloutConfig(solver="dpm2"), "rollout.solver"),  # multistep with noise 0.7
+                           (AlgorithmConfig(rollout_rs_lower=3.0, rollout_rs_upper=2.0), "algorithm.rollout_rs_lower"),
+                           (DiffusionLossConfig(name="flow_grpo", clip_ratio=-1.0), "diffusion_loss.clip_ratio"),
+                           (RewardConfig(functions=[{"name": "jpeg_compressibility", "weight": 0}]),
+                            r"reward.functions\[\].weight"),
+                           (DataConfig(prompts=["a cat", " "]), "data.prompts"),
+                           (ActorConfig(betas=(0.9, 1.0)), "actor.betas"),
+                           (TrainerConfig(backend="local", n_workers=2), "trainer.n_workers"),
+                           (ValKwargs(rewards=[{"name": "jpeg_compressibility", "extra": 1}]), r"val_kwargs.rewards\[0\]")]:
+        with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+            section.check()

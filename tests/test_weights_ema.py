@@ -65,9 +65,10 @@ def test_checkpoint_validation_and_export_use_the_ema(tmp_path, tiny_pixel_path)
     samples with the EMA, not with the trained weights. The checkpoint restores it, evaluation
     (`load_for_eval`) and `pixelrl export` take it, and `--weights actor` the trained weights."""
     from pixelrl.cli import main
-    from pixelrl.core.config_io import from_yaml_text
+    from pixelrl.config.sections import from_yaml_text
     from pixelrl.engine.checkpoint import load_engine
-    from pixelrl.engine.evaluate import generate, load_for_eval
+    from pixelrl.engine.evaluate import generate
+    from pixelrl.trainers.checkpointing import load_for_eval
     from pixelrl.engine.policy_engine import PolicyEngine
     from pixelrl.models.loader import load_configured_model, load_folder_model
     from pixelrl.sampling.rollout import SamplingSettings
@@ -109,7 +110,7 @@ def test_resuming_without_the_ema_the_config_asks_for_names_the_fix(tmp_path, ti
     code, run = train_cli(tmp_path, tiny_pixel_path, *LOCAL, "trainer.total_training_steps=1")
     assert code == 0
     with pytest.raises(CheckpointError, match="actor.ema_decay=0"):
-        from pixelrl.core.config_io import from_yaml_text
+        from pixelrl.config.sections import from_yaml_text
         from pixelrl.engine.checkpoint import load_engine
         from pixelrl.engine.policy_engine import PolicyEngine
         from pixelrl.models.loader import load_configured_model

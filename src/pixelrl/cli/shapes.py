@@ -24,7 +24,8 @@ def cmd_eval(args) -> int:
     import torch
 
     from pixelrl.shapes.world import evaluation_items
-    from pixelrl.engine.evaluate import diversity, load_for_eval
+    from pixelrl.engine.evaluate import diversity
+    from pixelrl.trainers.checkpointing import load_for_eval
     from pixelrl.shapes.evaluate import bootstrap_overall, evaluate_geneval, format_careful, format_failures, format_table
 
     check_output_file(args.out, "--out", (".json",))
@@ -103,7 +104,7 @@ def _eval_text(args) -> int:
     """`pixelrl eval --task text`: the OCR reward on the text world's items, with 95% intervals."""
     from pixelrl.core.errors import ConfigError
     from pixelrl.shapes import text as shapes_text
-    from pixelrl.engine.evaluate import load_for_eval
+    from pixelrl.trainers.checkpointing import load_for_eval
     from pixelrl.shapes.evaluate import bootstrap_overall, evaluate_text
 
     if args.split == "train":
@@ -128,7 +129,8 @@ def _eval_text(args) -> int:
 def cmd_generate(args) -> int:
     from PIL import Image
 
-    from pixelrl.engine.evaluate import generate, load_for_eval
+    from pixelrl.engine.evaluate import generate
+    from pixelrl.trainers.checkpointing import load_for_eval
     from pixelrl.trainers.tracking import image_grid
 
     check_output_file(args.out, "--out", image_suffixes())
@@ -146,7 +148,7 @@ def cmd_make_preferences(args) -> int:
     import torch
 
     from pixelrl.data.prompts import PromptDataset
-    from pixelrl.engine.evaluate import load_for_eval
+    from pixelrl.trainers.checkpointing import load_for_eval
     from pixelrl.shapes.preferences import make_preferences
     from pixelrl.workers.group import RewardGroup
 

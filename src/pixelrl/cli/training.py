@@ -54,7 +54,7 @@ def cmd_plot(args) -> int:
 
 def cmd_export(args) -> int:
     from pixelrl.core.assets import resolve
-    from pixelrl.core.config_io import from_yaml_text
+    from pixelrl.config.sections import from_yaml_text
     from pixelrl.core.errors import ConfigError
     from pixelrl.models.export import export_checkpoint
     from pixelrl.models.loader import DECLARABLE_OPTIONS

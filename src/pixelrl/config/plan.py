@@ -23,7 +23,8 @@ import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pixelrl.core.config import PixelRLConfig, images_per_step, mini_batches_per_epoch, optimizer_steps_per_rollout
+from pixelrl.config.sections import PixelRLConfig
+from pixelrl.engine.config import images_per_step, mini_batches_per_epoch, optimizer_steps_per_rollout
 from pixelrl.core.errors import ConfigError
 
 # --- calibration: SD3.5-Medium shapes, one NVIDIA H200, bf16, torch 2.11 + CUDA 13 ----------------

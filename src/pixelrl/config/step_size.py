@@ -5,7 +5,8 @@ memory. It uses `pixelrl plan`'s shape and FLOP arithmetic (pixelrl.config.plan)
 from __future__ import annotations
 
 from pixelrl.config.plan import ACHIEVED_FRACTION_OF_PEAK, Choice, estimate, model_shape, step_work
-from pixelrl.core.config import PixelRLConfig, images_per_step
+from pixelrl.config.sections import PixelRLConfig
+from pixelrl.engine.config import images_per_step
 from pixelrl.core.errors import ConfigError
 
 MAX_STEP_HOURS = 24.0

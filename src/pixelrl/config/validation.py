@@ -1,35 +1,16 @@
-"""Check a run configuration before anything is built: every field and every rule that spans
-sections, each failure one `ConfigError` naming the field, the value and the fix. This package
-sits above the components whose choices it checks (losses, samplers, models, rewards, the
-learner); `pixelrl.core.config_io` below reads and writes the YAML.
+"""Check a run configuration before anything is built. Each section checks its own fields
+(`check()` beside its owner: pixelrl.models.config, pixelrl.sampling.config, ...); this module
+runs them and checks the rules that span sections, each failure one `ConfigError` naming the
+field, the value and the fix. It sits above the components whose choices it checks.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from pixelrl.core.config import PixelRLConfig
-from pixelrl.core.config_io import merge_config
-from pixelrl.core.errors import ConfigError
+from pixelrl.config.sections import DIFFUSION_TRAINERS, SEPARATE_TRAINERS, PixelRLConfig, merge_config
+from pixelrl.core.errors import ConfigError, check_choice
 from pixelrl.core.plugins import import_plugins
-from pixelrl.core.registry import Registry
-
-# the diffusion trainers' types, whose sections this module checks
-DIFFUSION_TRAINERS = ("transition", "forward_process")
-
-
-@dataclass(frozen=True)
-class SeparateTrainer:
-    """A trainer with its own loop and config checks, registered by its package (the VLM trainer):
-    `check(cfg)` raises a ConfigError; `trainer_class()` imports and returns the trainer."""
-    check: Callable[[PixelRLConfig], None]
-    trainer_class: Callable[[], type]
-
-
-SEPARATE_TRAINERS: Registry = Registry("trainer type", "algorithm.trainer_type")
 
 
 def compose_config(config_name: str | None = None, overrides: list[str] | tuple = ()) -> PixelRLConfig:
@@ -72,71 +53,6 @@ def _fitted_to_memory(cfg: PixelRLConfig) -> PixelRLConfig:
     return fitted
 
 
-def _choice(field: str, value, options) -> None:
-    if value not in options:
-        raise ConfigError(field, value, f"choose one of {list(options)}")
-
-
-def _check_backend(t) -> None:
-    """The local backend runs one worker in this process: a larger trainer.n_workers would be
-    ignored there while the batch checks (and the user) count on it."""
-    _choice("trainer.backend", t.backend, ("ray", "local"))
-    if t.backend == "local" and t.n_workers != 1:
-        raise ConfigError("trainer.n_workers", t.n_workers, "trainer.backend=local runs one in-process worker: "
-                          "set trainer.n_workers=1, or trainer.backend=ray for data parallelism")
-    _positive("trainer.max_restarts", t.max_restarts, allow_zero=True)
-    if t.backend == "local" and t.max_restarts:
-        raise ConfigError("trainer.max_restarts", t.max_restarts, "restarts start Ray workers again after one "
-                          "dies; the local backend's worker is this process: set trainer.backend=ray or 0")
-
-
-def check_best_metric(t) -> None:
-    """trainer.best_metric picks a checkpoint by a validation metric: it needs validations after
-    training steps, and a validation key (training metrics are of one batch, not held out)."""
-    if not t.best_metric:
-        return
-    if t.best_metric.split("/")[0] not in ("val-core", "val-aux", "val") or "/" not in t.best_metric:
-        raise ConfigError("trainer.best_metric", t.best_metric, "name a validation metric, e.g. "
-                          "val-aux/overall/shapes_strict/mean@4 (the mean over data sources), "
-                          "val-core/<source>/reward/mean@<n>, or val/accuracy for the vision-language trainer")
-    if t.test_freq == -1:
-        raise ConfigError("trainer.best_metric", t.best_metric, "trainer.test_freq=-1 never validates: set "
-                          "trainer.test_freq to how often (in steps) the best checkpoint is looked for")
-
-
-def _positive(field: str, value, allow_zero: bool = False, allow_inf: bool = False) -> None:
-    if value != value or (value == float("inf") and not allow_inf):  # NaN, inf
-        raise ConfigError(field, value, "must be a finite number")
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(field, value, "must be " + ("non-negative" if allow_zero else "positive"))
-
-
-def _check_schedule_and_validation(cfg: PixelRLConfig) -> None:
-    """Fields that used to pass and fail later: validation settings at the first validation (after
-    training, before the final checkpoint), optimizer and resource numbers in a library call."""
-    t, vk, a = cfg.trainer, cfg.val_kwargs, cfg.actor
-    for field, value in (("trainer.save_freq", t.save_freq), ("trainer.test_freq", t.test_freq)):
-        if value < -1:
-            raise ConfigError(field, value, "steps between saves / validations: a positive number, 0 (only at the "
-                              "last step) or -1 (never)")
-    _positive("val_kwargs.n", vk.n)
-    _positive("val_kwargs.num_steps", vk.num_steps)
-    _positive("val_kwargs.noise_level", vk.noise_level, allow_zero=True)
-    _positive("data.val_batch_size", cfg.data.val_batch_size, allow_zero=True)  # 0 = the whole set at once
-    betas = list(a.betas)
-    if len(betas) != 2 or any(not (isinstance(b, (int, float)) and 0 <= b < 1) for b in betas):
-        raise ConfigError("actor.betas", betas, "Adam's two decay rates, each in [0, 1), e.g. [0.9, 0.999]")
-    _positive("actor.weight_decay", a.weight_decay, allow_zero=True)
-    _positive("actor.warmup_steps", a.warmup_steps, allow_zero=True)
-    if not 0 <= a.min_lr_ratio <= 1:
-        raise ConfigError("actor.min_lr_ratio", a.min_lr_ratio, "the cosine's floor as a fraction of actor.lr, in [0, 1]")
-    _positive("reward.num_cpus", cfg.reward.num_cpus)
-    _positive("model.max_sequence_length", cfg.model.max_sequence_length, allow_zero=True)
-    if not cfg.data.train_files and cfg.data.prompts and any(not str(p).strip() for p in cfg.data.prompts):
-        raise ConfigError("data.prompts", list(cfg.data.prompts), "an inline prompt is empty or blank: give each "
-                          "prompt some text, or read prompts from data.train_files")
-
-
 def _check_device(cfg: PixelRLConfig) -> None:
     """A device torch cannot name is refused; so is a CUDA device in a one-process run on a machine
     that has none (Ray workers may sit on other nodes with GPUs, so only the local backend knows)."""
@@ -152,29 +68,10 @@ def _check_device(cfg: PixelRLConfig) -> None:
                           "False): use model.device=cpu, or run on a machine with a GPU and a CUDA build of torch")
 
 
-def _check_rollout_correction(a) -> None:
-    from pixelrl.algos.rollout_correction import IS_LEVELS, RS_LEVELS, rejection_bounds
-
-    _choice("algorithm.rollout_is", a.rollout_is, IS_LEVELS)
-    _choice("algorithm.rollout_rs", a.rollout_rs, RS_LEVELS)
-    _positive("algorithm.rollout_is_threshold", a.rollout_is_threshold)
-    for field in ("rollout_rs_lower", "rollout_rs_upper"):
-        if getattr(a, field) is not None:
-            _positive(f"algorithm.{field}", getattr(a, field), allow_zero=field == "rollout_rs_lower")
-    lo, hi = rejection_bounds(a.rollout_rs_lower, a.rollout_rs_upper)
-    if lo > hi:
-        raise ConfigError("algorithm.rollout_rs_lower", lo, f"is above algorithm.rollout_rs_upper ({hi}): every "
-                          "sample-step would be rejected; set lower <= upper")
-
-
 def _check_rollout_pool(cfg: PixelRLConfig) -> None:
     """Modes that sample ahead need a separate rollout pool, and only transition losses re-score
     (and so correct) a stale batch."""
     r, t = cfg.rollout, cfg.trainer
-    _choice("trainer.mode", t.mode, ("sync", "one_step_off", "async"))
-    _positive("trainer.max_staleness", t.max_staleness, allow_zero=True)
-    _positive("rollout.n_workers", r.n_workers, allow_zero=True)
-    _positive("rollout.num_cpus_per_worker", r.num_cpus_per_worker)
     if t.mode != "sync" and r.n_workers == 0:
         raise ConfigError("rollout.n_workers", 0, f"trainer.mode={t.mode} samples ahead on a separate rollout pool: "
                           "set rollout.n_workers=1 (or more)")
@@ -187,97 +84,96 @@ def _check_rollout_pool(cfg: PixelRLConfig) -> None:
 
 
 def validate(cfg: PixelRLConfig) -> None:
-    """Cross-field checks: each error names the field to change and how."""
-    from pixelrl.algos.advantages import ADVANTAGE_ESTIMATORS
-    from pixelrl.algos.forward_process import check_strata
-    from pixelrl.algos.kl import KL_TYPES
-    from pixelrl.algos.losses import LOSSES
-    from pixelrl.models.base import DTYPES
-    from pixelrl.core.assets import resolve
-    from pixelrl.models.loader import MODEL_TYPES, check_model_type, declared_options, latent_unit, model_family
-    from pixelrl.models.lora import LORA_INITS
-    from pixelrl.sampling.multistep import SOLVERS
-    from pixelrl.sampling.schedule import SIGMA_SCHEDULES
-    from pixelrl.sampling.sde import SDE_TYPES
-    from pixelrl.sampling.windows import WINDOW_SCHEDULES, check_window_args, window_params
-
-    import pixelrl.rewards  # noqa: F401  (registers the built-in rewards)
-
-    r, a, t, d, m = cfg.rollout, cfg.actor, cfg.trainer, cfg.data, cfg.model
-    _choice("algorithm.trainer_type", cfg.algorithm.trainer_type, DIFFUSION_TRAINERS + tuple(SEPARATE_TRAINERS.names()))
-    if cfg.algorithm.trainer_type in SEPARATE_TRAINERS:
+    """Every section's own checks, then the rules that span sections; the model folder last (a
+    config copied from another machine reports its field errors before its model path)."""
+    check_choice("algorithm.trainer_type", cfg.algorithm.trainer_type,
+                 DIFFUSION_TRAINERS + tuple(SEPARATE_TRAINERS.names()))
+    if cfg.algorithm.trainer_type in SEPARATE_TRAINERS:  # checks the sections it reads itself
         SEPARATE_TRAINERS.get(cfg.algorithm.trainer_type).check(cfg)
-        _check_rewards_and_loggers(cfg)
-        _check_output_locations(cfg)
         return
-    _choice("model.type", m.type, MODEL_TYPES.names())
-    _choice("model.dtype", m.dtype, sorted(DTYPES))
+    cfg.model.check()
     _check_device(cfg)
-    _choice("model.lora_init", m.lora_init, LORA_INITS)
-    _positive("model.lora_rank", m.lora_rank, allow_zero=True)
-    _positive("model.lora_alpha", m.lora_alpha)
-    _choice("rollout.logprob_reduction", r.logprob_reduction, ("mean", "sum"))
-    _choice("rollout.sigma_schedule", r.sigma_schedule, SIGMA_SCHEDULES)
-    _choice("rollout.sde_type", r.sde_type, [s for s in SDE_TYPES if s != "ode"])
-    _choice("diffusion_loss.name", cfg.diffusion_loss.name, LOSSES.names())
-    bound = LOSSES.get(cfg.diffusion_loss.name).bind(cfg.diffusion_loss)  # the loss's own params, checked
+    loss = cfg.diffusion_loss.check()
+    _check_loss_timesteps(cfg, loss)  # before the rollout's window: the loss decides what a grid must hold
+    cfg.rollout.check()
+    cfg.algorithm.check()
+    cfg.actor.check()
+    cfg.data.check()
+    cfg.val_kwargs.check()
+    cfg.reward.check()
+    cfg.reward.check_resources()
+    cfg.trainer.check()
+    _check_loss_against_run(cfg, loss)
+    _check_offline_data(cfg)
+    _check_reward_gpus(cfg)
+    _check_rollout_pool(cfg)
+    _check_batch_split(cfg)
+    check_lr_schedule(cfg)
+    _check_model_against_run(cfg)
+
+
+def _check_loss_timesteps(cfg: PixelRLConfig, bound) -> None:
+    """A forward-process loss's timestep draws fit the sampling grid; group noise needs groups."""
+    from pixelrl.algos.forward_process import check_strata
+
+    r = cfg.rollout
     if hasattr(bound, "num_timesteps"):
         check_strata(bound.timesteps, bound.num_timesteps, r.num_steps, getattr(bound, "timestep_fraction", 1.0),
                      getattr(bound, "max_timestep_index", None))
     if getattr(bound, "group_noise", False) and r.n < 2:
         raise ConfigError("diffusion_loss.params.group_noise", True, f"shares noise within a prompt's group, and "
                           f"rollout.n={r.n} makes groups of one: set rollout.n >= 2 or group_noise=false")
-    if LOSSES.get(cfg.diffusion_loss.name).whole_groups:
+
+
+def _check_loss_against_run(cfg: PixelRLConfig, bound) -> None:
+    """The loss fits the trainer type, the sampler, the batch and the adapter."""
+    from pixelrl.algos.advantages import ADVANTAGE_ESTIMATORS
+    from pixelrl.algos.losses import LOSSES
+
+    r, m, name = cfg.rollout, cfg.model, cfg.diffusion_loss.name
+    loss = LOSSES.get(name)
+    if loss.whole_groups:
         _check_whole_groups(cfg)
-    if cfg.diffusion_loss.name == "grpo_guard" and r.sde_type == "cps":
+    if name == "grpo_guard" and r.sde_type == "cps":
         raise ConfigError("rollout.sde_type", r.sde_type, "grpo_guard rescales by the step's std, and the cps "
                           "log-prob has no variance term: use rollout.sde_type=sde with grpo_guard")
-    for field, value in (("diffusion_loss.clip_ratio", cfg.diffusion_loss.clip_ratio),
-                         ("diffusion_loss.adv_clip_max", cfg.diffusion_loss.adv_clip_max),
-                         ("algorithm.adv_eps", cfg.algorithm.adv_eps), ("actor.max_grad_norm", a.max_grad_norm)):
-        _positive(field, value, allow_inf=field != "algorithm.adv_eps")  # an infinite clip = no clipping
-    _positive("actor.adam_eps", a.adam_eps)
-    if not 0 <= a.ema_decay < 1:
-        raise ConfigError("actor.ema_decay", a.ema_decay, "must be in [0, 1): 0 keeps no EMA of the trained "
-                          "weights; flow_grpo and DiffusionNFT keep one at 0.9")
-    _positive("actor.ema_update_interval", a.ema_update_interval)
-    _positive("rollout.guidance_scale", r.guidance_scale, allow_zero=True)
-    if cfg.val_kwargs.guidance_scale is not None:
-        _positive("val_kwargs.guidance_scale", cfg.val_kwargs.guidance_scale, allow_zero=True)
-    _choice("diffusion_loss.kl_type", cfg.diffusion_loss.kl_type, KL_TYPES)
-    _choice("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADVANTAGE_ESTIMATORS.names())
-    _choice("algorithm.rollout_correction", cfg.algorithm.rollout_correction, ("bypass", "decoupled"))
-    _check_rollout_correction(cfg.algorithm)
-    _check_schedule_and_validation(cfg)
-    _choice("algorithm.reward_aggregation", cfg.algorithm.reward_aggregation, ("sum_rewards", "sum_advantages"))
-    objective = LOSSES.get(cfg.diffusion_loss.name).objective
-    _positive("actor.window_steps_per_forward", cfg.actor.window_steps_per_forward, allow_zero=True)
-    if cfg.actor.window_steps_per_forward != 1 and not LOSSES.get(cfg.diffusion_loss.name).steps_batchable:
+    if cfg.actor.window_steps_per_forward != 1 and not loss.steps_batchable:
         batchable = [n for n in LOSSES.names() if LOSSES.get(n).steps_batchable]
         raise ConfigError("actor.window_steps_per_forward", cfg.actor.window_steps_per_forward,
-                          f"loss `{cfg.diffusion_loss.name}` takes statistics across the batch of one window step "
+                          f"loss `{name}` takes statistics across the batch of one window step "
                           f"(or draws its own timesteps), so steps cannot share a forward: use 1 (batchable: {batchable})")
     wanted = cfg.algorithm.trainer_type  # the family is the loss's objective
-    if objective != wanted:
+    if loss.objective != wanted:
         fitting = [n for n in LOSSES.names() if LOSSES.get(n).objective == wanted]
-        raise ConfigError("diffusion_loss.name", cfg.diffusion_loss.name,
-                          f"algorithm.trainer_type={cfg.algorithm.trainer_type} trains {wanted} losses: {fitting}")
-    loss = LOSSES.get(cfg.diffusion_loss.name)
+        raise ConfigError("diffusion_loss.name", name, f"algorithm.trainer_type={wanted} trains {wanted} losses: "
+                          f"{fitting}")
     # AWM with ema_beta 0 reads no old policy, so it can fine-tune the whole denoiser
-    if "v_old" in loss.step_keys_needed(loss.bind(cfg.diffusion_loss)) and m.lora_rank == 0:
-        raise ConfigError("model.lora_rank", 0, f"{cfg.diffusion_loss.name} keeps the old policy as a second LoRA "
+    if "v_old" in loss.step_keys_needed(bound) and m.lora_rank == 0:
+        raise ConfigError("model.lora_rank", 0, f"{name} keeps the old policy as a second LoRA "
                           "adapter: use LoRA (model.lora_rank > 0)")
-    if cfg.algorithm.trainer_type == "forward_process" and cfg.diffusion_loss.kl_coef > 0:
+    if wanted == "forward_process" and cfg.diffusion_loss.kl_coef > 0:
         raise ConfigError("diffusion_loss.kl_coef", cfg.diffusion_loss.kl_coef, "the KL coefficient belongs to "
                           "transition losses; forward-process losses set their reference term in diffusion_loss.params")
-    if cfg.diffusion_loss.name == "diffusion_dpo":
-        from pixelrl.core.config import mini_batches_per_epoch
+    if name == "diffusion_dpo":
+        from pixelrl.engine.config import mini_batches_per_epoch
 
         if cfg.data.train_batch_size % (cfg.trainer.n_workers * mini_batches_per_epoch(cfg)):
             raise ConfigError("data.train_batch_size", cfg.data.train_batch_size,
                               "online DPO trains one pair per prompt: the prompts per step must split into "
                               "trainer.n_workers x mini-batches")
-    _choice("algorithm.sample_source", cfg.algorithm.sample_source, ("online", "offline"))
+    if getattr(bound, "rollout_policy", "current") == "old" and m.lora_rank == 0:
+        raise ConfigError("diffusion_loss.params.rollout_policy", "old", "the old policy is a second LoRA adapter, "
+                          "which full fine-tuning (model.lora_rank=0) does not keep: sample with "
+                          "rollout_policy=current or train a LoRA")
+    estimator = ADVANTAGE_ESTIMATORS.get(cfg.algorithm.adv_estimator)
+    if getattr(estimator, "needs_groups", False) and r.n < 2:
+        raise ConfigError("rollout.n", r.n, f"`{cfg.algorithm.adv_estimator}` normalises within groups of images of "
+                          "one prompt: use rollout.n >= 2 (the paper uses 24 for SD3.5)")
+
+
+def _check_offline_data(cfg: PixelRLConfig) -> None:
+    """Where the prompts (or offline preference pairs) come from."""
+    d = cfg.data
     if cfg.algorithm.sample_source == "offline" and d.source_weights:
         raise ConfigError("data.source_weights", dict(d.source_weights), "weights prompt rows by their data_source; "
                           "offline preference pairs are read as they are: remove it")
@@ -288,49 +184,13 @@ def validate(cfg: PixelRLConfig) -> None:
         if not d.train_files:
             raise ConfigError("data.train_files", list(d.train_files), "offline DPO reads (prompt, chosen, rejected) "
                               "rows from a .jsonl or .parquet file: write one with `pixelrl make-preferences`")
-    if getattr(bound, "rollout_policy", "current") == "old" and m.lora_rank == 0:
-        raise ConfigError("diffusion_loss.params.rollout_policy", "old", "the old policy is a second LoRA adapter, "
-                          "which full fine-tuning (model.lora_rank=0) does not keep: sample with "
-                          "rollout_policy=current or train a LoRA")
-    _choice("trainer.strategy", t.strategy, ("ddp", "fsdp2"))
-    _check_backend(t)
-    check_best_metric(t)
-    _choice("reward.placement", cfg.reward.placement, ("colocated", "pool"))
-    _choice("reward.on_error", cfg.reward.on_error, ("stop", "skip"))
-    _positive("reward.max_consecutive_errors", cfg.reward.max_consecutive_errors)
-    _check_reward_gpus(cfg)
-    _check_rollout_pool(cfg)
-    for field, value in (("rollout.n", r.n), ("rollout.num_steps", r.num_steps), ("rollout.resolution", r.resolution),
-                         ("data.train_batch_size", d.train_batch_size), ("actor.ppo_epochs", a.ppo_epochs),
-                         ("actor.ppo_micro_batch_size", a.ppo_micro_batch_size), ("trainer.n_workers", t.n_workers),
-                         ("trainer.num_cpus_per_worker", t.num_cpus_per_worker), ("actor.lr", a.lr), ("rollout.micro_batch_size", r.micro_batch_size),
-                         ("reward.num_workers", cfg.reward.num_workers)):
-        _positive(field, value)
-    _positive("rollout.noise_level", r.noise_level, allow_zero=True)
-    _positive("diffusion_loss.kl_coef", cfg.diffusion_loss.kl_coef, allow_zero=True)
-    _positive("trainer.time_budget_s", t.time_budget_s, allow_zero=True)
-    _positive("trainer.peak_tflops", t.peak_tflops, allow_zero=True)
-    _positive("trainer.fit_to_memory_gb", t.fit_to_memory_gb, allow_zero=True)
-    _positive("trainer.profile_step", t.profile_step, allow_zero=True)
-    _positive("trainer.total_training_steps", t.total_training_steps, allow_zero=True)  # 0 = from the epochs
-    _positive("trainer.total_epochs", t.total_epochs)
-    _choice("rollout.solver", r.solver, SOLVERS)
-    if r.solver != "euler" and r.noise_level > 0:
-        raise ConfigError("rollout.solver", r.solver, "a multistep solver samples deterministically: set "
-                          "rollout.noise_level=0 or rollout.solver=euler")
-    _choice("rollout.sde_window_schedule", r.sde_window_schedule, WINDOW_SCHEDULES)
-    window_params(r.sde_window_schedule, r.sde_window_params)
-    if r.sde_window_size and r.sde_window_schedule == "random":
-        check_window_args(r.num_steps, r.sde_window_size, r.sde_window_range)
-    elif r.sde_window_size and r.sde_window_size > r.num_steps - 2:
-        raise ConfigError("rollout.sde_window_size", r.sde_window_size,
-                          f"a MixGRPO window needs sde_window_size <= num_steps - 2 = {r.num_steps - 2}")
-    if not 0 < a.timestep_fraction <= 1:
-        raise ConfigError("actor.timestep_fraction", a.timestep_fraction, "must be in (0, 1]")
-    estimator = ADVANTAGE_ESTIMATORS.get(cfg.algorithm.adv_estimator)
-    if getattr(estimator, "needs_groups", False) and r.n < 2:
-        raise ConfigError("rollout.n", r.n, f"`{cfg.algorithm.adv_estimator}` normalises within groups of images of "
-                          "one prompt: use rollout.n >= 2 (the paper uses 24 for SD3.5)")
+    if not d.train_files and not d.prompts:
+        raise ConfigError("data.train_files", d.train_files, "give a jsonl / parquet / txt prompt file (or data.prompts)")
+
+
+def _check_batch_split(cfg: PixelRLConfig) -> None:
+    """A step's images split evenly over the workers, the mini-batches and (FSDP2) the micro-batches."""
+    r, a, t, d = cfg.rollout, cfg.actor, cfg.trainer, cfg.data
     samples = d.train_batch_size * r.n
     if samples % t.n_workers:
         raise ConfigError("data.train_batch_size", d.train_batch_size,
@@ -341,8 +201,7 @@ def validate(cfg: PixelRLConfig) -> None:
         raise ConfigError("actor.ppo_mini_batch_size", a.ppo_mini_batch_size,
                           f"must divide the {samples} images of a step and be a multiple of trainer.n_workers "
                           f"({t.n_workers}); 0 means the whole batch")
-    check_lr_schedule(cfg)
-    if m.compile and t.strategy == "fsdp2":
+    if cfg.model.compile and t.strategy == "fsdp2":
         raise ConfigError("model.compile", True, "compiling the denoiser is supported on one process and with "
                           "DDP, not with FSDP2's sharded blocks (untested there): use trainer.strategy=ddp or "
                           "remove model.compile")
@@ -350,56 +209,35 @@ def validate(cfg: PixelRLConfig) -> None:
         raise ConfigError("actor.ppo_micro_batch_size", a.ppo_micro_batch_size,
                           "with fsdp2 every worker must run the same number of forwards: make the per-worker "
                           f"mini-batch ({mini // t.n_workers}) a multiple of the micro-batch")
-    if not cfg.model.path:
-        raise ConfigError("model.path", cfg.model.path, "set it to a local diffusers pipeline folder")
+
+
+def _check_model_against_run(cfg: PixelRLConfig) -> None:
+    """The family takes these options and this resolution; the folder exists and agrees; the
+    step fits the machine (needs the model's shape: last)."""
+    from pixelrl.core.assets import resolve
+    from pixelrl.models.loader import latent_unit, model_family
+
+    m, r = cfg.model, cfg.rollout
+    if not m.path:
+        raise ConfigError("model.path", m.path, "set it to a local diffusers pipeline folder")
     folder = Path(resolve(str(m.path)))
     model_family(m.type).check_options(m.max_sequence_length, m.num_frames, folder if folder.is_dir() else None)
     unit = latent_unit(m.type, m.path)
     if unit and r.resolution % unit:
         raise ConfigError("rollout.resolution", r.resolution,
                           f"this model needs a multiple of {unit} (VAE scale x patch size), e.g. {r.resolution // unit * unit or unit}")
-    if not d.train_files and not d.prompts:
-        raise ConfigError("data.train_files", d.train_files, "give a jsonl / parquet / txt prompt file (or data.prompts)")
-    _check_rewards_and_loggers(cfg)
-    _check_output_locations(cfg)
-    # last: a config copied from another machine reports its field errors before its model path
-    if not Path(resolve(str(m.path))).is_dir():
-        raise ConfigError("model.path", m.path, "the folder does not exist: set model.path to a local diffusers "
-                          "pipeline folder (or builtin:shapes; `pixelrl build-tiny DIR` makes a tiny random one)")
-    check_model_type(m.type, m.path)
-    for option, value in declared_options(m.path).items():
-        if getattr(m, option) != value:
-            raise ConfigError(f"model.{option}", getattr(m, option), f"the model folder was trained with {value} "
-                              f"(its pixelrl_model.json): set model.{option}={value}")
+    m.check_folder()
     from pixelrl.config.step_size import check_step_size
 
-    check_step_size(cfg)  # needs the model's shape: last
-
-
-def _check_output_locations(cfg: PixelRLConfig) -> None:
-    """Every folder the run writes into can be made and written, checked before any worker starts
-    (a bad one would otherwise surface at the first checkpoint, after the work it was to keep)."""
-    from pixelrl.core.paths import check_output_dir
-
-    t = cfg.trainer
-    check_output_dir(t.default_local_dir, "trainer.default_local_dir")
-    for field_name, value in (("trainer.rollout_data_dir", t.rollout_data_dir),
-                              ("trainer.validation_data_dir", t.validation_data_dir)):
-        if value:
-            check_output_dir(value, field_name)
+    check_step_size(cfg)
 
 
 def check_lr_schedule(cfg: PixelRLConfig, frozen_steps: int = 0) -> None:
-    """`actor.lr_schedule` and `actor.min_lr_ratio`; a cosine decays over the actor's optimizer
-    steps of the whole run (after `frozen_steps` training steps without an actor update), which
+    """A cosine lr (actor.lr_schedule) decays over the actor's optimizer steps of the whole run (after `frozen_steps` training steps without an actor update), which
     must outlast the warm-up."""
-    from pixelrl.core.config import actor_optimizer_steps, optimizer_steps_per_rollout
-    from pixelrl.engine.learner import LR_SCHEDULES
+    from pixelrl.engine.config import actor_optimizer_steps, optimizer_steps_per_rollout
 
     a, t = cfg.actor, cfg.trainer
-    _choice("actor.lr_schedule", a.lr_schedule, LR_SCHEDULES)
-    if not 0 <= a.min_lr_ratio <= 1:
-        raise ConfigError("actor.min_lr_ratio", a.min_lr_ratio, "must be in [0, 1] (the final lr over actor.lr)")
     actor_steps = actor_optimizer_steps(cfg, frozen_steps)
     if a.lr_schedule == "cosine" and actor_steps <= a.warmup_steps:
         raise ConfigError("trainer.total_training_steps", t.total_training_steps,
@@ -433,45 +271,12 @@ def _check_whole_groups(cfg: PixelRLConfig) -> None:
                           f"groups in each forward: use a multiple of rollout.n={r.n}")
 
 
-def _check_rewards_and_loggers(cfg: PixelRLConfig) -> None:
-    from pixelrl.rewards.registry import REWARDS, check_reward_options
-
-    t = cfg.trainer
-    if not cfg.reward.functions:
-        raise ConfigError("reward.functions", cfg.reward.functions, "list at least one reward")
-    _positive("reward.timeout_s", cfg.reward.timeout_s, allow_zero=True)  # 0 = no deadline
-    for field_name, specs in (("reward.functions", cfg.reward.functions), ("val_kwargs.rewards", cfg.val_kwargs.rewards)):
-        for i, spec in enumerate(specs):
-            if not hasattr(spec, "keys") or "name" not in spec:
-                raise ConfigError(f"{field_name}[{i}]", spec, "each reward is a mapping with a `name`")
-            unknown = set(spec) - {"name", "weight", "options"}
-            if unknown:
-                raise ConfigError(f"{field_name}[{i}]", dict(spec), f"unknown keys {sorted(unknown)}; use name, weight, options")
-            REWARDS.get(spec["name"], field=f"{field_name}[{i}].name")  # unknown: the registry's error and plugins hint
-            weight = spec.get("weight", 1.0)
-            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) \
-                    or abs(weight) > 1e6:
-                raise ConfigError(f"{field_name}[{i}].weight", weight, "must be a finite number of modest size "
-                                  "(|weight| <= 1e6; the weighted sum is taken in float32)")
-            check_reward_options(spec["name"], dict(spec.get("options") or {}), f"{field_name}[{i}].options")
-    if all(spec.get("weight", 1.0) == 0 for spec in cfg.reward.functions):
-        raise ConfigError("reward.functions[].weight", [spec.get("weight", 1.0) for spec in cfg.reward.functions],
-                          "every training reward is weighted 0, so every advantage is 0 and nothing trains: give "
-                          "at least one reward a non-zero weight")
-    for logger in t.logger:
-        _choice("trainer.logger", logger, ("console", "jsonl", "tensorboard", "wandb"))
-    if t.resume_mode not in ("auto", "disable") and not Path(t.resume_mode).is_dir():
-        raise ConfigError("trainer.resume_mode", t.resume_mode,
-                          "use auto, disable, or the path of an existing global_step_N checkpoint folder")
-
-
 def _check_reward_gpus(cfg) -> None:
     """Reward workers with their own GPUs need Ray, the pool placement, and GPUs to be had;
     otherwise Ray would wait forever for a GPU no node offers."""
     import os
 
     gpus = cfg.reward.num_gpus
-    _positive("reward.num_gpus", gpus, allow_zero=True)
     if gpus == 0:
         return
     if cfg.reward.placement != "pool" or cfg.trainer.backend != "ray":

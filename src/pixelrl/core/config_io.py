@@ -1,16 +1,16 @@
 """Read, merge and write run configurations: the YAML plumbing every layer may use.
 
-Dataclasses (`pixelrl.core.config`) are the schema; a YAML file from `configs/` sets values;
-command-line overrides use OmegaConf dotted syntax (`rollout.n=8`). Unknown keys and wrong types
-stop here with one `ConfigError` naming the field; the checks of what the values mean live in
-`pixelrl.config`, above the components whose choices they check.
+A schema is a dataclass (the run's, `pixelrl.config.PixelRLConfig`, is composed from the sections
+each component defines); a YAML file from `configs/` sets values; command-line overrides use
+OmegaConf dotted syntax (`rollout.n=8`). Unknown keys and wrong types stop here with one
+`ConfigError` naming the field; the checks of what the values mean live with each section and,
+for rules that span sections, in `pixelrl.config`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pixelrl.core.config import TRAINER_TYPE_ALIASES, PixelRLConfig
 from pixelrl.core.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -99,15 +99,13 @@ def _move_keys(node, warn: bool):
     return node
 
 
-def merge_config(config_name: str | None = None, overrides: list[str] | tuple = ()) -> PixelRLConfig:
-    """The schema, the named YAML chain and the dotted overrides merged into a config, not yet
-    checked (`pixelrl.config.load_config` imports the plugins and validates it)."""
+def config_layers(config_name: str | None = None, overrides: list[str] | tuple = ()) -> list:
+    """The named YAML chain and the dotted overrides, as OmegaConf layers to merge over a schema
+    (keys that moved rewritten, with a warning)."""
     import yaml
     from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
 
-    schema = OmegaConf.structured(PixelRLConfig)
-    layers = [schema]
+    layers = []
     if config_name:
         layers.append(_move_keys(_load_yaml_chain(config_path(config_name)), warn=True))
     for item in overrides:
@@ -121,8 +119,26 @@ def merge_config(config_name: str | None = None, overrides: list[str] | tuple = 
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise ConfigError("<override>", bad, f"the value is not valid YAML ({problem}): close brackets and quotes, "
                           "e.g. data.prompts=[a cat, a dog]") from None
+    return layers
+
+
+def saved_layer(text: str):
+    """A config written by `saved_yaml` (a run folder's or a checkpoint's), its moved keys
+    rewritten silently (a checkpoint saved before a key moved)."""
+    from omegaconf import OmegaConf
+
+    return _move_keys(OmegaConf.create(text), warn=False)
+
+
+def build_config(schema: type, layers: list):
+    """The schema's dataclass with `layers` merged over its defaults; an unknown key or a wrong
+    type is one ConfigError naming the field."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    structured = OmegaConf.structured(schema)
     try:
-        merged = OmegaConf.merge(*layers)
+        merged = OmegaConf.merge(structured, *layers)
         from_environment = list(_environment_values(OmegaConf.to_container(merged, resolve=False)))
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
@@ -130,28 +146,25 @@ def merge_config(config_name: str | None = None, overrides: list[str] | tuple = 
         first_line = str(err).splitlines()[0]
         if "not in" in first_line:
             parent = field.rsplit(".", 1)[0] if "." in field else ""
-            node = OmegaConf.select(schema, parent) if parent else schema
+            node = OmegaConf.select(structured, parent) if parent else structured
             known = sorted(node.keys()) if hasattr(node, "keys") else []
             raise ConfigError(field, None, f"unknown key; known keys here: {known}") from None
         raise ConfigError(field, getattr(err, "value", None), first_line) from None
     # the run's workers get these values; files and trackers get the interpolation text (saved_yaml)
     cfg._from_environment = from_environment
-    old_name = cfg.algorithm.trainer_type
-    if _canonical_trainer_type(cfg) != old_name:
-        import warnings
-
-        warnings.warn(f"algorithm.trainer_type={old_name} is the name used before 2026-11: it runs as "
-                      f"{cfg.algorithm.trainer_type}; write that in your config", FutureWarning, stacklevel=2)
     return cfg
 
 
-def _canonical_trainer_type(cfg: PixelRLConfig) -> str:
-    """Replace a trainer type's former name with its current one (TRAINER_TYPE_ALIASES)."""
-    cfg.algorithm.trainer_type = TRAINER_TYPE_ALIASES.get(cfg.algorithm.trainer_type, cfg.algorithm.trainer_type)
-    return cfg.algorithm.trainer_type
+def layered_value(layers: list, key: str, default):
+    """The value `key` (dotted) takes once `layers` are merged, before any schema: what decides
+    the schema itself (the trainer type)."""
+    from omegaconf import OmegaConf
+
+    value = OmegaConf.select(OmegaConf.merge(*layers) if layers else OmegaConf.create(), key, default=default)
+    return default if value is None else value
 
 
-def to_yaml(cfg: PixelRLConfig) -> str:
+def to_yaml(cfg) -> str:
     from omegaconf import OmegaConf
 
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
@@ -169,7 +182,7 @@ def _environment_values(node, path: tuple = ()):
         yield path, node
 
 
-def saved_yaml(cfg: PixelRLConfig) -> str:
+def saved_yaml(cfg) -> str:
     """The config as written into the run folder, its checkpoints and trackers: a value taken
     from the environment (a token, a password in a URL) is written as its `${oc.env:...}` text,
     escaped so reading the file back never looks the variable up. Workers get `to_yaml(cfg)`."""
@@ -186,12 +199,3 @@ def saved_yaml(cfg: PixelRLConfig) -> str:
             node = node[key]
         node[path[-1]] = raw.replace("${", "\\${")
     return OmegaConf.to_yaml(OmegaConf.create(data))
-
-
-def from_yaml_text(text: str) -> PixelRLConfig:
-    from omegaconf import OmegaConf
-
-    saved = _move_keys(OmegaConf.create(text), warn=False)  # a checkpoint saved before a key moved
-    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PixelRLConfig), saved))
-    _canonical_trainer_type(cfg)  # a checkpoint saved under a former name reads as the current one
-    return cfg

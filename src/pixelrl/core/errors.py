@@ -40,3 +40,18 @@ class RewardError(PixelRLError, ValueError):
 
 class ModelFolderError(PixelRLError, FileNotFoundError):
     """A model folder is missing or does not hold a loadable pipeline."""
+
+
+def check_choice(field: str, value, options) -> None:
+    """Stop with a ConfigError naming `field` unless `value` is one of `options`."""
+    if value not in options:
+        raise ConfigError(field, value, f"choose one of {list(options)}")
+
+
+def check_number(field: str, value, allow_zero: bool = False, allow_inf: bool = False) -> None:
+    """Stop with a ConfigError naming `field` unless `value` is a positive number (or zero, or
+    infinite, where allowed: an infinite clip means no clipping)."""
+    if value != value or (value == float("inf") and not allow_inf):  # NaN, inf
+        raise ConfigError(field, value, "must be a finite number")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(field, value, "must be " + ("non-negative" if allow_zero else "positive"))

@@ -1,5 +1,6 @@
-"""Deterministic generation from a model or a training checkpoint, and the measures of its images
-that do not depend on a reward: a fixed-seed mean reward, the diversity within a prompt."""
+"""Deterministic generation from a model (`pixelrl.trainers.checkpointing.load_for_eval` loads one
+from a training checkpoint), and the measures of its images that do not depend on a reward: a
+fixed-seed mean reward, the diversity within a prompt."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from pixelrl.core.errors import ConfigError
 from pixelrl.models.base import DiffusionModel
 from pixelrl.sampling.rollout import SamplingSettings, rollout
 from pixelrl.sampling.windows import Window
@@ -36,53 +36,6 @@ def fixed_seed_reward(engine, reward, prompts: list[str], seeds: list[int]) -> f
     rollout settings: a fixed-seed evaluation of its current policy."""
     batch = engine.rollout(prompts, seeds)
     return float(reward(batch["images"], prompts, [{}] * len(prompts))["overall"].mean())
-
-
-def load_for_eval(model_path: str | None = None, checkpoint: str | None = None):
-    """The model to evaluate: a pipeline folder (or `builtin:shapes`), or a training checkpoint
-    (its base model with the trained weights of `global_step_N/actor` applied, their EMA when the
-    run kept one). A folder loads with its family's defaults and the options its
-    pixelrl_model.json declares."""
-    from pathlib import Path
-
-    from pixelrl.models.loader import load_configured_model, load_folder_model
-
-    if checkpoint is None:
-        return load_folder_model(str(model_path or "builtin:shapes"))
-    from pixelrl.core.config_io import from_yaml_text
-    from pixelrl.engine.checkpoint import load_engine
-    from pixelrl.engine.policy_engine import PolicyEngine
-
-    folder = Path(checkpoint)
-    for needed in ("config.yaml", "actor"):
-        if not (folder / needed).exists():
-            where = "the folder does not exist" if not folder.is_dir() else f"it holds no {needed}"
-            raise ConfigError("--checkpoint", str(checkpoint), f"{where}: give a global_step_N folder of a training "
-                              "run (RUN/checkpoints/global_step_N, holding config.yaml and actor/)")
-    cfg = from_yaml_text((folder / "config.yaml").read_text())
-    _check_same_base(cfg.model.path, model_path)
-    model = load_configured_model(cfg.model, model_path)
-    engine = PolicyEngine(model, cfg)
-    load_engine(engine, folder / "actor")
-    if engine.weights_ema is not None:  # the weights the run's validation scored (actor.ema_decay)
-        engine.weights_ema.copy_to_params()
-    return engine.model
-
-
-def _check_same_base(trained_on: str, model_path: str | None) -> None:
-    """`--model` with a checkpoint names where its base model lives now; naming another model
-    while the one it trained on is still there would apply its weights to the wrong base (images
-    of neither, no error: LoRA shapes match across same-architecture models)."""
-    from pathlib import Path
-
-    from pixelrl.core.assets import resolve
-
-    if model_path is None:
-        return
-    trained, given = (Path(resolve(str(p))).expanduser().resolve() for p in (trained_on, model_path))
-    if trained.is_dir() and trained != given:
-        raise ConfigError("--model", str(model_path), f"the checkpoint was trained on {trained_on}, which is still "
-                          "there: leave --model out to use it (--model is for a base model that has moved)")
 
 
 def diversity(images: torch.Tensor, items: list[dict]) -> dict[str, float]:

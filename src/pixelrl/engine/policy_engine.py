@@ -18,7 +18,7 @@ from pixelrl.engine.learner import Learner
 from pixelrl.engine.objectives import OBJECTIVE_CLASSES, side_by_side, step_groups, whole_group_order
 from pixelrl.engine.weights_ema import WeightsEMA
 from pixelrl.core.batch import Batch
-from pixelrl.core.config import PixelRLConfig, actor_optimizer_steps
+from pixelrl.engine.config import EngineConfig, actor_optimizer_steps
 from pixelrl.core.errors import ConfigError
 from pixelrl.models.base import DiffusionModel
 from pixelrl.algos.forward_process import old_policy_decay, rollout_policy
@@ -32,9 +32,11 @@ POLICIES = ("current", "old", "reference", "ema")
 
 class PolicyEngine:
     """`trains=False` builds a rollout-only engine (a separate rollout pool's worker): the same
-    model and adapters, no optimizer; it receives weights with `load_weights`."""
+    model and adapters, no optimizer; it receives weights with `load_weights`. `cfg` is the run's
+    config (pixelrl.config.PixelRLConfig): the engine's sections, plus the data and trainer
+    sections the learning-rate schedule's length is counted from."""
 
-    def __init__(self, model: DiffusionModel, cfg: PixelRLConfig, trains: bool = True, parallelize=None):
+    def __init__(self, model: DiffusionModel, cfg: EngineConfig, trains: bool = True, parallelize=None):
         self.model = model
         self.cfg = cfg
         self.loss = get_loss(cfg.diffusion_loss.name)
@@ -105,7 +107,7 @@ class PolicyEngine:
         return self.cfg.diffusion_loss.kl_coef > 0 or bool(needs)
 
     @classmethod
-    def from_config(cls, cfg: PixelRLConfig, trains: bool = True, parallelize=None) -> "PolicyEngine":
+    def from_config(cls, cfg: EngineConfig, trains: bool = True, parallelize=None) -> "PolicyEngine":
         """Load `cfg.model` and build the engine around it (one process, no Ray); `parallelize(model)`
         shards or replicates it across a process group once its adapters exist."""
         from pixelrl.models.loader import load_configured_model

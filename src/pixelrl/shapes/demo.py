@@ -150,11 +150,12 @@ DEMO_CONFIG = "shapes_demo"
 
 
 def run_demo(overrides: list[str], per_category: int = 64, config_name: str = DEMO_CONFIG) -> dict:
-    from pixelrl.core.config import validation_guidance
+    from pixelrl.config.sections import validation_guidance
     from pixelrl.config import load_config
     from pixelrl.core.errors import ConfigError
     from pixelrl.shapes.world import evaluation_items
-    from pixelrl.engine.evaluate import diversity, load_for_eval
+    from pixelrl.engine.evaluate import diversity
+    from pixelrl.trainers.checkpointing import load_for_eval
     from pixelrl.shapes.evaluate import (bootstrap_overall, evaluate_geneval, format_careful, format_failures,
                                          format_table)
     from pixelrl.trainers.checkpointing import best_checkpoint_folder, find_resume_folder

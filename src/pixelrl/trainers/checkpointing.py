@@ -1,4 +1,5 @@
-"""Run-level checkpoints: atomic folders, the `latest` pointer, rotation, resume.
+"""Run-level checkpoints: atomic folders, the `latest` pointer, rotation, resume, and loading a
+checkpoint's model for evaluation (`load_for_eval`).
 
     <run>/checkpoints/global_step_N/
         actor/                      engine state (see pixelrl.engine.checkpoint)
@@ -316,7 +317,7 @@ def check_resume_config(folder: Path, config_yaml: str) -> list[str]:
     Anything else (learning rate, steps, logging) may change on resume."""
     from omegaconf import OmegaConf
 
-    from pixelrl.core.config import TRAINER_TYPE_ALIASES
+    from pixelrl.algos.config import TRAINER_TYPE_ALIASES
 
     saved_file = folder / "config.yaml"
     if not saved_file.is_file():
@@ -345,3 +346,46 @@ def check_resume_config(folder: Path, config_yaml: str) -> list[str]:
                               f"that value{hint}, or start a new run (another trainer.default_local_dir, or "
                               "trainer.resume_mode=disable)")
     return warnings
+
+
+def load_for_eval(model_path: str | None = None, checkpoint: str | None = None):
+    """The model to evaluate: a pipeline folder (or `builtin:shapes`), or a training checkpoint
+    (its base model with the trained weights of `global_step_N/actor` applied, their EMA when the
+    run kept one). A folder loads with its family's defaults and the options its
+    pixelrl_model.json declares."""
+    from pixelrl.models.loader import load_configured_model, load_folder_model
+
+    if checkpoint is None:
+        return load_folder_model(str(model_path or "builtin:shapes"))
+    from pixelrl.config.sections import from_yaml_text
+    from pixelrl.engine.checkpoint import load_engine
+    from pixelrl.engine.policy_engine import PolicyEngine
+
+    folder = Path(checkpoint)
+    for needed in ("config.yaml", "actor"):
+        if not (folder / needed).exists():
+            where = "the folder does not exist" if not folder.is_dir() else f"it holds no {needed}"
+            raise ConfigError("--checkpoint", str(checkpoint), f"{where}: give a global_step_N folder of a training "
+                              "run (RUN/checkpoints/global_step_N, holding config.yaml and actor/)")
+    cfg = from_yaml_text((folder / "config.yaml").read_text())
+    _check_same_base(cfg.model.path, model_path)
+    model = load_configured_model(cfg.model, model_path)
+    engine = PolicyEngine(model, cfg)
+    load_engine(engine, folder / "actor")
+    if engine.weights_ema is not None:  # the weights the run's validation scored (actor.ema_decay)
+        engine.weights_ema.copy_to_params()
+    return engine.model
+
+
+def _check_same_base(trained_on: str, model_path: str | None) -> None:
+    """`--model` with a checkpoint names where its base model lives now; naming another model
+    while the one it trained on is still there would apply its weights to the wrong base (images
+    of neither, no error: LoRA shapes match across same-architecture models)."""
+    from pixelrl.core.assets import resolve
+
+    if model_path is None:
+        return
+    trained, given = (Path(resolve(str(p))).expanduser().resolve() for p in (trained_on, model_path))
+    if trained.is_dir() and trained != given:
+        raise ConfigError("--model", str(model_path), f"the checkpoint was trained on {trained_on}, which is still "
+                          "there: leave --model out to use it (--model is for a base model that has moved)")

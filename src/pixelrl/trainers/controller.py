@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from pixelrl.core.config import PixelRLConfig, validation_guidance
+from pixelrl.config.sections import PixelRLConfig, validation_guidance
 from pixelrl.core.config_io import saved_yaml, to_yaml
 from pixelrl.data.preferences import PreferenceDataset, collate_preferences
 from pixelrl.data.prompts import PromptDataset, collate_rows, make_loader

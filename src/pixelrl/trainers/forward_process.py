@@ -12,7 +12,7 @@ import numpy as np
 
 from pixelrl.algos.forward_process import best_worst_pairs
 from pixelrl.core.batch import Batch
-from pixelrl.core.config import mini_batches_per_epoch
+from pixelrl.engine.config import mini_batches_per_epoch
 from pixelrl.trainers.step import (PhaseTimer, Rollout, actor_step_metrics, summary_metrics,
                                    without_zero_advantages)
 

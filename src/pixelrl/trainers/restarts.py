@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from pixelrl.config.validation import SEPARATE_TRAINERS
+from pixelrl.config.sections import SEPARATE_TRAINERS
 from pixelrl.trainers.checkpointing import POINTER
 from pixelrl.workers.group import WorkerDiedError
 

@@ -15,7 +15,7 @@ import socket
 import time
 from pathlib import Path
 
-from pixelrl.core.config import PixelRLConfig
+from pixelrl.config.sections import PixelRLConfig
 from pixelrl.core.errors import ConfigError
 
 LOCK_NAME = ".pixelrl.lock"

@@ -3,7 +3,7 @@ decided here once, for every trainer (the diffusion controller and the VLM train
 
 from __future__ import annotations
 
-from pixelrl.core.config import TrainerConfig
+from pixelrl.config.sections import TrainerConfig
 
 
 def every(freq: int, step: int, last: int | bool) -> bool:

@@ -25,7 +25,7 @@ from pixelrl.algos.forward_process import rollout_policy
 from pixelrl.algos.losses import LOSSES
 from pixelrl.algos.rollout_correction import rollout_correction_weights
 from pixelrl.core.batch import Batch
-from pixelrl.core.config import mini_batches_per_epoch
+from pixelrl.engine.config import mini_batches_per_epoch
 from pixelrl.core.seeding import derive_seed
 from pixelrl.sampling.windows import Window, choose_window, trained_step_indices
 

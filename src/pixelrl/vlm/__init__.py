@@ -7,9 +7,9 @@ Nothing below this folder imports it: importing the package registers the traine
 answer rewards and the `files` question task in the lower registries, as a user's plugin would
 (`pixelrl.core.plugins.BUILT_IN`)."""
 
-from pixelrl.config.validation import SEPARATE_TRAINERS, SeparateTrainer
+from pixelrl.config.sections import SEPARATE_TRAINERS, SeparateTrainer
 from pixelrl.vlm import answers, qa_tasks, reward_model  # noqa: F401  (register the rewards and the task)
-from pixelrl.vlm.config import validate_vlm
+from pixelrl.vlm.config import VLMRunConfig, validate_vlm
 
 
 def _trainer_class():
@@ -18,4 +18,5 @@ def _trainer_class():
     return VLMPPOTrainer
 
 
-SEPARATE_TRAINERS.register("vlm_ppo")(SeparateTrainer(check=validate_vlm, trainer_class=_trainer_class))
+SEPARATE_TRAINERS.register("vlm_ppo")(
+    SeparateTrainer(schema=VLMRunConfig, check=validate_vlm, trainer_class=_trainer_class))

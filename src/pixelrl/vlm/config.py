@@ -1,28 +1,140 @@
-"""Checks of a vision-language (`algorithm.trainer_type: vlm_ppo`) config, before any model loads."""
+"""The vision-language trainer's config (`algorithm.trainer_type: vlm_ppo`): its `vlm:` section,
+the schema that adds it to the shared sections, and the checks, before any model loads."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from pixelrl.core.config import PixelRLConfig
-from pixelrl.core.errors import ConfigError
+from pixelrl.config.sections import PixelRLConfig
+from pixelrl.core.errors import ConfigError, check_choice, check_number
 
 
-def validate_vlm(cfg: PixelRLConfig) -> None:
-    from pixelrl.vlm.token_losses import AGGREGATIONS, KL_ESTIMATORS
+@dataclass
+class VLMConfig:
+    """PPO / GRPO for a vision-language policy (token sequences). Samples per prompt are
+    rollout.n; prompts per step data.train_batch_size; the optimizer is actor.*."""
+
+    # the (image, question, answer) source: shapes_qa (built in) or files (data.train_files / val_files)
+    task: str = "shapes_qa"
+    # image size bounds in pixels for the model's image processor (0 = the folder's
+    # preprocessor_config.json): an image is resized to keep its aspect within them, so max_pixels
+    # caps the image tokens per prompt (max_pixels / (patch x merge)^2)
+    min_pixels: int = 0
+    max_pixels: int = 0
+    max_new_tokens: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    # group_norm (GRPO) | rloo | reinforce_baseline (sequence baselines, no critic) | reinforce | gae (critic)
+    estimator: str = "group_norm"
+    gamma: float = 1.0
+    lam: float = 0.95
+    advantage_clamp: float = 10.0  # |A| cap after whitening (the VL trainer's clamp)
+    policy_loss: str = "ppo"  # ppo | gspo | cpg
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = None  # c > 1 caps -A rho at -A c for A < 0
+    aggregation: str = "seq-mean-token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
+    kl_coef: float = 0.0  # beta (initial value with kl_target)
+    kl_estimator: str = "k3"  # k1 | k2 | k3 | low_var_kl
+    kl_in_reward: bool = False  # per-token -beta * kl in the reward (else a loss term)
+    kl_target: float | None = None  # set: adaptive KL controller
+    kl_horizon: int = 10000
+    entropy_mask_ratio: float = 0.0  # train the policy on the top fraction of highest-entropy tokens
+    # > 0: subtract coef x the policy's token entropy (aggregated like the policy loss) from the
+    # actor loss, to keep sampling diverse (verl's actor.entropy_coeff)
+    entropy_coef: float = 0.0
+    # PPO's old log-probs (and the logged entropy) by a separate no-grad forward of the sampled
+    # sequences, as verl and LightRFT do (their samplers are other engines). false: reuse those the
+    # sampler computed with the same weights (equal within float reordering, one forward less)
+    recompute_old_logp: bool = True
+    # > 0: a supervised loss (mean NLL of the answer) on rows of its own pretraining / SFT set,
+    # ptx_files (.jsonl / .parquet with image, question and answer, as vlm.task=files), as LightRFT
+    ptx_coef: float = 0.0
+    ptx_files: list = field(default_factory=list)
+    ema_decay: float = 0.0  # > 0: keep an EMA of the actor (0.992 in LightRFT), saved with checkpoints
+    validate_ema: bool = False  # validation scores the EMA actor (the model LightRFT keeps) instead of the actor
+    critic_lr: float = 1e-4
+    value_clip: float | None = 0.2
+    freezing_actor_steps: int = 0  # critic warm-up: only the critic trains for this many steps
+    val_items: int = 300  # held-out items scored (greedy) at validation
+
+    def check(self) -> None:
+        """The section's own fields (the rules involving other sections are in `validate_vlm`)."""
+        from pixelrl.vlm.engine import SEQUENCE_ESTIMATORS, TOKEN_ESTIMATORS
+        from pixelrl.vlm.qa_tasks import QA_TASKS
+        from pixelrl.vlm.token_losses import AGGREGATIONS, KL_ESTIMATORS
+
+        check_choice("vlm.task", self.task, QA_TASKS.names())
+        check_choice("vlm.estimator", self.estimator, SEQUENCE_ESTIMATORS + TOKEN_ESTIMATORS)
+        check_choice("vlm.policy_loss", self.policy_loss, ("ppo", "gspo", "cpg"))
+        check_choice("vlm.aggregation", self.aggregation, AGGREGATIONS)
+        check_choice("vlm.kl_estimator", self.kl_estimator, KL_ESTIMATORS)
+        if self.ptx_coef > 0 and not self.ptx_files:
+            raise ConfigError("vlm.ptx_files", [], "vlm.ptx_coef > 0 trains a supervised loss on a pretraining / SFT "
+                              "set of its own: list .jsonl or .parquet files of (image, question, answer) rows (the "
+                              "layout of vlm.task=files), or set vlm.ptx_coef=0")
+        if self.ptx_files and self.ptx_coef == 0:
+            raise ConfigError("vlm.ptx_files", list(self.ptx_files), "nothing reads these files while vlm.ptx_coef=0: "
+                              "set vlm.ptx_coef > 0 (LightRFT's ptx_coef) or remove them")
+        for name in ("max_new_tokens", "top_p", "advantage_clamp", "critic_lr", "kl_horizon", "val_items"):
+            check_number(f"vlm.{name}", getattr(self, name))
+        for name in ("temperature", "kl_coef", "clip_low", "clip_high", "gamma", "lam", "ptx_coef", "entropy_coef",
+                     "ema_decay", "freezing_actor_steps", "min_pixels", "max_pixels"):
+            check_number(f"vlm.{name}", getattr(self, name), allow_zero=True)
+        if self.min_pixels and self.max_pixels and self.min_pixels > self.max_pixels:
+            raise ConfigError("vlm.min_pixels", self.min_pixels, f"above vlm.max_pixels = {self.max_pixels}: the "
+                              "image size bounds need min <= max")
+        if self.top_p > 1:
+            raise ConfigError("vlm.top_p", self.top_p, "must be in (0, 1]")
+        if not 0 <= self.entropy_mask_ratio <= 1:
+            raise ConfigError("vlm.entropy_mask_ratio", self.entropy_mask_ratio, "must be in [0, 1] (0 = every token)")
+        if self.ema_decay >= 1:
+            raise ConfigError("vlm.ema_decay", self.ema_decay, "must be in [0, 1) (0 = no EMA; LightRFT uses 0.992)")
+        if self.validate_ema and self.ema_decay == 0:
+            raise ConfigError("vlm.validate_ema", True, "there is no EMA actor to validate: set vlm.ema_decay > 0 "
+                              "(e.g. 0.99) or remove vlm.validate_ema")
+        if self.dual_clip is not None and self.dual_clip <= 1:
+            raise ConfigError("vlm.dual_clip", self.dual_clip, "the dual-clip constant must be > 1 (verl uses 3), "
+                              "or null")
+        if self.value_clip is not None:
+            check_number("vlm.value_clip", self.value_clip)
+        if self.kl_target is not None:
+            check_number("vlm.kl_target", self.kl_target)
+            if self.kl_coef == 0:
+                raise ConfigError("vlm.kl_coef", 0, "the adaptive controller scales an initial coefficient: set "
+                                  "vlm.kl_coef > 0 (e.g. 0.01) with vlm.kl_target")
+        if self.estimator != "gae" and self.freezing_actor_steps:
+            raise ConfigError("vlm.freezing_actor_steps", self.freezing_actor_steps,
+                              "a critic warm-up needs the critic: set vlm.estimator=gae or freezing_actor_steps=0")
+        if self.policy_loss == "gspo" and self.aggregation != "seq-mean-token-mean":
+            raise ConfigError("vlm.aggregation", self.aggregation, "GSPO is defined with seq-mean-token-mean")
+
+
+@dataclass
+class VLMRunConfig(PixelRLConfig):
+    """A vision-language run's config: the shared sections plus `vlm:`."""
+    vlm: VLMConfig = field(default_factory=VLMConfig)
+
+
+def validate_vlm(cfg: VLMRunConfig) -> None:
+    """The sections a vision-language run reads, and the rules between them."""
+    from pixelrl.config.validation import check_lr_schedule
     from pixelrl.core.assets import resolve
-    from pixelrl.config.validation import _check_backend, _choice, _positive, check_best_metric, check_lr_schedule
-    from pixelrl.vlm.engine import SEQUENCE_ESTIMATORS, TOKEN_ESTIMATORS
-    from pixelrl.vlm.qa_tasks import QA_TASKS
+    from pixelrl.vlm.engine import SEQUENCE_ESTIMATORS
 
     v, r, a, t, d, m = cfg.vlm, cfg.rollout, cfg.actor, cfg.trainer, cfg.data, cfg.model
-    _choice("model.type", m.type, ("qwen_vl",))
+    check_choice("model.type", m.type, ("qwen_vl",))
     path = Path(resolve(m.path))
     for name in ("config.json", "preprocessor_config.json"):
         if not (path / name).is_file():
             raise ConfigError("model.path", m.path, f"no {name} there: point it at a local Qwen2-VL folder "
                               "(config.json, *.safetensors, tokenizer files, preprocessor_config.json)")
-    _choice("vlm.task", v.task, QA_TASKS.names())
+    v.check()
+    a.check()
+    d.check()
+    t.check()
+    cfg.reward.check()
     if v.task == "files" and not d.train_files:
         raise ConfigError("data.train_files", [], "vlm.task=files reads its questions from data.train_files: list "
                           ".jsonl or .parquet files with a question, `answer` and `image` per row")
@@ -33,23 +145,7 @@ def validate_vlm(cfg: PixelRLConfig) -> None:
     if d.source_weights:
         raise ConfigError("data.source_weights", dict(d.source_weights), "weights the diffusion trainers' prompt "
                           "rows; a vision-language run reads its questions as they are: remove it")
-    _choice("vlm.estimator", v.estimator, SEQUENCE_ESTIMATORS + TOKEN_ESTIMATORS)
-    _choice("vlm.policy_loss", v.policy_loss, ("ppo", "gspo", "cpg"))
-    _choice("vlm.aggregation", v.aggregation, AGGREGATIONS)
-    _choice("vlm.kl_estimator", v.kl_estimator, KL_ESTIMATORS)
-    if v.ptx_coef > 0 and not v.ptx_files:
-        raise ConfigError("vlm.ptx_files", [], "vlm.ptx_coef > 0 trains a supervised loss on a pretraining / SFT set "
-                          "of its own: list .jsonl or .parquet files of (image, question, answer) rows (the layout "
-                          "of vlm.task=files), or set vlm.ptx_coef=0")
-    if v.ptx_files and v.ptx_coef == 0:
-        raise ConfigError("vlm.ptx_files", list(v.ptx_files), "nothing reads these files while vlm.ptx_coef=0: set "
-                          "vlm.ptx_coef > 0 (LightRFT's ptx_coef) or remove them")
-    _check_backend(t)
-    check_best_metric(t)
-    _choice("trainer.strategy", t.strategy, ("ddp", "fsdp2"))
-    _positive("trainer.n_workers", t.n_workers)
-    _positive("trainer.num_cpus_per_worker", t.num_cpus_per_worker)
-    if cfg.model.compile:
+    if m.compile:
         raise ConfigError("model.compile", True, "compiles a diffusion denoiser; the vision-language trainer "
                           "runs its policy eagerly: remove it")
     if cfg.val_kwargs.rewards:
@@ -72,54 +168,14 @@ def validate_vlm(cfg: PixelRLConfig) -> None:
         if value % t.n_workers:
             raise ConfigError(field, value, f"each of the trainer.n_workers={t.n_workers} workers takes an equal "
                               f"share of the questions: use a multiple of {t.n_workers}")
-    for field, value in (("vlm.max_new_tokens", v.max_new_tokens), ("vlm.top_p", v.top_p),
-                         ("vlm.advantage_clamp", v.advantage_clamp), ("vlm.critic_lr", v.critic_lr),
-                         ("vlm.kl_horizon", v.kl_horizon), ("vlm.val_items", v.val_items),
-                         ("rollout.n", r.n), ("data.train_batch_size", d.train_batch_size),
-                         ("actor.lr", a.lr), ("actor.ppo_epochs", a.ppo_epochs),
-                         ("actor.ppo_micro_batch_size", a.ppo_micro_batch_size), ("actor.adam_eps", a.adam_eps),
-                         ("trainer.total_training_steps", t.total_training_steps)):
-        _positive(field, value)
-    for field, value in (("vlm.temperature", v.temperature), ("vlm.kl_coef", v.kl_coef),
-                         ("vlm.clip_low", v.clip_low), ("vlm.clip_high", v.clip_high), ("vlm.gamma", v.gamma),
-                         ("vlm.lam", v.lam), ("vlm.ptx_coef", v.ptx_coef), ("vlm.entropy_coef", v.entropy_coef),
-                         ("vlm.ema_decay", v.ema_decay),
-                         ("vlm.freezing_actor_steps", v.freezing_actor_steps),
-                         ("vlm.min_pixels", v.min_pixels), ("vlm.max_pixels", v.max_pixels),
-                         ("trainer.time_budget_s", t.time_budget_s)):
-        _positive(field, value, allow_zero=True)
-    if v.min_pixels and v.max_pixels and v.min_pixels > v.max_pixels:
-        raise ConfigError("vlm.min_pixels", v.min_pixels, f"above vlm.max_pixels = {v.max_pixels}: the image size "
-                          "bounds need min <= max")
-    if v.top_p > 1:
-        raise ConfigError("vlm.top_p", v.top_p, "must be in (0, 1]")
-    if not 0 <= v.entropy_mask_ratio <= 1:
-        raise ConfigError("vlm.entropy_mask_ratio", v.entropy_mask_ratio, "must be in [0, 1] (0 = every token)")
-    if v.ema_decay >= 1:
-        raise ConfigError("vlm.ema_decay", v.ema_decay, "must be in [0, 1) (0 = no EMA; LightRFT uses 0.992)")
-    if cfg.actor.ema_decay:
-        raise ConfigError("actor.ema_decay", cfg.actor.ema_decay, "is the diffusion trainers' EMA: a vision-language "
+    check_number("rollout.n", r.n)
+    check_number("trainer.total_training_steps", t.total_training_steps)  # the loop counts steps, not epochs
+    if a.ema_decay:
+        raise ConfigError("actor.ema_decay", a.ema_decay, "is the diffusion trainers' EMA: a vision-language "
                           "run keeps its EMA actor with vlm.ema_decay (and vlm.validate_ema)")
-    if v.validate_ema and v.ema_decay == 0:
-        raise ConfigError("vlm.validate_ema", True, "there is no EMA actor to validate: set vlm.ema_decay > 0 "
-                          "(e.g. 0.99) or remove vlm.validate_ema")
-    if v.dual_clip is not None and v.dual_clip <= 1:
-        raise ConfigError("vlm.dual_clip", v.dual_clip, "the dual-clip constant must be > 1 (verl uses 3), or null")
-    if v.value_clip is not None:
-        _positive("vlm.value_clip", v.value_clip)
-    if v.kl_target is not None:
-        _positive("vlm.kl_target", v.kl_target)
-        if v.kl_coef == 0:
-            raise ConfigError("vlm.kl_coef", 0, "the adaptive controller scales an initial coefficient: set "
-                              "vlm.kl_coef > 0 (e.g. 0.01) with vlm.kl_target")
     if v.estimator in SEQUENCE_ESTIMATORS and r.n < 2:
         raise ConfigError("rollout.n", r.n, f"vlm.estimator={v.estimator} compares samples of one prompt: "
                           "use rollout.n >= 2")
-    if v.estimator != "gae" and v.freezing_actor_steps:
-        raise ConfigError("vlm.freezing_actor_steps", v.freezing_actor_steps,
-                          "a critic warm-up needs the critic: set vlm.estimator=gae or freezing_actor_steps=0")
-    if v.policy_loss == "gspo" and v.aggregation != "seq-mean-token-mean":
-        raise ConfigError("vlm.aggregation", v.aggregation, "GSPO is defined with seq-mean-token-mean")
     samples = d.train_batch_size * r.n
     mini = a.ppo_mini_batch_size or samples
     if mini > samples or samples % mini or mini % t.n_workers:

@@ -20,7 +20,7 @@ import torch
 
 from pixelrl.vlm import token_losses as T
 from pixelrl.core.assets import resolve
-from pixelrl.core.config import actor_optimizer_steps
+from pixelrl.engine.config import actor_optimizer_steps
 from pixelrl.core.seeding import derive_seed
 from pixelrl.engine.distributed import (all_reduce_sum, copy_full_into, full_tensor, optimizer_state,
                                         set_optimizer_state)

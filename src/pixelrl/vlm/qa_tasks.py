@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from pixelrl.core.config import PixelRLConfig
+from pixelrl.config.sections import PixelRLConfig
 from pixelrl.core.registry import Registry
 
 # RL draws a generated task's train items far from the ones supervised pretraining saw (from 0).

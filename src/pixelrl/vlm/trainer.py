@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from pixelrl.core.config import PixelRLConfig
+from pixelrl.config.sections import PixelRLConfig
 from pixelrl.core.config_io import saved_yaml, to_yaml
 from pixelrl.vlm.qa_tasks import check_task_data, question_types
 from pixelrl.vlm.pretrain import summarise_correctness

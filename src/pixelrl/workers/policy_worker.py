@@ -42,7 +42,7 @@ class RankProcess:
         """The config, with this process's threads set and (for > 1 rank) the group joined."""
         import torch
 
-        from pixelrl.core.config_io import from_yaml_text
+        from pixelrl.config.sections import from_yaml_text
         from pixelrl.core.plugins import import_plugins
         from pixelrl.core.quiet import quiet_libraries
         from pixelrl.engine.distributed import init_process_group

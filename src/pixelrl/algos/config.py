@@ -1,0 +1,96 @@
+"""The `algorithm:` and `diffusion_loss:` sections: which trainer family, how rewards become
+advantages, how stale samples are corrected, and which loss with which params."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pixelrl.core.errors import ConfigError, check_choice, check_number
+
+
+@dataclass
+class DiffusionLossConfig:
+    name: str = "flow_grpo"
+    clip_ratio: float = 1e-4
+    adv_clip_max: float = 5.0
+    kl_coef: float = 0.0  # beta of the KL to the reference policy
+    kl_type: str = "reference"  # reference | exact
+    # Options of the chosen loss only (its params dataclass in pixelrl.algos), e.g. flow_dppo: {tau: 1e-5}
+    params: dict = field(default_factory=dict)
+
+    def check(self):
+        """The loss's name and shared numbers; returns its params, bound and checked by the loss."""
+        from pixelrl.algos.kl import KL_TYPES
+        from pixelrl.algos.losses import LOSSES
+
+        check_choice("diffusion_loss.name", self.name, LOSSES.names())
+        bound = LOSSES.get(self.name).bind(self)
+        # an infinite clip = no clipping
+        check_number("diffusion_loss.clip_ratio", self.clip_ratio, allow_inf=True)
+        check_number("diffusion_loss.adv_clip_max", self.adv_clip_max, allow_inf=True)
+        check_number("diffusion_loss.kl_coef", self.kl_coef, allow_zero=True)
+        check_choice("diffusion_loss.kl_type", self.kl_type, KL_TYPES)
+        return bound
+
+
+# algorithm.trainer_type's names before 2026-11 -> the current ones (configs using them still run)
+TRAINER_TYPE_ALIASES = {"policy_gradient": "transition", "direct_preference": "forward_process"}
+
+
+@dataclass
+class AlgorithmConfig:
+    # How the update sees a sample. transition: re-scores the sampler's SDE transitions
+    # (Flow-GRPO family); forward_process: re-noises the clean sample at drawn timesteps
+    # (Diffusion-DPO, DiffusionNFT, AWM, DGPO). vlm_ppo: the vision-language trainer. The names before
+    # 2026-11, policy_gradient and direct_preference, still load (TRAINER_TYPE_ALIASES).
+    trainer_type: str = "transition"
+    adv_estimator: str = "grpo"
+    norm_adv_by_std_in_grpo: bool = True
+    global_std: bool = True  # std of the whole batch (Flow-GRPO) or of each group (DanceGRPO, MixGRPO)
+    adv_std_unbiased: bool = False  # ddof 1 (DanceGRPO, MixGRPO) instead of the population std
+    adv_eps: float = 1e-4  # A = (r - mean) / (std + adv_eps); DanceGRPO and MixGRPO use 1e-8
+    # Flow-GRPO drops samples whose advantage is exactly 0 before training (re-adding random
+    # dropped ones until the count splits into the mini-batches and workers); verl-omni keeps them,
+    # which raises the effective KL weight by 1 / (1 - zero fraction). DiffusionNFT and AWM honour
+    # it too (AWM's zero-advantage samples carry only its reference and EMA terms); DPO trains pairs.
+    drop_zero_advantage: bool = True
+    rollout_correction: str = "bypass"  # bypass | decoupled
+    rollout_is_threshold: float = 2.0  # decoupled: truncate importance weights at this value
+    rollout_is: str = "token"  # the weight of each sample-step (token) or of the sample's product (sequence)
+    # decoupled: reject (weight 0) where the rollout_rs statistic leaves [lower, upper] (lower
+    # defaults to 1 / upper, as verl): token (each step's ratio), sequence (the sample's product of
+    # ratios), geometric (their geometric mean), any_step (the whole sample when any step leaves)
+    rollout_rs: str = "token"
+    rollout_rs_lower: float | None = None
+    rollout_rs_upper: float | None = None
+    # Several rewards: `sum_rewards` normalises sum_k w_k r_k; `sum_advantages` (MixGRPO's
+    # advantage_aggr) normalises each reward separately and sums w_k A_k.
+    reward_aggregation: str = "sum_rewards"
+    # forward_process only: `online` samples and scores pairs each step; `offline` (Diffusion-DPO)
+    # reads (prompt, chosen, rejected) rows from data.train_files (see pixelrl.data.preferences)
+    sample_source: str = "online"
+
+    def check(self) -> None:
+        """Everything but trainer_type, which the config's composer checks against the trainers."""
+        from pixelrl.algos.advantages import ADVANTAGE_ESTIMATORS
+
+        check_number("algorithm.adv_eps", self.adv_eps)
+        check_choice("algorithm.adv_estimator", self.adv_estimator, ADVANTAGE_ESTIMATORS.names())
+        check_choice("algorithm.rollout_correction", self.rollout_correction, ("bypass", "decoupled"))
+        self._check_rollout_correction()
+        check_choice("algorithm.reward_aggregation", self.reward_aggregation, ("sum_rewards", "sum_advantages"))
+        check_choice("algorithm.sample_source", self.sample_source, ("online", "offline"))
+
+    def _check_rollout_correction(self) -> None:
+        from pixelrl.algos.rollout_correction import IS_LEVELS, RS_LEVELS, rejection_bounds
+
+        check_choice("algorithm.rollout_is", self.rollout_is, IS_LEVELS)
+        check_choice("algorithm.rollout_rs", self.rollout_rs, RS_LEVELS)
+        check_number("algorithm.rollout_is_threshold", self.rollout_is_threshold)
+        for name in ("rollout_rs_lower", "rollout_rs_upper"):
+            if getattr(self, name) is not None:
+                check_number(f"algorithm.{name}", getattr(self, name), allow_zero=name == "rollout_rs_lower")
+        lo, hi = rejection_bounds(self.rollout_rs_lower, self.rollout_rs_upper)
+        if lo > hi:
+            raise ConfigError("algorithm.rollout_rs_lower", lo, f"is above algorithm.rollout_rs_upper ({hi}): every "
+                              "sample-step would be rejected; set lower <= upper")

@@ -1,0 +1,252 @@
+"""The run's configuration, composed from the sections their owners define and check
+(`model:` in pixelrl.models, `rollout:` in pixelrl.sampling, `algorithm:` and `diffusion_loss:` in
+pixelrl.algos, `reward:` in pixelrl.rewards, `data:` in pixelrl.data, `actor:` in pixelrl.engine),
+plus the run's own sections: `trainer:` (the run folder, its schedule, its workers and mode,
+read by the trainers, the workers and the CLI alike) and `val_kwargs:`.
+
+A trainer with sections of its own (the vision-language trainer's `vlm:`) registers a subclass
+of `PixelRLConfig` as its schema (`pixelrl.config.validation.SEPARATE_TRAINERS`), so the diffusion
+trainers' configs do not carry it.
+
+Leaf names follow verl / verl-omni where the meaning is the same (`rollout.n`,
+`actor.ppo_mini_batch_size`, `diffusion_loss.clip_ratio`, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from pixelrl.algos.config import TRAINER_TYPE_ALIASES, AlgorithmConfig
+from pixelrl.core.errors import ConfigError, check_choice, check_number
+from pixelrl.core.registry import Registry
+from pixelrl.data.config import DataConfig
+from pixelrl.engine.config import EngineConfig
+from pixelrl.rewards.config import RewardConfig
+
+
+@dataclass
+class ValKwargs:
+    n: int = 1  # images per validation prompt
+    num_steps: int = 10
+    noise_level: float = 0.0  # 0 = deterministic ODE sampling
+    guidance_scale: float | None = None  # None = rollout.guidance_scale
+    # gold rewards: scored on the validation images besides the training reward (same format as
+    # reward.functions), logged as val-core/<source>/gold/<key>/mean@n, so a training reward
+    # that rises while a stricter judge stays flat shows up as it happens
+    rewards: list = field(default_factory=list)
+
+    def check(self) -> None:
+        from pixelrl.rewards.config import check_reward_specs
+
+        check_number("val_kwargs.n", self.n)
+        check_number("val_kwargs.num_steps", self.num_steps)
+        check_number("val_kwargs.noise_level", self.noise_level, allow_zero=True)
+        if self.guidance_scale is not None:
+            check_number("val_kwargs.guidance_scale", self.guidance_scale, allow_zero=True)
+        check_reward_specs("val_kwargs.rewards", self.rewards)
+
+
+@dataclass
+class TrainerConfig:
+    project_name: str = "pixelrl"
+    experiment_name: str = "default"
+    default_local_dir: str = "runs"  # the run folder is <default_local_dir>/<project>/<experiment>
+    total_epochs: int = 1
+    total_training_steps: int = 0  # 0 = len(train loader) x total_epochs
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])  # + tensorboard, wandb
+    save_freq: int = 0  # 0 = only at the last step; -1 = never
+    test_freq: int = 0  # 0 = only at the last step; -1 = never
+    val_before_train: bool = False
+    # stop after the step at which the summed step time of this process reaches this many
+    # seconds, saving and validating as at the last step (0 = no budget)
+    time_budget_s: float = 0.0
+    resume_mode: str = "auto"  # auto | disable | <path to a global_step_N folder>
+    # when a Ray worker's process dies (a native crash, the OOM killer, a lost node), start the
+    # workers again and resume from the run's latest checkpoint, at most this many times (0 = stop)
+    max_restarts: int = 0
+    max_ckpt_to_keep: int = 0  # 0 = keep all
+    # keep the checkpoint of the validation at which this metric was highest (saved even off
+    # save_freq, never rotated away, named in <run>/checkpoints/best_checkpoint.json; `pixelrl demo`
+    # evaluates it): a key of the validation row, e.g. val-aux/overall/shapes_strict/mean@4, the
+    # mean over data sources. "" = off. Guards a long run against drifting past its peak.
+    best_metric: str = ""
+    rollout_data_dir: str = ""  # dump each step's rollouts (JSONL + images) here when set
+    validation_data_dir: str = ""  # dump validation generations here when set ("" = <run>/validation)
+    log_image_grid_every: int = 0  # write a sample grid every N steps (0 = at validation only)
+    backend: str = "ray"  # ray | local (one in-process worker, no Ray: for debugging)
+    n_workers: int = 1  # actor workers over all nodes (one per GPU; on CPU each takes num_cpus_per_worker cores)
+    num_cpus_per_worker: int = 1
+    strategy: str = "ddp"  # ddp | fsdp2
+    ray_address: str = ""  # "" = $RAY_ADDRESS or a local cluster; "auto" joins a running one
+    # sync: batch i is sampled with the weights after step i - 1. one_step_off: with those after
+    # step i - 2, so sampling batch i + 1 overlaps training on batch i. async: after step
+    # i - 1 - max_staleness. The schedule is fixed, so async runs are reproducible and resume exactly.
+    mode: str = "sync"
+    max_staleness: int = 2  # async only: how many steps older than on-policy a batch's weights are
+    # per-device peak for perf/mfu, in TFLOP/s (e.g. 989 for an H100's dense bf16); 0 = measure a
+    # matmul peak on each actor worker at start-up, in the model's dtype
+    peak_tflops: float = 0.0
+    # > 0: choose actor.ppo_micro_batch_size, model.gradient_checkpointing, rollout.micro_batch_size
+    # and (several workers) trainer.strategy at start-up so that a step's estimated peak fits this
+    # many GB per GPU, fastest first (what `pixelrl plan` prints); 0 = use them as written
+    fit_to_memory_gb: float = 0.0
+    # > 0: run this step under torch.profiler on every actor worker and write <run>/profile/
+    # step_<N>_rank_<R>.txt (device time by kernel category and worker phase) and .json.gz (a
+    # Chrome trace); 0 = off. Profiling slows the step it watches: its timing row is not the run's
+    profile_step: int = 0
+
+    def check(self) -> None:
+        from pathlib import Path
+
+        from pixelrl.core.paths import check_output_dir
+
+        for name, value in (("save_freq", self.save_freq), ("test_freq", self.test_freq)):
+            if value < -1:
+                raise ConfigError(f"trainer.{name}", value, "steps between saves / validations: a positive number, "
+                                  "0 (only at the last step) or -1 (never)")
+        check_choice("trainer.strategy", self.strategy, ("ddp", "fsdp2"))
+        self._check_backend()
+        self._check_best_metric()
+        check_choice("trainer.mode", self.mode, ("sync", "one_step_off", "async"))
+        check_number("trainer.max_staleness", self.max_staleness, allow_zero=True)
+        check_number("trainer.n_workers", self.n_workers)
+        check_number("trainer.num_cpus_per_worker", self.num_cpus_per_worker)
+        for name in ("time_budget_s", "peak_tflops", "fit_to_memory_gb", "profile_step", "total_training_steps"):
+            check_number(f"trainer.{name}", getattr(self, name), allow_zero=True)
+        check_number("trainer.total_epochs", self.total_epochs)
+        for logger in self.logger:
+            check_choice("trainer.logger", logger, ("console", "jsonl", "tensorboard", "wandb"))
+        if self.resume_mode not in ("auto", "disable") and not Path(self.resume_mode).is_dir():
+            raise ConfigError("trainer.resume_mode", self.resume_mode,
+                              "use auto, disable, or the path of an existing global_step_N checkpoint folder")
+        # every folder the run writes into can be made and written, checked before any worker
+        # starts (a bad one would otherwise surface at the first checkpoint, after the work it was to keep)
+        check_output_dir(self.default_local_dir, "trainer.default_local_dir")
+        for name in ("rollout_data_dir", "validation_data_dir"):
+            if getattr(self, name):
+                check_output_dir(getattr(self, name), f"trainer.{name}")
+
+    def _check_backend(self) -> None:
+        """The local backend runs one worker in this process: a larger trainer.n_workers would be
+        ignored there while the batch checks (and the user) count on it."""
+        check_choice("trainer.backend", self.backend, ("ray", "local"))
+        if self.backend == "local" and self.n_workers != 1:
+            raise ConfigError("trainer.n_workers", self.n_workers, "trainer.backend=local runs one in-process worker: "
+                              "set trainer.n_workers=1, or trainer.backend=ray for data parallelism")
+        check_number("trainer.max_restarts", self.max_restarts, allow_zero=True)
+        if self.backend == "local" and self.max_restarts:
+            raise ConfigError("trainer.max_restarts", self.max_restarts, "restarts start Ray workers again after one "
+                              "dies; the local backend's worker is this process: set trainer.backend=ray or 0")
+
+    def _check_best_metric(self) -> None:
+        """trainer.best_metric picks a checkpoint by a validation metric: it needs validations after
+        training steps, and a validation key (training metrics are of one batch, not held out)."""
+        if not self.best_metric:
+            return
+        if self.best_metric.split("/")[0] not in ("val-core", "val-aux", "val") or "/" not in self.best_metric:
+            raise ConfigError("trainer.best_metric", self.best_metric, "name a validation metric, e.g. "
+                              "val-aux/overall/shapes_strict/mean@4 (the mean over data sources), "
+                              "val-core/<source>/reward/mean@<n>, or val/accuracy for the vision-language trainer")
+        if self.test_freq == -1:
+            raise ConfigError("trainer.best_metric", self.best_metric, "trainer.test_freq=-1 never validates: set "
+                              "trainer.test_freq to how often (in steps) the best checkpoint is looked for")
+
+
+@dataclass
+class PixelRLConfig(EngineConfig):
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    val_kwargs: ValKwargs = field(default_factory=ValKwargs)
+    # Modules or .py files imported in every process before anything is built: your own
+    # rewards, losses, advantage estimators (README "Extending")
+    plugins: list = field(default_factory=list)
+
+
+def validation_guidance(cfg: PixelRLConfig) -> float:
+    """The guidance scale validation samples with: `val_kwargs.guidance_scale`, or the rollouts'."""
+    guidance = cfg.val_kwargs.guidance_scale
+    return cfg.rollout.guidance_scale if guidance is None else guidance
+
+
+@dataclass(frozen=True)
+class SeparateTrainer:
+    """A trainer with its own loop, sections and config checks, registered by its package (the
+    vision-language trainer): `schema` is its config class (PixelRLConfig plus its sections),
+    `check(cfg)` raises a ConfigError, `trainer_class()` imports and returns the trainer."""
+    schema: type
+    check: Callable[[PixelRLConfig], None]
+    trainer_class: Callable[[], type]
+
+
+SEPARATE_TRAINERS: Registry = Registry("trainer type", "algorithm.trainer_type")
+
+# the diffusion trainers' types, whose config is PixelRLConfig
+DIFFUSION_TRAINERS = ("transition", "forward_process")
+
+
+def schema_for(trainer_type: str) -> type:
+    """The config class of a trainer type: PixelRLConfig, or a separate trainer's own."""
+    if trainer_type in DIFFUSION_TRAINERS or trainer_type not in SEPARATE_TRAINERS:
+        return PixelRLConfig  # an unknown type is reported by validation, with the known ones
+    return SEPARATE_TRAINERS.get(trainer_type).schema
+
+
+def _current_trainer_type(layers: list, warn: bool) -> str:
+    """algorithm.trainer_type as the layers set it, a former name (TRAINER_TYPE_ALIASES) replaced by
+    its current one, with a warning for a user's config."""
+    from pixelrl.core.config_io import layered_value
+
+    given = str(layered_value(layers, "algorithm.trainer_type", AlgorithmConfig.trainer_type))
+    current = TRAINER_TYPE_ALIASES.get(given, given)
+    if warn and current != given:
+        import warnings
+
+        warnings.warn(f"algorithm.trainer_type={given} is the name used before 2026-11: it runs as {current}; "
+                      "write that in your config", FutureWarning, stacklevel=3)
+    return current
+
+
+def _sections_of_other_trainers(layers: list, schema: type) -> dict[str, str]:
+    """Top-level keys of the layers that are sections of another trainer's schema, each with
+    that trainer's type."""
+    from dataclasses import fields
+
+    extra = {key for layer in layers for key in layer.keys()} - {f.name for f in fields(schema)}
+    if not extra:  # the common case: no need to import the trainers that register their schemas
+        return {}
+    return {f.name: name for name in SEPARATE_TRAINERS.names() for f in fields(SEPARATE_TRAINERS.get(name).schema)
+            if f.name in extra}
+
+
+def merge_config(config_name: str | None = None, overrides: list[str] | tuple = ()) -> PixelRLConfig:
+    """The named YAML chain and the dotted overrides merged over the trainer type's schema, not
+    yet checked (`pixelrl.config.load_config` imports the plugins and validates it)."""
+    from pixelrl.core.config_io import build_config, config_layers
+
+    layers = config_layers(config_name, overrides)
+    trainer_type = _current_trainer_type(layers, warn=True)
+    schema = schema_for(trainer_type)
+    for section, owner in _sections_of_other_trainers(layers, schema).items():
+        raise ConfigError(section, "<section>", f"configures algorithm.trainer_type={owner}, not {trainer_type}: "
+                          "set that trainer type, or remove the section")
+    cfg = build_config(schema, layers)
+    cfg.algorithm.trainer_type = trainer_type
+    return cfg
+
+
+def from_yaml_text(text: str) -> PixelRLConfig:
+    """A config as `saved_yaml` wrote it into a run folder or checkpoint. A section the trainer's
+    schema no longer has (a diffusion run saved while every config carried `vlm:`) is dropped."""
+    from pixelrl.core.config_io import build_config, saved_layer
+
+    layer = saved_layer(text)
+    trainer_type = _current_trainer_type([layer], warn=False)
+    schema = schema_for(trainer_type)
+    for section in _sections_of_other_trainers([layer], schema):
+        layer.pop(section)
+    cfg = build_config(schema, [layer])
+    cfg.algorithm.trainer_type = trainer_type
+    return cfg

@@ -1,0 +1,57 @@
+"""The `model:` section: which pipeline folder, on which device, in which dtype, with which adapter."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pixelrl.core.errors import check_choice, check_number
+
+
+@dataclass
+class ModelConfig:
+    path: str = ""  # local diffusers pipeline folder
+    type: str = "sd3"
+    device: str = "cpu"
+    dtype: str = "float32"  # denoiser compute dtype; scheduler / log-prob math is always float32
+    max_sequence_length: int = 256  # T5 tokens (or zero tokens when the folder has no T5)
+    num_frames: int = 1  # frames per sample: 1 for image families; video families (wan) 4k + 1, e.g. 33 or 81
+    lora_rank: int = 32  # 0 = full fine-tuning of the denoiser
+    lora_alpha: float = 64.0
+    lora_target_modules: list[str] | None = None  # None = the adapter's defaults
+    lora_init: str = "gaussian"  # gaussian | default (peft's kaiming A, zero B) | pissa | olora | orthogonal
+    gradient_checkpointing: bool = False
+    # torch.compile the denoiser's forward (sampling, reference and training): compiled once per
+    # input shape and adapter state on the first steps, then reused
+    compile: bool = False
+
+    def check(self) -> None:
+        """The fields on their own (the folder is checked last by `check_folder`: a config copied
+        from another machine reports its field errors before its missing path)."""
+        from pixelrl.models.base import DTYPES
+        from pixelrl.models.loader import MODEL_TYPES
+        from pixelrl.models.lora import LORA_INITS
+
+        check_choice("model.type", self.type, MODEL_TYPES.names())
+        check_choice("model.dtype", self.dtype, sorted(DTYPES))
+        check_choice("model.lora_init", self.lora_init, LORA_INITS)
+        check_number("model.lora_rank", self.lora_rank, allow_zero=True)
+        check_number("model.lora_alpha", self.lora_alpha)
+        check_number("model.max_sequence_length", self.max_sequence_length, allow_zero=True)
+
+    def check_folder(self) -> None:
+        """The pipeline folder exists, holds this family, and agrees with the options it was
+        trained with (its pixelrl_model.json)."""
+        from pathlib import Path
+
+        from pixelrl.core.assets import resolve
+        from pixelrl.core.errors import ConfigError
+        from pixelrl.models.loader import check_model_type, declared_options
+
+        if not Path(resolve(str(self.path))).is_dir():
+            raise ConfigError("model.path", self.path, "the folder does not exist: set model.path to a local diffusers "
+                              "pipeline folder (or builtin:shapes; `pixelrl build-tiny DIR` makes a tiny random one)")
+        check_model_type(self.type, self.path)
+        for option, value in declared_options(self.path).items():
+            if getattr(self, option) != value:
+                raise ConfigError(f"model.{option}", getattr(self, option), f"the model folder was trained with "
+                                  f"{value} (its pixelrl_model.json): set model.{option}={value}")

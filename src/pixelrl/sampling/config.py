@@ -1,0 +1,67 @@
+"""The `rollout:` section: how images are sampled (steps, guidance, noise, solver, SDE window)
+and by which workers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pixelrl.core.errors import ConfigError, check_choice, check_number
+
+
+@dataclass
+class RolloutConfig:
+    n: int = 8  # images per prompt (the group size)
+    seed: int = 42  # per-step rollout seed = seed + global_step - 1
+    num_steps: int = 10
+    # scheduler: the model's diffusers scheduler; linspace_shift: DanceGRPO / MixGRPO's own grid
+    sigma_schedule: str = "scheduler"
+    resolution: int = 512
+    guidance_scale: float = 4.5
+    negative_prompt: str = ""
+    noise_level: float = 0.7
+    sde_type: str = "sde"  # sde | cps | dance_sde
+    # deterministic sampler when noise_level = 0: euler | dpm2 (DPM-Solver++ 2M, DiffusionNFT's)
+    solver: str = "euler"
+    sde_window_size: int = 0  # 0 = full window (steps 0 .. N-2)
+    sde_window_range: list[int] | None = None  # [r0, r1) for the random window
+    # random: Flow-GRPO-Fast (start drawn per step from the rollout seed);
+    # mixgrpo_random / mixgrpo_progressive: MixGRPO's shared, scheduled window
+    sde_window_schedule: str = "random"
+    # the schedule's own params (its dataclass in pixelrl.sampling.windows checks them), e.g.
+    # mixgrpo_progressive: {stride: 1, iters_per_group: 25, rollback: false}; mixgrpo_random: {seed: 0}
+    sde_window_params: dict = field(default_factory=dict)
+    logprob_reduction: str = "mean"  # mean over latent dims (reference) | sum (= mean x dims)
+    same_noise_per_group: bool = False  # DanceGRPO: one initial noise shared by a prompt's n images
+    micro_batch_size: int = 16  # samples per denoiser forward during rollout
+    # 0 = colocated: the actor workers sample with their own weights. N > 0 = a separate pool of
+    # N optimizer-free rollout workers that receive the actor's weights after every step
+    # (needed by trainer.mode one_step_off and async).
+    n_workers: int = 0
+    num_cpus_per_worker: int = 1
+
+    def check(self) -> None:
+        from pixelrl.sampling.multistep import SOLVERS
+        from pixelrl.sampling.schedule import SIGMA_SCHEDULES
+        from pixelrl.sampling.sde import SDE_TYPES
+        from pixelrl.sampling.windows import WINDOW_SCHEDULES, check_window_args, window_params
+
+        check_choice("rollout.logprob_reduction", self.logprob_reduction, ("mean", "sum"))
+        check_choice("rollout.sigma_schedule", self.sigma_schedule, SIGMA_SCHEDULES)
+        check_choice("rollout.sde_type", self.sde_type, [s for s in SDE_TYPES if s != "ode"])
+        check_number("rollout.guidance_scale", self.guidance_scale, allow_zero=True)
+        check_number("rollout.n_workers", self.n_workers, allow_zero=True)
+        check_number("rollout.num_cpus_per_worker", self.num_cpus_per_worker)
+        for name in ("n", "num_steps", "resolution", "micro_batch_size"):
+            check_number(f"rollout.{name}", getattr(self, name))
+        check_number("rollout.noise_level", self.noise_level, allow_zero=True)
+        check_choice("rollout.solver", self.solver, SOLVERS)
+        if self.solver != "euler" and self.noise_level > 0:
+            raise ConfigError("rollout.solver", self.solver, "a multistep solver samples deterministically: set "
+                              "rollout.noise_level=0 or rollout.solver=euler")
+        check_choice("rollout.sde_window_schedule", self.sde_window_schedule, WINDOW_SCHEDULES)
+        window_params(self.sde_window_schedule, self.sde_window_params)
+        if self.sde_window_size and self.sde_window_schedule == "random":
+            check_window_args(self.num_steps, self.sde_window_size, self.sde_window_range)
+        elif self.sde_window_size and self.sde_window_size > self.num_steps - 2:
+            raise ConfigError("rollout.sde_window_size", self.sde_window_size,
+                              f"a MixGRPO window needs sde_window_size <= num_steps - 2 = {self.num_steps - 2}")
