@@ -134,6 +134,9 @@ def _check_loss_against_run(cfg: PixelRLConfig, bound) -> None:
     loss = LOSSES.get(name)
     if loss.whole_groups:
         _check_whole_groups(cfg)
+    if r.solver == "sa_solver" and loss.objective != "forward_process":
+        raise ConfigError("rollout.solver", r.solver, "SA-Solver's steps have no log-probability to re-score: it "
+                          f"samples for forward-process losses (AWM's sampler), not `{name}`: use rollout.solver=euler")
     if name == "grpo_guard" and r.sde_type == "cps":
         raise ConfigError("rollout.sde_type", r.sde_type, "grpo_guard rescales by the step's std, and the cps "
                           "log-prob has no variance term: use rollout.sde_type=sde with grpo_guard")

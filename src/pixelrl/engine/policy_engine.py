@@ -140,8 +140,8 @@ class PolicyEngine:
         sigmas = (self.sigmas if num_steps is None
                   else self.schedule(num_steps))
         window = window or (self.default_window() if num_steps is None else full_window(num_steps))
-        if settings.noise_level == 0:
-            window = Window(0, 0)  # a deterministic sampler: no transition to store
+        if not settings.stores_transitions:
+            window = Window(0, 0)  # no SDE step: no transition to store
         res = self.cfg.rollout.resolution
         self.model.transformer.eval()
         chunks = []

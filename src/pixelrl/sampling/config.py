@@ -20,7 +20,9 @@ class RolloutConfig:
     negative_prompt: str = ""
     noise_level: float = 0.7
     sde_type: str = "sde"  # sde | cps | dance_sde
-    # deterministic sampler when noise_level = 0: euler | dpm2 (DPM-Solver++ 2M, DiffusionNFT's)
+    # euler: SDE steps in the window with noise_level > 0, Euler ODE steps elsewhere; dpm2:
+    # DPM-Solver++ 2M (DiffusionNFT's), deterministic (noise_level 0); sa_solver: SA-Solver (AWM's),
+    # noise_level its tau for t in [0.3, 0.9]. The multistep solvers serve the forward-process losses.
     solver: str = "euler"
     sde_window_size: int = 0  # 0 = full window (steps 0 .. N-2)
     sde_window_range: list[int] | None = None  # [r0, r1) for the random window
@@ -55,9 +57,11 @@ class RolloutConfig:
             check_number(f"rollout.{name}", getattr(self, name))
         check_number("rollout.noise_level", self.noise_level, allow_zero=True)
         check_choice("rollout.solver", self.solver, SOLVERS)
-        if self.solver != "euler" and self.noise_level > 0:
-            raise ConfigError("rollout.solver", self.solver, "a multistep solver samples deterministically: set "
-                              "rollout.noise_level=0 or rollout.solver=euler")
+        if self.solver == "dpm2" and self.noise_level > 0:
+            raise ConfigError("rollout.solver", self.solver, "DPM-Solver++ samples deterministically: set "
+                              "rollout.noise_level=0, or rollout.solver=sa_solver (stochastic) or euler")
+        if self.solver == "sa_solver" and self.num_steps < 2:
+            raise ConfigError("rollout.num_steps", self.num_steps, "SA-Solver's second-order steps need at least 2")
         check_choice("rollout.sde_window_schedule", self.sde_window_schedule, WINDOW_SCHEDULES)
         window_params(self.sde_window_schedule, self.sde_window_params)
         if self.sde_window_size and self.sde_window_schedule == "random":

@@ -19,7 +19,7 @@ import math
 
 import torch
 
-SOLVERS = ("euler", "dpm2")
+SOLVERS = ("euler", "dpm2", "sa_solver")  # sa_solver: pixelrl.sampling.sa_solver
 
 
 def _lambda(sigma: float) -> float:

@@ -16,6 +16,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from pixelrl.core.seeding import sample_generators
 from pixelrl.models.base import DiffusionModel, PromptEmbeds
 from pixelrl.sampling.multistep import DPMSolverPP2M
+from pixelrl.sampling.sa_solver import SASolver, awm_tau, sa_solver_grid
 from pixelrl.sampling.sde import StepOutput, sde_step
 from pixelrl.sampling.windows import Window
 
@@ -26,12 +27,23 @@ class SamplingSettings:
     sde_type: str = "sde"
     guidance_scale: float = 4.5
     logprob_reduction: str = "mean"
-    # deterministic steps: euler (the ODE limit of the SDE step) | dpm2 (DPM-Solver++ 2M; only
-    # for fully deterministic sampling, the multistep history would straddle SDE steps)
+    # euler: SDE steps in the window, Euler (the SDE step's ODE limit) elsewhere. dpm2: DPM-Solver++
+    # 2M, deterministic. sa_solver: SA-Solver (AWM's), stochastic with noise_level as its tau. The
+    # multistep solvers keep no transitions: they sample for the forward-process losses.
     solver: str = "euler"
+
+    @property
+    def stores_transitions(self) -> bool:
+        return stores_transitions(self.noise_level, self.solver)
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def stores_transitions(noise_level: float, solver: str) -> bool:
+    """Whether sampling takes SDE steps whose transitions (latents, log-probs) a loss re-scores:
+    only the Euler sampler with noise does; otherwise the window is empty."""
+    return noise_level > 0 and solver == "euler"
 
 
 @dataclass
@@ -116,8 +128,11 @@ def rollout(
                      dtype=torch.float32)
     sigma_max_next = float(sigmas[1])
 
-    if settings.solver == "dpm2" and window.size:
-        raise ValueError("the dpm2 solver samples deterministically: use an empty window (rollout.noise_level=0)")
+    if window.size and not settings.stores_transitions:
+        raise ValueError(f"the {settings.solver} solver keeps no transitions: use an empty window")
+    if settings.solver == "sa_solver":
+        x = _sa_solver_sample(model, text, negative, x, sigmas, settings, generators)
+        return _output(model, x, sigmas, window)
     multistep = DPMSolverPP2M() if settings.solver == "dpm2" else None
 
     latents, log_probs, means = [], [], []
@@ -142,17 +157,38 @@ def rollout(
             log_probs.append(out.log_prob)
             if store_means:
                 means.append(out.mean)
-    steps = torch.tensor(window.steps(), dtype=torch.long)
-    if window.size:
-        stored_latents, stored_log_probs = torch.stack(latents, dim=1), torch.stack(log_probs, dim=1)
-    else:  # a deterministic (ODE) sample: nothing to store
-        stored_latents, stored_log_probs = x.new_zeros(batch, 0, *x.shape[1:]), x.new_zeros(batch, 0)
+    if not window.size:
+        return _output(model, x, sigmas, window)
+    return _output(model, x, sigmas, window, torch.stack(latents, dim=1), torch.stack(log_probs, dim=1),
+                   torch.stack(means, dim=1) if store_means and means else None)
+
+
+def _output(model: DiffusionModel, x: torch.Tensor, sigmas: torch.Tensor, window: Window,
+            latents: torch.Tensor | None = None, log_probs: torch.Tensor | None = None,
+            means: torch.Tensor | None = None) -> RolloutOutput:
+    """The decoded images, the final latents and the window's transitions (none for a sample
+    without SDE steps)."""
+    batch, steps = x.shape[0], torch.tensor(window.steps(), dtype=torch.long)
     return RolloutOutput(
         images=model.decode(x),
-        latents=stored_latents,
-        log_probs=stored_log_probs,
+        latents=x.new_zeros(batch, 0, *x.shape[1:]) if latents is None else latents,
+        log_probs=x.new_zeros(batch, 0) if log_probs is None else log_probs,
         sigmas=sigmas[steps].unsqueeze(0).expand(batch, -1).clone(),
         sigmas_next=sigmas[steps + 1].unsqueeze(0).expand(batch, -1).clone(),
-        means=torch.stack(means, dim=1) if store_means and means else None,
+        means=means,
         final_latents=x,
     )
+
+
+def _sa_solver_sample(model: DiffusionModel, text: PromptEmbeds, negative: PromptEmbeds | None, x: torch.Tensor,
+                      sigmas: torch.Tensor, settings: SamplingSettings, generators: list) -> torch.Tensor:
+    """AWM's sampler: SA-Solver on its grid (`sa_solver_grid`), one model call per step, the
+    injected noise of sample i from its own generator."""
+    grid = sa_solver_grid(sigmas)
+    solver = SASolver(x, grid, awm_tau(settings.noise_level))
+    for i in range(len(grid) - 1):
+        sigma = torch.full((x.shape[0],), grid[i], device=x.device)
+        v = model.predict_velocity(solver.point, sigma, text, guidance_scale=settings.guidance_scale, negative=negative)
+        noise = randn_tensor(tuple(x.shape), generator=generators, device=x.device, dtype=torch.float32)
+        solver.step(i, v.float(), noise)
+    return solver.point

@@ -344,7 +344,7 @@ class DiffusionTrainer:
         settings = SamplingSettings(noise_level=vk.noise_level, sde_type=cfg.rollout.sde_type,
                                     guidance_scale=validation_guidance(cfg),
                                     logprob_reduction=cfg.rollout.logprob_reduction)
-        window = full_window(vk.num_steps) if vk.noise_level > 0 else Window(0, 0)
+        window = full_window(vk.num_steps) if settings.stores_transitions else Window(0, 0)
         # val_batch_size prompts per generation call (rounded up to a multiple of the workers)
         chunk = len(rows) if not cfg.data.val_batch_size else -(-cfg.data.val_batch_size // self.actor.size) * self.actor.size
         # the EMA of the trained weights when the run keeps one (flow_grpo and DiffusionNFT validate it)

@@ -27,6 +27,7 @@ from pixelrl.algos.rollout_correction import rollout_correction_weights
 from pixelrl.core.batch import Batch
 from pixelrl.engine.config import mini_batches_per_epoch
 from pixelrl.core.seeding import derive_seed
+from pixelrl.sampling.rollout import stores_transitions
 from pixelrl.sampling.windows import Window, choose_window, trained_step_indices
 
 # Sample seeds live in disjoint ranges per step: seed_i = step_seed * SEED_STRIDE + i, so two
@@ -116,13 +117,13 @@ def sampling_policy(cfg) -> str:
 def plan_rollout(prompts: list[str], metadata: list[dict], global_step: int, cfg, uids=None) -> tuple[Batch, Window]:
     """What step `global_step` samples: prompts with uids repeated n times, per-sample seeds (and
     DanceGRPO's shared group noise seeds), and the SDE window. A deterministic sampler
-    (noise_level 0, direct-preference rollouts) stores no transition, so its window is empty."""
+    (noise_level 0) or a multistep solver stores no transition, so its window is empty."""
     r = cfg.rollout
     seed = step_seed(r.seed, global_step)
     request = expand_prompts(prompts, metadata, r.n, seed, uids)
     if r.same_noise_per_group:
         request["noise_seeds"] = group_noise_seeds(request["seeds"], r.n)
-    if r.noise_level == 0:
+    if not stores_transitions(r.noise_level, r.solver):
         return request, Window(0, 0)
     return request, choose_window(r.num_steps, r.sde_window_size, r.sde_window_range, seed,
                                   schedule=r.sde_window_schedule, global_step=global_step, params=r.sde_window_params)
