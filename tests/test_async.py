@@ -135,6 +135,7 @@ def test_zero_staleness_on_a_ray_rollout_pool_reproduces_the_ray_synchronous_tra
     assert _same_weights(_weights(colocated, 3), _weights(pooled, 3))
 
 
+@pytest.mark.slow  # ~20 s of timing; the one-step-off schedule itself is checked in the default run above
 def test_a_slow_reward_is_scored_while_the_actor_trains_in_one_step_off_mode(ray_cluster, tmp_path, tiny_pixel_path):
     """Scoring batch i + 1 (a reward that waits 0.1 s per image, like a remote scorer) overlaps
     training on batch i; in the synchronous loop it cannot."""

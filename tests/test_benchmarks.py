@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # ~18 s; run `pytest -m slow tests/test_benchmarks.py` before preparing a GPU session
 def test_the_gpu_benchmark_runs_end_to_end_at_tiny_scale(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"), "--scale", "tiny", "--device",
                            "cpu", "--cases", "sd35_fast_fit", "--steps", "2", "--profile-step", "2", "--out", str(tmp_path)],

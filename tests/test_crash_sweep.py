@@ -158,6 +158,7 @@ def sweep(tmp_path: Path, model: Path, extra: tuple, kills: int, seed: int) -> d
             "first_step_s": round(first_row, 1)}
 
 
+@pytest.mark.slow  # ~30 s; the default run kills Ray workers too (test_runtime_ray.py, test_async.py kill -9)
 def test_a_killed_or_interrupted_ray_run_leaves_no_process_behind(tmp_path, tiny_pixel_path):
     """SIGKILL of the driver while two Ray workers train (Ray's agents used to outlive it), then
     Ctrl-C of another run at the same moment: nothing of either run survives, and both checkpoints
