@@ -92,6 +92,7 @@ def test_skip_stops_after_too_many_failures_in_a_row(tmp_path, tiny_pixel_path, 
     assert json.loads((run / "checkpoints" / "global_step_3" / "trainer_state.json").read_text())["global_step"] == 3
 
 
+@pytest.mark.slow  # ~11 s; the default run skips in-process (above) and reports Ray worker failures (test_runtime_ray.py)
 def test_skip_sees_the_error_of_a_scorer_in_a_ray_reward_worker(ray_cluster, tmp_path, tiny_pixel_path, flaky_plugin,
                                                                capsys):
     code, run = _run(tmp_path, tiny_pixel_path, flaky_plugin, [2], "reward.on_error=skip", "trainer.backend=ray",

@@ -205,6 +205,7 @@ def test_a_worker_killed_by_a_signal_is_reported_with_what_its_log_says(ray_clus
     assert os.path.isfile(log.group(1))
 
 
+@pytest.mark.slow  # ~8 s; the default run reports a killed and a failing worker (above)
 def test_a_crashed_rank_is_reported_before_a_peer_that_raised(ray_cluster, tiny_pixel_path):
     """A rank that dies breaks its peers' collectives, and their exceptions ("connection closed")
     can reach the driver first. Here rank 0 raises at once and rank 1 dies of a signal a second
