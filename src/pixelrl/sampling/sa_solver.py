@@ -30,6 +30,8 @@ import torch
 PREDICTOR_ORDER = 2
 CORRECTOR_ORDER = 2
 STOCHASTIC_RANGE = (0.3, 0.9)  # t where tau = noise_level (AWM's stochasticity control)
+WARMUP_STEPS = max(PREDICTOR_ORDER, CORRECTOR_ORDER - 1)  # steps before the orders are reached
+HISTORY = max(PREDICTOR_ORDER, CORRECTOR_ORDER)  # data predictions an update reads
 
 
 def sa_solver_grid(sigmas: torch.Tensor) -> list[float]:
@@ -102,26 +104,25 @@ class SASolver:
 
     def __init__(self, x: torch.Tensor, grid: list[float], tau: Callable[[float], float]) -> None:
         self.grid, self.tau, self.steps = grid, tau, len(grid) - 1
-        if self.steps < max(PREDICTOR_ORDER, CORRECTOR_ORDER - 1):
-            raise ValueError(f"SA-Solver needs at least {max(PREDICTOR_ORDER, CORRECTOR_ORDER - 1)} steps")
+        if self.steps < WARMUP_STEPS:
+            raise ValueError(f"SA-Solver needs at least {WARMUP_STEPS} steps")
         self.x = x  # the corrected state at grid[i]
         self.point = x  # where the model is evaluated next
         self.history: list[torch.Tensor] = []  # data predictions, newest first
         self.noise: torch.Tensor | None = None  # the last predictor's noise, reused by its corrector
-        self._warmup = max(PREDICTOR_ORDER, CORRECTOR_ORDER - 1)
 
     def _orders(self, s: int) -> tuple[int, int]:
         """Predictor and corrector orders of the step into grid[s] (the reference's warm-up and
         lower_order_final)."""
-        if s < self._warmup:
+        if s < WARMUP_STEPS:
             return min(PREDICTOR_ORDER, s), min(CORRECTOR_ORDER, s + 1)
         return min(PREDICTOR_ORDER, self.steps - s + 1), min(CORRECTOR_ORDER, self.steps - s + 2)
 
     def step(self, i: int, velocity: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         g = self.grid
         self.history.insert(0, self.point - g[i] * velocity)
-        del self.history[max(PREDICTOR_ORDER, CORRECTOR_ORDER):]
-        if i >= 2 and CORRECTOR_ORDER > 0:  # correct the step into grid[i] (never the first step)
+        del self.history[HISTORY:]
+        if i >= 2:  # correct the step into grid[i] (the reference never corrects the first step)
             order = self._orders(i)[1]
             self.x = adams_update(self.x, self.history[:order], [g[i - k] for k in range(order)], g[i - 1], g[i],
                                   self.tau(g[i]), self.noise, corrector=True)
