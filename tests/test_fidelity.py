@@ -47,6 +47,20 @@ def test_awm_paper_config_draws_its_timesteps_per_micro_batch_as_the_reference()
     assert params["timestep_draw"] == "per_micro_batch"
 
 
+def test_awm_paper_config_evaluates_with_the_euler_ode_at_40_steps_as_the_reference():
+    """train_sd3_awm.py trains on SA-Solver samples but evaluates with `pipeline_with_logprob(...,
+    num_inference_steps=eval_num_steps (40), determistic=True)`, SA-Solver off: the Euler ODE step
+    at the training guidance (1.0)."""
+    from pixelrl.trainers.controller import validation_settings
+
+    cfg = paper_config("awm_sd35")
+    assert cfg.rollout.solver == "sa_solver"
+    settings = validation_settings(cfg)
+    assert (settings.solver, settings.noise_level, settings.guidance_scale) == ("euler", 0.0, 1.0)
+    assert not settings.stores_transitions
+    assert cfg.val_kwargs.num_steps == 40
+
+
 def test_dance_and_mix_grpo_paper_configs_normalise_per_group_like_their_references():
     for name in ("dance_grpo_sd35", "mixgrpo_sd35"):
         a = paper_config(name).algorithm

@@ -97,6 +97,15 @@ def timeline_metrics(info: dict, train_start: float, train_end: float) -> dict[s
     return out
 
 
+def validation_settings(cfg: PixelRLConfig) -> SamplingSettings:
+    """How validation samples: Euler steps at `val_kwargs.noise_level` (0: the ODE) whatever the
+    rollouts' solver, as the references evaluate (AWM trains on SA-Solver samples and evaluates
+    with the deterministic Euler step at 40 steps)."""
+    vk = cfg.val_kwargs
+    return SamplingSettings(noise_level=vk.noise_level, sde_type=cfg.rollout.sde_type,
+                            guidance_scale=validation_guidance(cfg), logprob_reduction=cfg.rollout.logprob_reduction)
+
+
 class RewardErrorPolicy:
     """What a failing scorer does to the run (`reward.on_error`): `stop` raises at once, naming the
     option; `skip` drops that step's update (or that validation's scores) and goes on, until
@@ -341,9 +350,7 @@ class DiffusionTrainer:
         rows = (rows * (pad // real + 2))[:real + pad]  # cycles when there are fewer rows than workers
         prompts = [r["prompt"] for r in rows]
         seeds = [VAL_SEED_BASE + i for i in range(len(rows))]
-        settings = SamplingSettings(noise_level=vk.noise_level, sde_type=cfg.rollout.sde_type,
-                                    guidance_scale=validation_guidance(cfg),
-                                    logprob_reduction=cfg.rollout.logprob_reduction)
+        settings = validation_settings(cfg)
         window = full_window(vk.num_steps) if settings.stores_transitions else Window(0, 0)
         # val_batch_size prompts per generation call (rounded up to a multiple of the workers)
         chunk = len(rows) if not cfg.data.val_batch_size else -(-cfg.data.val_batch_size // self.actor.size) * self.actor.size
