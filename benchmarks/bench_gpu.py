@@ -34,9 +34,11 @@ COMMON = ["trainer.backend=local", "trainer.n_workers=1", "data.train_batch_size
           "actor.ppo_mini_batch_size=8", "trainer.save_freq=-1", "trainer.test_freq=-1", "data.val_files=[]",
           "trainer.logger=[jsonl]", "trainer.project_name=bench", "reward.placement=colocated",
           'reward.functions=[{name: jpeg_compressibility, weight: 1.0}]']
-FIT_TO_THIS_GPU = "trainer.fit_to_memory_gb=<this GPU's memory>"  # filled in by run_case
-CASES = {  # name: (family, config, overrides)
+# the SD3.5 recipe's sizes before they were `auto`: the reference's micro-batch 4 with checkpointing
+WRITTEN = ["actor.ppo_micro_batch_size=4", "model.gradient_checkpointing=true", "rollout.micro_batch_size=8"]
+CASES = {  # name: (family, config, overrides); the configs' sizes are `auto`: fitted to this GPU
     "sd35": ("sd35", "flow_grpo_sd35", []),
+    "sd35_reference_sizes": ("sd35", "flow_grpo_sd35", WRITTEN),
     "sd35_tuned": ("sd35", "flow_grpo_sd35", ["actor.ppo_micro_batch_size=16", "model.gradient_checkpointing=false"]),
     "sd35_fast": ("sd35", "flow_grpo_fast_sd35", []),
     "sd35_fast_tuned": ("sd35", "flow_grpo_fast_sd35",
@@ -45,11 +47,9 @@ CASES = {  # name: (family, config, overrides)
     # one video of 33 frames per prompt-group member is the expensive unit: 1 prompt x 4 videos
     "wan": ("wan", "dance_grpo_wan", ["data.train_batch_size=1", "rollout.n=4", "actor.ppo_mini_batch_size=2"]),
     "flux": ("flux", "flow_grpo_flux", []),
-    # 8 prompts x 8 images in one optimizer step, micro-batch and checkpointing chosen at start-up
-    # from the GPU's memory (trainer.fit_to_memory_gb): checks the estimate above the 16-32 rows per
-    # call the planner was calibrated on
-    "sd35_fast_fit": ("sd35", "flow_grpo_fast_sd35", ["data.train_batch_size=8", "actor.ppo_mini_batch_size=64",
-                                                      FIT_TO_THIS_GPU]),
+    # 8 prompts x 8 images in one optimizer step, the `auto` sizes chosen for this GPU: checks the
+    # estimate above the 16-32 rows per call the planner was calibrated on
+    "sd35_fast_fit": ("sd35", "flow_grpo_fast_sd35", ["data.train_batch_size=8", "actor.ppo_mini_batch_size=64"]),
 }
 TINY_OVERRIDES = ["rollout.resolution=32", "model.device=cpu", "model.dtype=float32", "model.max_sequence_length=16",
                   "rollout.micro_batch_size=4", "model.gradient_checkpointing=false", "rollout.num_steps=4",
@@ -82,8 +82,6 @@ def steady_state(rows: list[dict]) -> dict:
 
 def run_case(name: str, folder: Path, model_type: str, args) -> dict:
     family, config, overrides = CASES[name]
-    if FIT_TO_THIS_GPU in overrides:
-        overrides = [o for o in overrides if o != FIT_TO_THIS_GPU] + [f"trainer.fit_to_memory_gb={gpu_memory_gb(args)}"]
     if args.profile_step:
         overrides = overrides + [f"trainer.profile_step={args.profile_step}"]
     run_dir = Path(args.out) / "runs"
@@ -108,9 +106,9 @@ def run_case(name: str, folder: Path, model_type: str, args) -> dict:
     rows = [r for r in rows if "timing_s/step" in r and r.get("training/global_step") != args.profile_step]
     if rows:
         result.update(steady_state(rows))
-    fitted = [line for line in tail.splitlines() if "trainer.fit_to_memory_gb=" in line]
+    fitted = [line for line in tail.splitlines() if line.startswith("pixelrl: sized for")]
     if fitted:
-        result["fit_to_memory"] = fitted[-1].split(": ", 1)[-1]
+        result["sized"] = fitted[-1].split(": ", 2)[-1]
     profile = run_dir / "bench" / name / "profile" / f"step_{args.profile_step}_rank_0.txt"
     if profile.exists():
         result["profile"] = str(profile)
@@ -161,19 +159,10 @@ def main() -> None:
     results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     print_table(results)
     for r in results:
-        if r.get("fit_to_memory"):
-            print(f"{r['case']}: fit_to_memory_gb chose {r['fit_to_memory']}")
+        if r.get("sized"):
+            print(f"{r['case']}: the `auto` sizes chose {r['sized']}")
         if r.get("profile"):
             print(f"\n{r['case']}: {r['profile']}\n" + Path(r["profile"]).read_text())
-
-
-def gpu_memory_gb(args) -> float:
-    """The memory of the GPU the cases run on, in GB (10^9 bytes, as `pixelrl plan` counts)."""
-    import torch
-
-    if args.device != "cuda":
-        return 8.0  # a CPU check of the case's wiring: a small budget the tiny models fit
-    return round(torch.cuda.get_device_properties(0).total_memory / 1e9, 1)
 
 
 def print_table(results: list[dict]) -> None:

@@ -1,3 +1,4 @@
+import contextlib
 import os
 
 import pytest
@@ -51,15 +52,21 @@ def tiny_wan_path(tmp_path_factory):
     return build_tiny_wan(tmp_path_factory.mktemp("tiny_wan") / "pipe")
 
 
+@contextlib.contextmanager
 def gpu_node_memory():
-    """This machine seen with a GPU node's 1 TB of memory: a paper recipe's step (DanceGRPO-Wan's
-    holds 43 GB of videos and trajectories on the driver) passes the start-up size check."""
+    """This machine seen as a GPU node with 1 TB of memory and 80 GB GPUs: a paper recipe's step
+    (DanceGRPO-Wan's holds 43 GB of videos and trajectories on the driver) passes the start-up
+    size check, and its `auto` sizes are chosen for an 80 GB card."""
     from unittest import mock
 
     import psutil
 
+    from pixelrl.config import auto_size
+
     node = psutil.virtual_memory()._replace(total=1 << 40)
-    return mock.patch.object(psutil, "virtual_memory", lambda: node)
+    with mock.patch.object(psutil, "virtual_memory", lambda: node), \
+            mock.patch.object(auto_size, "worker_memory_gb", lambda cfg, field: (80.0, "a stand-in 80 GB GPU")):
+        yield
 
 
 def paper_config(name, *overrides):

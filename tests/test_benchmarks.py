@@ -22,8 +22,8 @@ def test_the_gpu_benchmark_runs_end_to_end_at_tiny_scale(tmp_path):
     # step 2 is profiled, so it is not part of the steady state: step 1 alone is
     assert result["timing_s/step"] > 0 and result["perf/denoiser_backwards"] > 0 and result["steps_measured"] == 1
     assert "| sd35_fast_fit |" in proc.stdout
-    # the start-up fit chose the micro-batches and said what it estimated
-    assert "actor.ppo_micro_batch_size=" in result["fit_to_memory"] and " s per step" in result["fit_to_memory"]
+    # the config's `auto` update micro-batch was chosen at start-up, with what it estimated
+    assert "actor.ppo_micro_batch_size=" in result["sized"] and " s per step" in result["sized"]
     # trainer.profile_step reached the worker: its summary names the phases and the matmuls
     profile = Path(result["profile"]).read_text()
     assert "step 2 on cpu" in profile and "matmul" in profile

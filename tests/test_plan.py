@@ -17,17 +17,22 @@ from pixelrl.core.errors import ConfigError
 # docs/benchmarks.md, "On one NVIDIA H200": (config, overrides, s/step, peak GB, sampling, update + reference).
 # The bench ran 2 prompts x 8 images (Wan: 1 x 4), mini-batch 8 (Wan: 2), one-layer text encoders.
 BENCH = ["data.train_batch_size=2", "rollout.n=8", "actor.ppo_mini_batch_size=8"]
-# with a mini-batch of 8 the engine runs micro-batches of 8: a larger setting means the whole share
-TUNED = ["actor.ppo_micro_batch_size=16", "model.gradient_checkpointing=false"]
+# The SD3.5 configs' sizes when they were measured (before `auto`): the reference's micro-batch 4
+# with checkpointing, 8 images per sampling call; with a mini-batch of 8 the engine runs
+# micro-batches of 8, so the tuned setting of 16 means the whole share
+WRITTEN = ["actor.ppo_micro_batch_size=4", "model.gradient_checkpointing=true", "rollout.micro_batch_size=8"]
+TUNED = ["actor.ppo_micro_batch_size=16", "model.gradient_checkpointing=false", "rollout.micro_batch_size=8"]
 FAST64 = ["data.train_batch_size=8", "rollout.n=8", "actor.ppo_mini_batch_size=64", "rollout.micro_batch_size=32",
           "model.gradient_checkpointing=false"]
+WAN = ["data.train_batch_size=1", "rollout.n=4", "actor.ppo_mini_batch_size=2", "actor.ppo_micro_batch_size=2",
+       "rollout.micro_batch_size=2", "model.gradient_checkpointing=true"]
 MEASURED = {
-    "sd35": ("flow_grpo_sd35", [], 27.0, 10.2),
+    "sd35": ("flow_grpo_sd35", WRITTEN, 27.0, 10.2),
     "sd35_tuned": ("flow_grpo_sd35", TUNED, 12.9, 38.8),
-    "sd35_fast": ("flow_grpo_fast_sd35", [], 8.5, 10.2),
+    "sd35_fast": ("flow_grpo_fast_sd35", WRITTEN, 8.5, 10.2),
     "sd35_fast_tuned": ("flow_grpo_fast_sd35", TUNED, 3.8, 22.3),
     "awm_sd35": ("awm_sd35", TUNED, 8.8, 22.5),
-    "wan": ("dance_grpo_wan", ["data.train_batch_size=1", "rollout.n=4", "actor.ppo_mini_batch_size=2"], 56.3, 11.2),
+    "wan": ("dance_grpo_wan", WAN, 56.3, 11.2),
     # 8 prompts x 8 images in one optimizer step: the update at 16 and 32 samples per call
     "fast64_micro16": ("flow_grpo_fast_sd35", FAST64 + ["actor.ppo_micro_batch_size=16"], 11.42, 38.7),
     "fast64_micro32": ("flow_grpo_fast_sd35", FAST64 + ["actor.ppo_micro_batch_size=32"], 11.38, 71.6),
@@ -179,9 +184,91 @@ def test_fit_to_memory_gb_chooses_the_micro_batches_at_start_up(tmp_path, tiny_s
     fitted = load_config("flow_grpo_tiny", [*base, "trainer.fit_to_memory_gb=80"])
     assert as_written.actor.ppo_micro_batch_size == 1
     assert fitted.actor.ppo_micro_batch_size == images_per_step(fitted)  # a tiny model fits the whole batch
-    assert "trainer.fit_to_memory_gb=80: actor.ppo_micro_batch_size=" in capsys.readouterr().err
+    assert "sized for 80.0 GB per worker (trainer.fit_to_memory_gb): actor.ppo_micro_batch_size=" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="trainer.fit_to_memory_gb"):
         load_config("flow_grpo_tiny", [*base, "trainer.fit_to_memory_gb=-1"])
+
+
+AUTO_SD35 = [*BENCH, "trainer.n_workers=1"]  # flow_grpo_sd35 ships its three sizes as `auto`
+
+
+@pytest.mark.parametrize("memory_gb", [20, 24, 30, 40, 80, 141])
+def test_auto_picks_the_fastest_sizes_that_fit_and_checkpoints_only_when_it_pays(memory_gb):
+    """Against each budget: the chosen sizes fit it (with the headroom), no larger update
+    micro-batch or sampling call fits beside them, and checkpointing is on only when no update
+    micro-batch fits without it or every one that does is slower (tiny micro-batches)."""
+    from pixelrl.config.plan import HEADROOM, NEAR_TIE
+
+    cfg = paper_config("flow_grpo_sd35", *AUTO_SD35, f"trainer.fit_to_memory_gb={memory_gb}")
+    a, m, r = cfg.actor, cfg.model, cfg.rollout
+    assert all(isinstance(v, int) for v in (a.ppo_micro_batch_size, r.micro_batch_size))
+    shape, work, budget = model_shape(cfg), step_work(cfg, 1), memory_gb * HEADROOM
+
+    def peak(micro, checkpointing, sampling):
+        return estimate(cfg, shape, work, 1, Choice(micro, checkpointing, sampling), 989.0)
+
+    chosen = peak(a.ppo_micro_batch_size, m.gradient_checkpointing, r.micro_batch_size)
+    assert chosen.peak_gb <= budget
+    share = 8  # a mini-batch of 8 on one worker
+    bigger = [d for d in range(a.ppo_micro_batch_size + 1, share + 1) if share % d == 0]
+    if bigger and not m.gradient_checkpointing:  # a larger micro-batch without recompute must not fit
+        assert chosen.step_s <= peak(bigger[0], False, r.micro_batch_size).step_s or \
+            peak(bigger[0], False, r.micro_batch_size).peak_gb > budget
+    without = [e for e in (peak(d, False, s) for d in (1, 2, 4, 8) for s in (1, 2, 4, 8, 16)) if e.peak_gb <= budget]
+    if m.gradient_checkpointing:
+        assert all(e.step_s > chosen.step_s * (1 + NEAR_TIE) for e in without)
+    assert m.gradient_checkpointing is (memory_gb < 40)  # 80 and 141 GB fit the whole share without it
+    assert r.micro_batch_size == 16 or peak(a.ppo_micro_batch_size, m.gradient_checkpointing, 2 * r.micro_batch_size
+                                            ).sampling_gb + chosen.resident_gb > budget
+
+
+def test_auto_sizes_change_only_the_fields_written_auto(capsys):
+    """A size written as a number stays; the others are chosen around it, and the strategy is the
+    config's."""
+    cfg = paper_config("flow_grpo_sd35", *AUTO_SD35, "rollout.micro_batch_size=2", "trainer.fit_to_memory_gb=80")
+    assert cfg.rollout.micro_batch_size == 2 and cfg.actor.ppo_micro_batch_size == 8
+    assert cfg.model.gradient_checkpointing is False and cfg.trainer.strategy == "fsdp2"
+    err = capsys.readouterr().err
+    assert "rollout.micro_batch_size" not in err and "actor.ppo_micro_batch_size=8" in err
+    # with nothing `auto`, trainer.fit_to_memory_gb chooses every size (a recipe for other cards)
+    written = paper_config("flow_grpo_sd35", *AUTO_SD35, *WRITTEN, "trainer.fit_to_memory_gb=80")
+    assert (written.actor.ppo_micro_batch_size, written.model.gradient_checkpointing) == (8, False)
+    # too little memory for the size written names the sizes that could be `auto`
+    with pytest.raises(ConfigError, match="or auto for rollout.micro_batch_size"):
+        paper_config("flow_grpo_sd35", *AUTO_SD35, "rollout.micro_batch_size=48", "trainer.fit_to_memory_gb=24")
+
+
+def test_auto_reads_the_gpus_memory_or_says_how_to_give_it(capsys, monkeypatch):
+    """`model.device=cuda`: the card's total memory as torch reports it, the same plan as
+    trainer.fit_to_memory_gb of that many GB; no visible GPU names trainer.fit_to_memory_gb."""
+    import tempfile
+    from types import SimpleNamespace
+
+    from pixelrl.config import load_config
+
+    folder = f"model.path={tempfile.mkdtemp(prefix='pixelrl_stand_in_')}"
+    with pytest.raises(ConfigError, match="trainer.fit_to_memory_gb to each GPU's memory") as err:
+        load_config("flow_grpo_sd35", [folder, *AUTO_SD35])
+    assert "`actor.ppo_micro_batch_size` = 'auto'" in str(err.value)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace(
+        total_memory=40e9, name="Stand-in GPU"))
+    cfg = load_config("flow_grpo_sd35", [folder, *AUTO_SD35])
+    assert "sized for 40.0 GB per worker (Stand-in GPU's memory)" in capsys.readouterr().err
+    given = paper_config("flow_grpo_sd35", *AUTO_SD35, "trainer.fit_to_memory_gb=40")
+    assert (cfg.actor.ppo_micro_batch_size, cfg.model.gradient_checkpointing, cfg.rollout.micro_batch_size) == \
+        (given.actor.ppo_micro_batch_size, given.model.gradient_checkpointing, given.rollout.micro_batch_size)
+
+
+def test_auto_on_a_cpu_sizes_against_this_machines_ram(tmp_path, tiny_sd3_path, capsys):
+    from pixelrl.config import load_config
+
+    cfg = load_config("flow_grpo_tiny", [f"model.path={tiny_sd3_path}", "model.max_sequence_length=0",
+                                         "rollout.resolution=32", f"trainer.default_local_dir={tmp_path}",
+                                         "actor.ppo_micro_batch_size=auto", "rollout.micro_batch_size=auto"])
+    assert cfg.actor.ppo_micro_batch_size == images_per_step(cfg) // cfg.trainer.n_workers  # a tiny model: all
+    assert cfg.rollout.micro_batch_size == images_per_step(cfg) // cfg.trainer.n_workers
+    assert f"this machine's RAM over {cfg.trainer.n_workers} worker(s)" in capsys.readouterr().err
 
 
 def test_a_step_larger_than_this_machine_is_refused_with_its_numbers(tmp_path, tiny_pixel_path, monkeypatch):

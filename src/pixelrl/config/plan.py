@@ -25,7 +25,8 @@ from pathlib import Path
 
 from pixelrl.config.sections import PixelRLConfig
 from pixelrl.engine.config import images_per_step, mini_batches_per_epoch, optimizer_steps_per_rollout
-from pixelrl.core.errors import ConfigError
+from pixelrl.algos.losses import LOSSES
+from pixelrl.core.errors import AUTO, ConfigError
 
 # --- calibration: SD3.5-Medium shapes, one NVIDIA H200, bf16, torch 2.11 + CUDA 13 ----------------
 # Eight measured steps (docs/planning.md lists each prediction beside its measurement): the
@@ -63,6 +64,8 @@ LINK_GB_PER_S = 350.0
 # The calibration reached 32 rows per denoiser call; past twice that the predicted gain is
 # overhead spread thinner, which nothing measured confirms, so the search stops there.
 MAX_ROWS_PER_CALL = 64
+# what a plan chooses, besides the strategy across several GPUs
+SIZE_FIELDS = ("actor.ppo_micro_batch_size", "model.gradient_checkpointing", "rollout.micro_batch_size")
 HEADROOM = 0.9  # plan to this fraction of the card: allocator fragmentation, the CUDA context, NCCL
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 TRAINABLE_STATE_BYTES = 16  # float32 weight, gradient and Adam's two moments per trained parameter
@@ -363,10 +366,12 @@ def _samples_per_optimizer_step(cfg: PixelRLConfig, gpus: int) -> int:
 
 
 def plan_for(cfg: PixelRLConfig, gpus: int, gpu_memory_gb: float, peak_tflops: float = 989.0,
-             field: str = "--gpu-memory", link_gb_per_s: float = LINK_GB_PER_S) -> Plan:
+             field: str = "--gpu-memory", link_gb_per_s: float = LINK_GB_PER_S, free: tuple | None = None) -> Plan:
     """The fastest strategy, micro-batches and checkpointing whose estimated peak fits
     `gpu_memory_gb` on each of `gpus` GPUs, with everything that defines the algorithm kept.
-    Communication counts in full (none hidden behind compute) when comparing DDP with FSDP2."""
+    Communication counts in full (none hidden behind compute) when comparing DDP with FSDP2.
+    `free` names the SIZE_FIELDS chosen (None: all of them and the strategy); the others stay as
+    the config has them."""
     if gpus < 1:
         raise ConfigError("--gpus", gpus, "the number of GPUs (one worker each), at least 1")
     if not gpu_memory_gb > 0:
@@ -383,23 +388,35 @@ def plan_for(cfg: PixelRLConfig, gpus: int, gpu_memory_gb: float, peak_tflops: f
     per_worker = _samples_per_optimizer_step(planned, gpus)
     budget = gpu_memory_gb * HEADROOM
     # one GPU: nothing to shard or average; FSDP2 cannot compile (validation refuses it)
-    strategies = (cfg.trainer.strategy,) if gpus == 1 or cfg.model.compile else ("ddp", "fsdp2")
+    strategies = (cfg.trainer.strategy,) if gpus == 1 or cfg.model.compile or free is not None else ("ddp", "fsdp2")
+    chosen = SIZE_FIELDS if free is None else free
+    # a loss that sums over prompt groups trains whole groups per micro-batch
+    group = cfg.rollout.n if LOSSES.get(cfg.diffusion_loss.name).whole_groups else 1
+    micros = [m for m in _divisors(per_worker, max(1, MAX_ROWS_PER_CALL // (work.rows_per_substep * work.substeps_per_call)))
+              if m % group == 0] or [per_worker]
+    micros = micros if "actor.ppo_micro_batch_size" in chosen else [cfg.actor.ppo_micro_batch_size]
+    recompute = (False, True) if "model.gradient_checkpointing" in chosen else (cfg.model.gradient_checkpointing,)
+    samplings = _divisors(work.sampled_images or 1, max(1, MAX_ROWS_PER_CALL // work.branches)) \
+        if "rollout.micro_batch_size" in chosen else [cfg.rollout.micro_batch_size]
     options = []
     for strategy in strategies:
         sharded = replace(planned, trainer=replace(planned.trainer, strategy=strategy))
-        for micro in _divisors(per_worker, max(1, MAX_ROWS_PER_CALL // (work.rows_per_substep * work.substeps_per_call))):
-            for checkpointing in (False, True):
-                for sampling in _divisors(work.sampled_images or 1, max(1, MAX_ROWS_PER_CALL // work.branches)):
+        for micro in micros:
+            for checkpointing in recompute:
+                for sampling in samplings:
                     choice = Choice(micro, checkpointing, sampling, strategy)
                     est = estimate(sharded, shape, work, gpus, choice, peak_tflops, link_gb_per_s)
                     options.append((est.peak_gb <= budget, choice, est))
     fitting = [(choice, est) for fits, choice, est in options if fits]
     if not fitting:
-        smallest = min(options, key=lambda o: o[2].peak_gb)[2]
-        raise ConfigError(field, gpu_memory_gb, f"no micro-batch fits: the smallest setting (micro-batch 1, gradient "
-                          f"checkpointing, one image per sampling call) needs about {smallest.peak_gb:.0f} GB per GPU, "
-                          f"{smallest.resident_gb:.0f} GB of it weights and optimizer state ({shape.name}); use more "
-                          "GPUs with trainer.strategy=fsdp2, a LoRA (model.lora_rank > 0) or a lower rollout.resolution")
+        _, least, smallest = min(options, key=lambda o: o[2].peak_gb)
+        raise ConfigError(field, gpu_memory_gb, f"no micro-batch fits: the smallest setting (micro-batch "
+                          f"{least.micro_batch}, gradient checkpointing {_text(least.checkpointing)}, "
+                          f"{least.sampling_micro_batch} images per sampling call) needs about {smallest.peak_gb:.0f} "
+                          f"GB per GPU, {smallest.resident_gb:.0f} GB of it weights and optimizer state ({shape.name}); "
+                          "use more GPUs with trainer.strategy=fsdp2, a LoRA (model.lora_rank > 0) or a lower "
+                          "rollout.resolution" + (f", or {AUTO} for {', '.join(n for n in SIZE_FIELDS if n not in chosen)}"
+                                                  if len(chosen) < len(SIZE_FIELDS) else ""))
     # within NEAR_TIE of the fastest, prefer no recompute and then the largest micro-batches: the
     # estimate's error is larger than such differences
     def seconds(e: Estimate) -> float:

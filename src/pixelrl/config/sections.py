@@ -87,9 +87,10 @@ class TrainerConfig:
     # per-device peak for perf/mfu, in TFLOP/s (e.g. 989 for an H100's dense bf16); 0 = measure a
     # matmul peak on each actor worker at start-up, in the model's dtype
     peak_tflops: float = 0.0
-    # > 0: choose actor.ppo_micro_batch_size, model.gradient_checkpointing, rollout.micro_batch_size
-    # and (several workers) trainer.strategy at start-up so that a step's estimated peak fits this
-    # many GB per GPU, fastest first (what `pixelrl plan` prints); 0 = use them as written
+    # GB per worker that the `auto` sizes (actor.ppo_micro_batch_size, model.gradient_checkpointing,
+    # rollout.micro_batch_size) are chosen to fit at start-up, fastest first (what `pixelrl plan`
+    # prints); 0 = the GPU's memory (the RAM on a CPU). With no size `auto`, > 0 chooses all three
+    # and (several workers) trainer.strategy: a recipe written for other cards fitted to these
     fit_to_memory_gb: float = 0.0
     # > 0: run this step under torch.profiler on every actor worker and write <run>/profile/
     # step_<N>_rank_<R>.txt (device time by kernel category and worker phase) and .json.gz (a

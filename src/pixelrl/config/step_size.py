@@ -7,7 +7,7 @@ from __future__ import annotations
 from pixelrl.config.plan import ACHIEVED_FRACTION_OF_PEAK, Choice, estimate, model_shape, step_work
 from pixelrl.config.sections import PixelRLConfig
 from pixelrl.engine.config import images_per_step
-from pixelrl.core.errors import ConfigError
+from pixelrl.core.errors import AUTO, ConfigError
 
 MAX_STEP_HOURS = 24.0
 _CPU_RATE: dict[str, float] = {}
@@ -51,7 +51,9 @@ def check_step_size(cfg: PixelRLConfig) -> None:
                           f"{r.resolution} px{f' x {shape.frames} frames' if shape.frames > 1 else ''}; their pixels "
                           f"and stored trajectories take {stored / 1e9:.0f} GB on the driver, more than this "
                           f"machine's {ram / 1e9:.0f} GB of memory: {fix}")
-    choice = Choice(cfg.actor.ppo_micro_batch_size, cfg.model.gradient_checkpointing, r.micro_batch_size)
+    # `auto` sizes are not chosen yet: the fewest FLOPs (no recompute) bound the step from below
+    sized = [1 if v == AUTO else v for v in (cfg.actor.ppo_micro_batch_size, r.micro_batch_size)]
+    choice = Choice(sized[0], cfg.model.gradient_checkpointing is True, sized[1])
     flops = estimate(cfg, shape, work, workers, choice, 989.0).step_flops  # per worker (the peak only sets times)
     rate, how = _this_machines_rate(cfg)
     hours = flops / rate / 3600

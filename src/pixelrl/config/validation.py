@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pixelrl.config.sections import DIFFUSION_TRAINERS, SEPARATE_TRAINERS, PixelRLConfig, merge_config
-from pixelrl.core.errors import ConfigError, check_choice
+from pixelrl.core.errors import AUTO, ConfigError, check_choice
 from pixelrl.core.plugins import import_plugins
 
 
@@ -26,31 +26,16 @@ def load_config(config_name: str | None = None, overrides: list[str] | tuple = (
     checks look up) and every field checked."""
     cfg = compose_config(config_name, overrides)
     validate(cfg)
-    if cfg.trainer.fit_to_memory_gb:
-        if cfg.algorithm.trainer_type not in DIFFUSION_TRAINERS:
-            raise ConfigError("trainer.fit_to_memory_gb", cfg.trainer.fit_to_memory_gb, "the memory plan sizes the "
-                              "diffusion trainers' denoiser calls; the vision-language trainer takes "
-                              "actor.ppo_micro_batch_size as written: remove trainer.fit_to_memory_gb")
-        cfg = _fitted_to_memory(cfg)
+    if cfg.trainer.fit_to_memory_gb and cfg.algorithm.trainer_type not in DIFFUSION_TRAINERS:
+        raise ConfigError("trainer.fit_to_memory_gb", cfg.trainer.fit_to_memory_gb, "the memory plan sizes the "
+                          "diffusion trainers' denoiser calls; the vision-language trainer takes "
+                          "actor.ppo_micro_batch_size as written: remove trainer.fit_to_memory_gb")
+    if cfg.algorithm.trainer_type in DIFFUSION_TRAINERS:
+        from pixelrl.config.auto_size import auto_fields, fit_to_memory
+
+        if cfg.trainer.fit_to_memory_gb or auto_fields(cfg):
+            cfg = fit_to_memory(cfg)
     return cfg
-
-
-def _fitted_to_memory(cfg: PixelRLConfig) -> PixelRLConfig:
-    """trainer.fit_to_memory_gb: the plan's micro-batches and checkpointing, announced once."""
-    import sys
-
-    from pixelrl.config.plan import apply_choice, plan_for
-
-    # plan_for validates the config with its choices applied (check_recipe); this run's own files
-    # passed validation above, so that check is complete here
-    plan = plan_for(cfg, cfg.trainer.n_workers, cfg.trainer.fit_to_memory_gb, cfg.trainer.peak_tflops or 989.0,
-                    field="trainer.fit_to_memory_gb")
-    fitted = apply_choice(cfg, plan.choice)
-    chosen = " ".join(o for o in plan.overrides if not o.startswith(("trainer.n_workers", "trainer.backend")))
-    print(f"pixelrl: trainer.fit_to_memory_gb={cfg.trainer.fit_to_memory_gb:g}: {chosen or 'the config as written'} "
-          f"(estimated peak {plan.estimate.peak_gb:.1f} GB per GPU, {plan.estimate.step_s:.1f} s per step before "
-          "the rewards; `pixelrl plan` shows the estimate)", file=sys.stderr)
-    return fitted
 
 
 def _check_device(cfg: PixelRLConfig) -> None:
@@ -208,7 +193,8 @@ def _check_batch_split(cfg: PixelRLConfig) -> None:
         raise ConfigError("model.compile", True, "compiling the denoiser is supported on one process and with "
                           "DDP, not with FSDP2's sharded blocks (untested there): use trainer.strategy=ddp or "
                           "remove model.compile")
-    if t.strategy == "fsdp2" and (mini // t.n_workers) % min(a.ppo_micro_batch_size, mini // t.n_workers):
+    if t.strategy == "fsdp2" and a.ppo_micro_batch_size != AUTO and \
+            (mini // t.n_workers) % min(a.ppo_micro_batch_size, mini // t.n_workers):
         raise ConfigError("actor.ppo_micro_batch_size", a.ppo_micro_batch_size,
                           "with fsdp2 every worker must run the same number of forwards: make the per-worker "
                           f"mini-batch ({mini // t.n_workers}) a multiple of the micro-batch")
@@ -269,7 +255,7 @@ def _check_whole_groups(cfg: PixelRLConfig) -> None:
         raise ConfigError("actor.ppo_mini_batch_size", a.ppo_mini_batch_size, f"{name} needs whole prompt groups in "
                           f"each optimizer step on each worker: a multiple of rollout.n x trainer.n_workers = "
                           f"{r.n * t.n_workers}")
-    if a.ppo_micro_batch_size % r.n:
+    if a.ppo_micro_batch_size != AUTO and a.ppo_micro_batch_size % r.n:
         raise ConfigError("actor.ppo_micro_batch_size", a.ppo_micro_batch_size, f"{name} sums over whole prompt "
                           f"groups in each forward: use a multiple of rollout.n={r.n}")
 

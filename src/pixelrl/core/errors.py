@@ -48,6 +48,21 @@ def check_choice(field: str, value, options) -> None:
         raise ConfigError(field, value, f"choose one of {list(options)}")
 
 
+# A size the memory plan chooses at start-up (actor.ppo_micro_batch_size, rollout.micro_batch_size,
+# model.gradient_checkpointing): the largest that fits the device's memory (pixelrl.config.plan).
+AUTO = "auto"
+
+
+def check_size(field: str, value) -> None:
+    """A positive whole number of samples, or `auto`."""
+    if value == AUTO:
+        return
+    if isinstance(value, str):
+        raise ConfigError(field, value, f"a positive whole number, or {AUTO} (the largest that fits the device's "
+                          "memory, chosen at start-up)")
+    check_number(field, value)
+
+
 def check_number(field: str, value, allow_zero: bool = False, allow_inf: bool = False) -> None:
     """Stop with a ConfigError naming `field` unless `value` is a positive number (or zero, or
     infinite, where allowed: an infinite clip means no clipping)."""

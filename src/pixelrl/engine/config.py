@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pixelrl.algos.config import DiffusionLossConfig
-from pixelrl.core.errors import ConfigError, check_choice, check_number
+from pixelrl.core.errors import ConfigError, check_choice, check_number, check_size
 from pixelrl.models.config import ModelConfig
 from pixelrl.sampling.config import RolloutConfig
 
@@ -28,7 +28,7 @@ class ActorConfig:
     # images make (images / ppo_mini_batch_size) optimizer steps per epoch; 0 = the whole batch.
     # Flow-GRPO's paper setting takes two steps per rollout batch, MixGRPO four.
     ppo_mini_batch_size: int = 0
-    ppo_micro_batch_size: int = 4  # samples per forward/backward
+    ppo_micro_batch_size: int | str = 4  # samples per forward/backward; auto: the largest that fits
     # Trained window steps of a micro-batch in one forward/backward (and in one no-grad forward
     # when scoring the reference or old policy); 0 = all. The same update up to float reordering,
     # fewer and larger calls, activation memory x this. Losses with batch statistics need 1.
@@ -49,8 +49,9 @@ class ActorConfig:
         """The optimizer's numbers (the schedule over the run is checked with the run's length)."""
         from pixelrl.engine.learner import LR_SCHEDULES
 
-        for name in ("lr", "ppo_epochs", "ppo_micro_batch_size", "adam_eps", "ema_update_interval"):
+        for name in ("lr", "ppo_epochs", "adam_eps", "ema_update_interval"):
             check_number(f"actor.{name}", getattr(self, name))
+        check_size("actor.ppo_micro_batch_size", self.ppo_micro_batch_size)
         check_number("actor.max_grad_norm", self.max_grad_norm, allow_inf=True)  # inf = no clipping
         check_number("actor.weight_decay", self.weight_decay, allow_zero=True)
         check_number("actor.warmup_steps", self.warmup_steps, allow_zero=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pixelrl.core.errors import check_choice, check_number
+from pixelrl.core.errors import AUTO, ConfigError, check_choice, check_number
 
 
 @dataclass
@@ -19,7 +19,7 @@ class ModelConfig:
     lora_alpha: float = 64.0
     lora_target_modules: list[str] | None = None  # None = the adapter's defaults
     lora_init: str = "gaussian"  # gaussian | default (peft's kaiming A, zero B) | pissa | olora | orthogonal
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool | str = False  # auto: on only where the step fits, or runs faster, with it
     # torch.compile the denoiser's forward (sampling, reference and training): compiled once per
     # input shape and adapter state on the first steps, then reused
     compile: bool = False
@@ -37,6 +37,10 @@ class ModelConfig:
         check_number("model.lora_rank", self.lora_rank, allow_zero=True)
         check_number("model.lora_alpha", self.lora_alpha)
         check_number("model.max_sequence_length", self.max_sequence_length, allow_zero=True)
+        if self.gradient_checkpointing not in (True, False, AUTO):
+            raise ConfigError("model.gradient_checkpointing", self.gradient_checkpointing, f"true, false or {AUTO} "
+                              "(chosen at start-up with the micro-batches: on only where the step fits, or runs "
+                              "faster, with it)")
 
     def check_folder(self) -> None:
         """The pipeline folder exists, holds this family, and agrees with the options it was
@@ -44,7 +48,6 @@ class ModelConfig:
         from pathlib import Path
 
         from pixelrl.core.assets import resolve
-        from pixelrl.core.errors import ConfigError
         from pixelrl.models.loader import check_model_type, declared_options
 
         if not Path(resolve(str(self.path))).is_dir():

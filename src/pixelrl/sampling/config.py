@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pixelrl.core.errors import ConfigError, check_choice, check_number
+from pixelrl.core.errors import ConfigError, check_choice, check_number, check_size
 
 
 @dataclass
@@ -34,7 +34,7 @@ class RolloutConfig:
     sde_window_params: dict = field(default_factory=dict)
     logprob_reduction: str = "mean"  # mean over latent dims (reference) | sum (= mean x dims)
     same_noise_per_group: bool = False  # DanceGRPO: one initial noise shared by a prompt's n images
-    micro_batch_size: int = 16  # samples per denoiser forward during rollout
+    micro_batch_size: int | str = 16  # samples per denoiser forward during rollout; auto: the largest that fits
     # 0 = colocated: the actor workers sample with their own weights. N > 0 = a separate pool of
     # N optimizer-free rollout workers that receive the actor's weights after every step
     # (needed by trainer.mode one_step_off and async).
@@ -53,8 +53,9 @@ class RolloutConfig:
         check_number("rollout.guidance_scale", self.guidance_scale, allow_zero=True)
         check_number("rollout.n_workers", self.n_workers, allow_zero=True)
         check_number("rollout.num_cpus_per_worker", self.num_cpus_per_worker)
-        for name in ("n", "num_steps", "resolution", "micro_batch_size"):
+        for name in ("n", "num_steps", "resolution"):
             check_number(f"rollout.{name}", getattr(self, name))
+        check_size("rollout.micro_batch_size", self.micro_batch_size)
         check_number("rollout.noise_level", self.noise_level, allow_zero=True)
         check_choice("rollout.solver", self.solver, SOLVERS)
         if self.solver == "dpm2" and self.noise_level > 0:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pixelrl.config.sections import PixelRLConfig
-from pixelrl.core.errors import ConfigError, check_choice, check_number
+from pixelrl.core.errors import AUTO, ConfigError, check_choice, check_number
 
 
 @dataclass
@@ -132,6 +132,9 @@ def validate_vlm(cfg: VLMRunConfig) -> None:
                               "(config.json, *.safetensors, tokenizer files, preprocessor_config.json)")
     v.check()
     a.check()
+    if a.ppo_micro_batch_size == AUTO:
+        raise ConfigError("actor.ppo_micro_batch_size", AUTO, "the memory plan sizes the diffusion trainers' "
+                          "denoiser calls; the vision-language trainer takes a number of sequences per micro-batch")
     d.check()
     t.check()
     cfg.reward.check()

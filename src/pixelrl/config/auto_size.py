@@ -1,0 +1,61 @@
+"""`auto` sizes: the micro-batches and checkpointing chosen at start-up to fit the memory each
+worker has, by the same plan as `pixelrl plan` (pixelrl.config.plan), before any worker starts.
+
+The memory is `trainer.fit_to_memory_gb` when set, else the GPU's (`model.device` cuda: the
+card's total memory as this process sees it), else this machine's RAM shared by the workers.
+A field written as a number stays as written; `trainer.fit_to_memory_gb` with no `auto` field
+chooses all three (a recipe written for other cards, fitted to these).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from pixelrl.config.plan import SIZE_FIELDS, apply_choice, plan_for
+from pixelrl.config.sections import PixelRLConfig
+from pixelrl.core.errors import AUTO, ConfigError
+
+
+def auto_fields(cfg: PixelRLConfig) -> tuple[str, ...]:
+    """The size fields written as `auto`."""
+    values = {"actor.ppo_micro_batch_size": cfg.actor.ppo_micro_batch_size,
+              "model.gradient_checkpointing": cfg.model.gradient_checkpointing,
+              "rollout.micro_batch_size": cfg.rollout.micro_batch_size}
+    return tuple(name for name in SIZE_FIELDS if values[name] == AUTO)
+
+
+def worker_memory_gb(cfg: PixelRLConfig, field: str) -> tuple[float, str]:
+    """Each worker's memory in GB and where that number came from."""
+    import psutil
+    import torch
+
+    device = torch.device(cfg.model.device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(field, AUTO, "sizes against each GPU's memory, and this process sees no CUDA device "
+                              "(Ray workers on other nodes): set trainer.fit_to_memory_gb to each GPU's memory in GB, "
+                              "e.g. 80")
+        props = torch.cuda.get_device_properties(device.index or 0)
+        return props.total_memory / 1e9, f"{props.name}'s memory"
+    workers = cfg.trainer.n_workers
+    return psutil.virtual_memory().total / 1e9 / workers, f"this machine's RAM over {workers} worker(s)"
+
+
+def fit_to_memory(cfg: PixelRLConfig) -> PixelRLConfig:
+    """`cfg` with its `auto` sizes chosen (all sizes with trainer.fit_to_memory_gb and none
+    `auto`), announced once on stderr. `cfg` has passed validation."""
+    auto = auto_fields(cfg)
+    field = "trainer.fit_to_memory_gb" if cfg.trainer.fit_to_memory_gb else auto[0]
+    if cfg.trainer.fit_to_memory_gb:
+        memory, source = cfg.trainer.fit_to_memory_gb, "trainer.fit_to_memory_gb"
+    else:
+        memory, source = worker_memory_gb(cfg, field)
+    # plan_for validates the config with its choices applied (check_recipe); this run's own files
+    # passed validation before, so that check is complete here
+    plan = plan_for(cfg, cfg.trainer.n_workers, memory, cfg.trainer.peak_tflops or 989.0, field=field,
+                    free=auto or None)
+    chosen = " ".join(o for o in plan.overrides if not o.startswith(("trainer.n_workers", "trainer.backend")))
+    print(f"pixelrl: sized for {memory:.1f} GB per worker ({source}): {chosen or 'the config as written'} "
+          f"(estimated peak {plan.estimate.peak_gb:.1f} GB, {plan.estimate.step_s:.1f} s per step before the "
+          "rewards; `pixelrl plan` shows the estimate)", file=sys.stderr)
+    return apply_choice(cfg, plan.choice)
