@@ -411,8 +411,8 @@ def plan_for(cfg: PixelRLConfig, gpus: int, gpu_memory_gb: float, peak_tflops: f
     if not fitting:
         _, least, smallest = min(options, key=lambda o: o[2].peak_gb)
         raise ConfigError(field, gpu_memory_gb, f"no micro-batch fits: the smallest setting (micro-batch "
-                          f"{least.micro_batch}, gradient checkpointing {_text(least.checkpointing)}, "
-                          f"{least.sampling_micro_batch} images per sampling call) needs about {smallest.peak_gb:.0f} "
+                          f"{least.micro_batch}, gradient checkpointing {_text(least.checkpointing)}, sampling "
+                          f"micro-batch {least.sampling_micro_batch}) needs about {smallest.peak_gb:.0f} "
                           f"GB per GPU, {smallest.resident_gb:.0f} GB of it weights and optimizer state ({shape.name}); "
                           "use more GPUs with trainer.strategy=fsdp2, a LoRA (model.lora_rank > 0) or a lower "
                           "rollout.resolution" + (f", or {AUTO} for {', '.join(n for n in SIZE_FIELDS if n not in chosen)}"

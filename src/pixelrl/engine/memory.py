@@ -25,7 +25,8 @@ KNOBS = {
 class OutOfMemory(PixelRLError, MemoryError):
     def __init__(self, phase: str, detail: str):
         self.phase = phase
-        super().__init__(f"out of device memory while {phase}: {detail} Lower {KNOBS[phase]}; the checkpoints and "
+        super().__init__(f"out of device memory while {phase}: {detail} Lower {KNOBS[phase]}, or have the `auto` "
+                         "sizes chosen for less memory than the card's (trainer.fit_to_memory_gb); the checkpoints and "
                          "metrics written so far are intact (the run resumes from its latest checkpoint)")
 
 
