@@ -166,15 +166,18 @@ def main() -> None:
 
 
 def print_table(results: list[dict]) -> None:
-    print("| case | s/step | img/s | MFU | peak GB | fwd / bwd | phases (s) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| case | s/step | img/s | MFU | peak GB | estimated GB | fwd / bwd | phases (s) |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
         if "timing_s/step" not in r:
-            print(f"| {r['case']} | failed ({r['exit']}) | | | | | |")
+            print(f"| {r['case']} | failed ({r['exit']}) | | | | | | |")
             continue
+        # the planner's estimate the `auto` sizes were chosen by (logged on a GPU only)
+        estimated = r.get("perf/estimated_peak_memory_gb")
         phases = ", ".join(f"{k[9:]} {v:.1f}" for k, v in r.items() if k.startswith("timing_s/") and k != "timing_s/step")
         print(f"| {r['case']} | {r['timing_s/step']:.2f} | {r.get('perf/throughput', 0):.3f} | {r.get('perf/mfu', 0):.3f} | "
-              f"{r.get('perf/peak_memory_gb', 0):.1f} | {r.get('perf/denoiser_forwards', 0):.0f} / "
+              f"{r.get('perf/peak_memory_gb', 0):.1f} | {'-' if estimated is None else f'{estimated:.1f}'} | "
+              f"{r.get('perf/denoiser_forwards', 0):.0f} / "
               f"{r.get('perf/denoiser_backwards', 0):.0f} | {phases} |")
 
 

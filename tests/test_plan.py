@@ -318,3 +318,14 @@ def test_communication_per_step_by_hand_and_the_strategy_it_picks():
     assert plan_for(flux, 8, 80).choice.strategy == "fsdp2"
     across = plan_for(flux, 8, 80, link_gb_per_s=45)
     assert across.choice.strategy == "ddp" and "trainer.strategy=ddp" in across.overrides
+
+
+def test_the_estimate_logged_beside_the_measured_peak_is_the_one_auto_chose_by(capsys):
+    """On a GPU the trainer logs perf/estimated_peak_memory_gb beside perf/peak_memory_gb: the
+    plan's estimate for the sizes the run uses, the number the start-up line printed."""
+    from pixelrl.config.auto_size import estimated_peak_gb
+
+    cfg = paper_config("flow_grpo_sd35", *AUTO_SD35, "trainer.fit_to_memory_gb=80")
+    assert f"(estimated peak {estimated_peak_gb(cfg):.1f} GB," in capsys.readouterr().err
+    two = paper_config("flow_grpo_sd35", *BENCH, "trainer.n_workers=2", "trainer.fit_to_memory_gb=80")
+    assert f"(estimated peak {estimated_peak_gb(two):.1f} GB," in capsys.readouterr().err

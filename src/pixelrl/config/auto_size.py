@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from pixelrl.config.plan import SIZE_FIELDS, apply_choice, plan_for
+from pixelrl.config.plan import SIZE_FIELDS, Choice, apply_choice, estimate, model_shape, plan_for, step_work
 from pixelrl.config.sections import PixelRLConfig
 from pixelrl.core.errors import AUTO, ConfigError
 
@@ -59,3 +59,17 @@ def fit_to_memory(cfg: PixelRLConfig) -> PixelRLConfig:
           f"(estimated peak {plan.estimate.peak_gb:.1f} GB, {plan.estimate.step_s:.1f} s per step before the "
           "rewards; `pixelrl plan` shows the estimate)", file=sys.stderr)
     return apply_choice(cfg, plan.choice)
+
+
+def estimated_peak_gb(cfg: PixelRLConfig) -> float | None:
+    """The plan's estimate of each worker's peak device memory with the sizes this run uses; the
+    trainer logs it beside the measured `perf/peak_memory_gb` on a GPU, so the first step checks
+    the estimate the `auto` sizes were chosen by. None where the model's shape is not known."""
+    workers = cfg.trainer.n_workers
+    try:
+        shape = model_shape(cfg)
+    except ConfigError:
+        return None
+    choice = Choice(cfg.actor.ppo_micro_batch_size, cfg.model.gradient_checkpointing, cfg.rollout.micro_batch_size,
+                    cfg.trainer.strategy)
+    return estimate(cfg, shape, step_work(cfg, workers), workers, choice, cfg.trainer.peak_tflops or 989.0).peak_gb

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from pixelrl.config.auto_size import estimated_peak_gb
 from pixelrl.config.sections import PixelRLConfig, validation_guidance
 from pixelrl.core.config_io import saved_yaml, to_yaml
 from pixelrl.data.preferences import PreferenceDataset, collate_preferences
@@ -156,6 +157,8 @@ class DiffusionTrainer:
         self.reward_errors = RewardErrorPolicy(cfg.reward.on_error, cfg.reward.max_consecutive_errors, console)
         self._gold = WeightedReward.from_functions([dict(f) for f in cfg.val_kwargs.rewards], cfg.reward.timeout_s) \
             if cfg.val_kwargs.rewards else None
+        # on a GPU, the memory estimate the `auto` sizes rely on, logged beside the measured peak
+        self._estimated_peak_gb = estimated_peak_gb(cfg) if cfg.model.device.startswith("cuda") else None
 
     # ------------------------------------------------------------------ set-up
     def init_workers(self) -> None:
@@ -302,6 +305,8 @@ class DiffusionTrainer:
                     self.actor_version = int(metrics["actor/policy_version"])
                     metrics.update(timeline_metrics(batch.info, train_start, time.time()))
                     metrics["reward/error"] = 0.0
+                    if self._estimated_peak_gb is not None:
+                        metrics["perf/estimated_peak_memory_gb"] = self._estimated_peak_gb
             if profiling:
                 self.actor.call("stop_profile", None, str(self.run_dir / "profile"), step, gather="all")
                 self.console(f"profile of step {step}: {self.run_dir / 'profile'}/step_{step}_rank_*.txt")
