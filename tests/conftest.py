@@ -69,6 +69,41 @@ def gpu_node_memory():
         yield
 
 
+class ScalarReads:
+    """Counts pixelrl's tensor-to-Python reads (`float(t)`, `t.item()`, `if t:`) while active: on a
+    GPU each one waits for every kernel queued before it. A read counts when the code that asked
+    for it (the first caller outside torch) is pixelrl's, not a model library's."""
+
+    def __init__(self):
+        import traceback
+
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        def asked_by_pixelrl() -> bool:
+            for frame in reversed(traceback.extract_stack()):
+                if f"{os.sep}torch{os.sep}" not in frame.filename and frame.filename != __file__:
+                    return f"{os.sep}pixelrl{os.sep}" in frame.filename
+            return False
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default) \
+                        and asked_by_pixelrl():
+                    counter.count += 1
+                return func(*args, **(kwargs or {}))
+
+        self.count, self._mode = 0, Mode()
+
+    def __enter__(self):
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._mode.__exit__(*exc)
+
+
 def paper_config(name, *overrides):
     """A bundled config for a real checkpoint, validated with an empty folder standing in for the
     model folder this machine does not have (validation checks only that it exists), as on a GPU node."""

@@ -1,8 +1,10 @@
 import pytest
 import torch
+from conftest import ScalarReads
 
 from pixelrl.algos.losses import LossSpec
 from pixelrl.core.errors import MissingBatchKeysError
+from pixelrl.engine.learner import Learner
 from pixelrl.trainers.step import compute_advantages, expand_prompts
 
 PROMPTS = ["a red circle", "two blue squares", "a cat", "a house"]
@@ -226,3 +228,32 @@ def test_a_compiled_denoiser_gives_the_same_rollout_reference_and_update(make_en
     update = max((w_eager[n] - start[n]).abs().max().item() for n in w_eager)
     apart = max((w_eager[n] - p).abs().max().item() for n, p in w_comp.items())
     assert update > 1e-3 and apart < 1e-2 * update
+
+
+@pytest.mark.parametrize("loss", ["flow_grpo", "dgpo"])
+def test_the_update_reads_no_scalar_back_per_micro_batch(make_engine, tiny_sd3_path, loss):
+    """The losses and metrics of an optimizer step's micro-batches stay on the device until the
+    step: eight micro-batches read back exactly as many scalars as one."""
+    reads = []
+    for micro in (1, 8):
+        extra = dict(algorithm__trainer_type="forward_process", rollout__noise_level=0.0,
+                     algorithm__drop_zero_advantage=False) if loss == "dgpo" else {}
+        engine, cfg = make_engine(tiny_sd3_path, actor__ppo_mini_batch_size=8, actor__ppo_micro_batch_size=micro,
+                                  diffusion_loss__name=loss, **extra)
+        batch = _batch(engine, cfg)
+        with ScalarReads() as counter:
+            metrics = engine.update(batch)
+        assert metrics["policy_version"] == 2
+        reads.append(counter.count)
+    assert reads[0] == reads[1]
+
+
+def test_the_weights_finite_check_reads_one_flag_whatever_the_number_of_weights():
+    weights = [torch.nn.Parameter(torch.randn(3)) for _ in range(50)]
+    learner = Learner(lambda: weights, lr=0.1)
+    with ScalarReads() as counter:
+        learner._check_weights_finite()
+    assert counter.count == 1
+    weights[37].data[1] = float("nan")
+    with pytest.raises(FloatingPointError, match="not finite"):
+        learner._check_weights_finite()

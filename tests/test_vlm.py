@@ -478,3 +478,25 @@ def test_the_adaptive_kl_coefficient_moves_after_the_round_it_measured(tiny_vlm_
     assert used and set(used) == {0.1}  # every micro-batch of the update trained with the round's coefficient
     error = min(max(metrics["actor/kl"] / 0.05 - 1, -0.2), 0.2)
     assert engine.kl_ctl.value == pytest.approx(0.1 * (1 + error * 16 / 100), rel=1e-12)
+
+
+def test_the_vlm_update_reads_no_scalar_back_per_micro_batch(tiny_vlm_path, tmp_path):
+    """Actor and critic losses and metrics stay on the device until each optimizer step: eight
+    micro-batches read back exactly as many scalars as one."""
+    from conftest import ScalarReads
+
+    from pixelrl.vlm.engine import VLMEngine
+    from pixelrl.vlm.qa_tasks import task_items
+
+    reads = []
+    for micro in (2, 16):
+        cfg = vlm_config(tiny_vlm_path, tmp_path / str(micro), "rollout.n=8", "actor.ppo_mini_batch_size=16",
+                         f"actor.ppo_micro_batch_size={micro}", "data.train_batch_size=2", "vlm.max_new_tokens=2",
+                         "vlm.estimator=gae", "vlm.kl_coef=0.05", "vlm.entropy_coef=0.01")
+        engine = VLMEngine(cfg)
+        exp, _ = engine.make_experience(task_items(cfg, "train", 0, 2), 1)
+        with ScalarReads() as counter:
+            metrics = engine.train_on(exp, 1)
+        assert metrics["actor/grad_norm"] > 0
+        reads.append(counter.count)
+    assert reads[0] == reads[1]

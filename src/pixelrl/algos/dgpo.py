@@ -74,7 +74,9 @@ def dgpo_loss(step: dict, cfg) -> tuple[torch.Tensor, dict]:
         err = torch.where(hold, err.detach(), err)
         metrics["clipfrac"] = hold.float().mean()
     groups = step["groups"]
-    num_groups = int(groups.max()) + 1
+    # the engine passes the count it knows on the host: reading groups.max() back from the
+    # device would stall every micro-batch
+    num_groups = step.get("num_groups") or int(groups.max()) + 1
     with torch.no_grad():
         size = torch.bincount(groups, minlength=num_groups).to(err.dtype)
         inside = torch.zeros(num_groups, device=err.device, dtype=err.dtype).index_add_(

@@ -253,6 +253,7 @@ class ForwardProcessObjective:
                       "advantages": micro["advantages"].to(device).float()}
             if e.loss.whole_groups:  # the micro-batch's prompt groups, whole (the engine keeps them so)
                 inputs["groups"] = group_indices(micro["uids"]).to(device)
+                inputs["num_groups"] = len(set(micro["uids"]))
             # off-policy: the old policy's error scored before the update; on-policy the current
             # forward is the old policy, and the loss takes it detached (a ratio of exactly 1)
             if "fm_old_err" in micro and (not ctx.on_policy or self._samples_from_old_policy()):

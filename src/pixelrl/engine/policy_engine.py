@@ -338,11 +338,13 @@ class PolicyEngine:
         num_substeps = objective.num_substeps(batch)
         groups = step_groups(num_substeps, acfg.window_steps_per_forward)
         self.update_calls += 1
-        sums: dict[str, float] = defaultdict(float)
+        # sums stay on the device until the update ends: reading a scalar back inside the loop
+        # would make the host wait for every micro-batch's kernels before launching the next
+        sums: dict = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)
 
         def log(name: str, value, weight: int = 1) -> None:
-            sums[name] += float(value) * weight
+            sums[name] = sums[name] + (value.detach().double() if torch.is_tensor(value) else value) * weight
             counts[name] += weight
 
         self.model.transformer.train()
@@ -357,10 +359,10 @@ class PolicyEngine:
                         weight = len(micro) * len(ks) / len(mini) / num_substeps
                         loss, metrics = objective.substeps_loss(micro, ks, ctx)
                         (loss * weight).backward()
-                        loss_total += float(loss.detach()) * weight
+                        loss_total = loss_total + loss.detach().double() * weight
                         for name, value in metrics.items():
                             log(name, value, len(micro) * len(ks))
-                step_metrics = self.learner.step(loss_total)
+                step_metrics = self.learner.step(float(loss_total))  # the step waits for the gradients anyway
                 if step_metrics.pop("stepped"):
                     self.policy_version += 1
                     if self.weights_ema is not None:
@@ -370,7 +372,7 @@ class PolicyEngine:
                 for name, value in step_metrics.items():
                     log(name, value)
         self.model.transformer.eval()
-        metrics = {name: sums[name] / counts[name] for name in sums}
+        metrics = {name: float(sums[name]) / counts[name] for name in sums}
         opts = self.loss_options
         if self.has_old_adapter and self.update_calls % opts.old_policy_update_interval == 0:
             decay = old_policy_decay(opts.old_policy_schedule, self.policy_version, opts.old_policy_decay)

@@ -33,6 +33,13 @@ SEQUENCE_ESTIMATORS = ("group_norm", "rloo", "reinforce_baseline")
 TOKEN_ESTIMATORS = ("reinforce", "gae")
 
 
+def _on_device(value):
+    """A loss or metric kept where it is (float64, so the sums are the ones Python floats gave):
+    reading it back inside the micro-batch loop would make the host wait for each micro-batch's
+    kernels before launching the next."""
+    return value.detach().double() if torch.is_tensor(value) else value
+
+
 @dataclass
 class Experience:
     batch: TokenBatch  # sequences with response_mask
@@ -259,21 +266,23 @@ class VLMEngine:
                             kl = T.kl_estimate(logp, sub.ref_logp, sub.batch.response_mask, v.kl_estimator)
                             loss = loss + self.kl_ctl.value * T.masked_mean(kl, sub.batch.response_mask, dim=-1).mean()
                         (loss * weight).backward()
-                        actor_total += float(loss.detach()) * weight
+                        actor_total = actor_total + _on_device(loss) * weight
                         for k, val in m.items():
-                            sums.setdefault(f"actor/{k}", []).append(float(val))
+                            sums.setdefault(f"actor/{k}", []).append(_on_device(val))
                         if v.ptx_coef > 0:
                             ptx = self._ptx_loss(len(sub), step, len(sums.get("actor/ptx_loss", ())))
                             (v.ptx_coef * ptx * weight).backward()
-                            sums.setdefault("actor/ptx_loss", []).append(float(ptx.detach()))
+                            sums.setdefault("actor/ptx_loss", []).append(_on_device(ptx))
                     if self.critic is not None:
                         values = self.critic(sub.batch)
                         vloss, m = T.value_loss(values, sub.values, sub.returns, sub.batch.response_mask,
                                                 clip=v.value_clip)
                         (vloss * weight).backward()
-                        critic_total += float(vloss.detach()) * weight
+                        critic_total = critic_total + _on_device(vloss) * weight
                         for k, val in m.items():
-                            sums.setdefault(f"critic/{k}", []).append(float(val))
+                            sums.setdefault(f"critic/{k}", []).append(_on_device(val))
+                # one read per optimizer step: the step waits for the gradients anyway
+                actor_total, critic_total = float(actor_total), float(critic_total)
                 if train_actor:
                     out = self.actor_learner.step(actor_total)
                     sums.setdefault("actor/pg_loss", []).append(actor_total)
@@ -283,7 +292,7 @@ class VLMEngine:
                 if self.critic is not None:
                     self.critic_learner.step(critic_total)
                     sums.setdefault("critic/value_loss", []).append(critic_total)
-        metrics = {k: sum(x) / len(x) for k, x in sums.items()}
+        metrics = {k: float(sum(x)) / len(x) for k, x in sums.items()}
         if self._round_kl is not None:  # the adaptive KL controller, once per rollout round
             self.kl_ctl.update(*self._round_kl)
             self._round_kl = None
