@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import sys
 
-from pixelrl.config.plan import SIZE_FIELDS, Choice, apply_choice, estimate, model_shape, plan_for, step_work
+from pixelrl.config.plan import Choice, apply_choice, estimate, model_shape, plan_for, step_work, written_sizes
 from pixelrl.config.sections import PixelRLConfig
 from pixelrl.core.errors import AUTO, ConfigError
 
 
 def auto_fields(cfg: PixelRLConfig) -> tuple[str, ...]:
     """The size fields written as `auto`."""
-    values = {"actor.ppo_micro_batch_size": cfg.actor.ppo_micro_batch_size,
-              "model.gradient_checkpointing": cfg.model.gradient_checkpointing,
-              "rollout.micro_batch_size": cfg.rollout.micro_batch_size}
-    return tuple(name for name in SIZE_FIELDS if values[name] == AUTO)
+    return tuple(name for name, value in written_sizes(cfg).items() if value == AUTO)
 
 
 def worker_memory_gb(cfg: PixelRLConfig, field: str) -> tuple[float, str]:
@@ -45,10 +42,11 @@ def fit_to_memory(cfg: PixelRLConfig) -> PixelRLConfig:
     """`cfg` with its `auto` sizes chosen (all sizes with trainer.fit_to_memory_gb and none
     `auto`), announced once on stderr. `cfg` has passed validation."""
     auto = auto_fields(cfg)
-    field = "trainer.fit_to_memory_gb" if cfg.trainer.fit_to_memory_gb else auto[0]
     if cfg.trainer.fit_to_memory_gb:
-        memory, source = cfg.trainer.fit_to_memory_gb, "trainer.fit_to_memory_gb"
+        field = source = "trainer.fit_to_memory_gb"
+        memory = cfg.trainer.fit_to_memory_gb
     else:
+        field = auto[0]
         memory, source = worker_memory_gb(cfg, field)
     # plan_for validates the config with its choices applied (check_recipe); this run's own files
     # passed validation before, so that check is complete here

@@ -365,6 +365,13 @@ def _samples_per_optimizer_step(cfg: PixelRLConfig, gpus: int) -> int:
     return (cfg.actor.ppo_mini_batch_size or images_per_step(cfg)) // gpus
 
 
+def written_sizes(cfg: PixelRLConfig) -> dict:
+    """The SIZE_FIELDS as the config has them (numbers, booleans or `auto`)."""
+    return {"actor.ppo_micro_batch_size": cfg.actor.ppo_micro_batch_size,
+            "model.gradient_checkpointing": cfg.model.gradient_checkpointing,
+            "rollout.micro_batch_size": cfg.rollout.micro_batch_size}
+
+
 def plan_for(cfg: PixelRLConfig, gpus: int, gpu_memory_gb: float, peak_tflops: float = 989.0,
              field: str = "--gpu-memory", link_gb_per_s: float = LINK_GB_PER_S, free: tuple | None = None) -> Plan:
     """The fastest strategy, micro-batches and checkpointing whose estimated peak fits
@@ -441,10 +448,7 @@ def plan_for(cfg: PixelRLConfig, gpus: int, gpu_memory_gb: float, peak_tflops: f
                             "fsdp2: sharding the weights leaves room for larger micro-batches, which outweighs its "
                             "all-gathers",
     }
-    was = {"trainer.n_workers": cfg.trainer.n_workers, "trainer.strategy": cfg.trainer.strategy,
-           "actor.ppo_micro_batch_size": cfg.actor.ppo_micro_batch_size,
-           "model.gradient_checkpointing": cfg.model.gradient_checkpointing,
-           "rollout.micro_batch_size": cfg.rollout.micro_batch_size}
+    was = {"trainer.n_workers": cfg.trainer.n_workers, "trainer.strategy": cfg.trainer.strategy, **written_sizes(cfg)}
     now = {"trainer.n_workers": gpus, "trainer.strategy": choice.strategy,
            "actor.ppo_micro_batch_size": choice.micro_batch,
            "model.gradient_checkpointing": choice.checkpointing, "rollout.micro_batch_size": choice.sampling_micro_batch}

@@ -17,6 +17,13 @@ import torch
 LR_SCHEDULES = ("constant", "cosine")
 
 
+
+def kept_on_device(value):
+    """A loss or metric to accumulate where it is, in float64 (so the sums are the ones Python
+    floats gave): reading it back inside a micro-batch loop would make the host wait for each
+    micro-batch's kernels before launching the next. Plain numbers pass through."""
+    return value.detach().double() if torch.is_tensor(value) else value
+
 class Learner:
     def __init__(self, params_fn: Callable[[], list[torch.nn.Parameter]], *, lr: float,
                  betas: tuple[float, float] = (0.9, 0.999), weight_decay: float = 0.0, eps: float = 1e-8,

@@ -14,7 +14,7 @@ import torch
 
 from pixelrl.algos.losses import REFERENCE_STEP_KEYS, get_loss, require_keys
 from pixelrl.engine.flops import FlopMeter, matmul_peak_flops, peak_memory_gb
-from pixelrl.engine.learner import Learner
+from pixelrl.engine.learner import Learner, kept_on_device
 from pixelrl.engine.objectives import OBJECTIVE_CLASSES, side_by_side, step_groups, whole_group_order
 from pixelrl.engine.weights_ema import WeightsEMA
 from pixelrl.core.batch import Batch
@@ -344,7 +344,7 @@ class PolicyEngine:
         counts: dict[str, int] = defaultdict(int)
 
         def log(name: str, value, weight: int = 1) -> None:
-            sums[name] = sums[name] + (value.detach().double() if torch.is_tensor(value) else value) * weight
+            sums[name] = sums[name] + kept_on_device(value) * weight
             counts[name] += weight
 
         self.model.transformer.train()
@@ -359,7 +359,7 @@ class PolicyEngine:
                         weight = len(micro) * len(ks) / len(mini) / num_substeps
                         loss, metrics = objective.substeps_loss(micro, ks, ctx)
                         (loss * weight).backward()
-                        loss_total = loss_total + loss.detach().double() * weight
+                        loss_total = loss_total + kept_on_device(loss) * weight
                         for name, value in metrics.items():
                             log(name, value, len(micro) * len(ks))
                 step_metrics = self.learner.step(float(loss_total))  # the step waits for the gradients anyway

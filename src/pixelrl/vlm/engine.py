@@ -24,20 +24,13 @@ from pixelrl.engine.config import actor_optimizer_steps
 from pixelrl.core.seeding import derive_seed
 from pixelrl.engine.distributed import (all_reduce_sum, copy_full_into, full_tensor, optimizer_state,
                                         set_optimizer_state)
-from pixelrl.engine.learner import Learner
+from pixelrl.engine.learner import Learner, kept_on_device
 from pixelrl.engine.weights_ema import holding
 from pixelrl.models.qwen_vl import QwenVLModel, TokenBatch, ValueModel
 from pixelrl.rewards.multi import WeightedReward
 
 SEQUENCE_ESTIMATORS = ("group_norm", "rloo", "reinforce_baseline")
 TOKEN_ESTIMATORS = ("reinforce", "gae")
-
-
-def _on_device(value):
-    """A loss or metric kept where it is (float64, so the sums are the ones Python floats gave):
-    reading it back inside the micro-batch loop would make the host wait for each micro-batch's
-    kernels before launching the next."""
-    return value.detach().double() if torch.is_tensor(value) else value
 
 
 @dataclass
@@ -266,21 +259,21 @@ class VLMEngine:
                             kl = T.kl_estimate(logp, sub.ref_logp, sub.batch.response_mask, v.kl_estimator)
                             loss = loss + self.kl_ctl.value * T.masked_mean(kl, sub.batch.response_mask, dim=-1).mean()
                         (loss * weight).backward()
-                        actor_total = actor_total + _on_device(loss) * weight
+                        actor_total = actor_total + kept_on_device(loss) * weight
                         for k, val in m.items():
-                            sums.setdefault(f"actor/{k}", []).append(_on_device(val))
+                            sums.setdefault(f"actor/{k}", []).append(kept_on_device(val))
                         if v.ptx_coef > 0:
                             ptx = self._ptx_loss(len(sub), step, len(sums.get("actor/ptx_loss", ())))
                             (v.ptx_coef * ptx * weight).backward()
-                            sums.setdefault("actor/ptx_loss", []).append(_on_device(ptx))
+                            sums.setdefault("actor/ptx_loss", []).append(kept_on_device(ptx))
                     if self.critic is not None:
                         values = self.critic(sub.batch)
                         vloss, m = T.value_loss(values, sub.values, sub.returns, sub.batch.response_mask,
                                                 clip=v.value_clip)
                         (vloss * weight).backward()
-                        critic_total = critic_total + _on_device(vloss) * weight
+                        critic_total = critic_total + kept_on_device(vloss) * weight
                         for k, val in m.items():
-                            sums.setdefault(f"critic/{k}", []).append(_on_device(val))
+                            sums.setdefault(f"critic/{k}", []).append(kept_on_device(val))
                 # one read per optimizer step: the step waits for the gradients anyway
                 actor_total, critic_total = float(actor_total), float(critic_total)
                 if train_actor:
