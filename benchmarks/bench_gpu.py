@@ -3,6 +3,8 @@
     python benchmarks/bench_gpu.py --out runs/bench_gpu                  # every case, 4 steps each
     python benchmarks/bench_gpu.py --cases sd35,sd35_tuned --steps 5
     python benchmarks/bench_gpu.py --scale tiny --device cpu --cases all  # the same code on a CPU, in seconds
+    git archive REV src | tar -x -C /tmp/base && python benchmarks/bench_gpu.py --baseline-src /tmp/base/src
+        # each case first from another version's source, then from this one: an A/B on one card
 
 Each case is one `pixelrl train` process (`trainer.backend=local`, one worker), so its peak
 memory is its own. Per case it prints the steady state (the steps after the first): s/step,
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -40,6 +43,9 @@ CASES = {  # name: (family, config, overrides); the configs' sizes are `auto`: f
     "sd35": ("sd35", "flow_grpo_sd35", []),
     "sd35_reference_sizes": ("sd35", "flow_grpo_sd35", WRITTEN),
     "sd35_tuned": ("sd35", "flow_grpo_sd35", ["actor.ppo_micro_batch_size=16", "model.gradient_checkpointing=false"]),
+    # each repeated block compiled (DDP: the recipe's FSDP2 refuses compiling); step 1 compiles
+    "sd35_compiled": ("sd35", "flow_grpo_sd35", ["actor.ppo_micro_batch_size=16", "model.gradient_checkpointing=false",
+                                                 "model.compile=true", "trainer.strategy=ddp"]),
     "sd35_fast": ("sd35", "flow_grpo_fast_sd35", []),
     "sd35_fast_tuned": ("sd35", "flow_grpo_fast_sd35",
                         ["actor.ppo_micro_batch_size=16", "model.gradient_checkpointing=false"]),
@@ -80,14 +86,19 @@ def steady_state(rows: list[dict]) -> dict:
     return out
 
 
-def run_case(name: str, folder: Path, model_type: str, args) -> dict:
+def run_case(name: str, folder: Path, model_type: str, args, source: str | None = None) -> dict:
+    """One case in its own process; from the pixelrl under `source` (a `src` folder) when given."""
     family, config, overrides = CASES[name]
     if args.profile_step:
         overrides = overrides + [f"trainer.profile_step={args.profile_step}"]
     run_dir = Path(args.out) / "runs"
+    label = f"{name}_baseline" if source else name
+    env = dict(os.environ)
+    if source:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [source, env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "pixelrl", "train", "--config-name", config, f"model.path={folder}",
            f"model.type={model_type}", f"trainer.total_training_steps={args.steps}", f"trainer.peak_tflops={args.peak_tflops}",
-           f"trainer.default_local_dir={run_dir}", f"trainer.experiment_name={name}", "trainer.resume_mode=disable",
+           f"trainer.default_local_dir={run_dir}", f"trainer.experiment_name={label}", "trainer.resume_mode=disable",
            f"data.prompts={json.dumps(PROMPTS)}", "data.train_files=[]", *COMMON, *overrides, *args.set]
     if args.scale == "tiny":
         cmd += TINY_OVERRIDES + (["diffusion_loss.params.num_timesteps=2"] if config.startswith("awm") else [])
@@ -95,12 +106,12 @@ def run_case(name: str, folder: Path, model_type: str, args) -> dict:
         cmd.append(f"model.device={args.device}")
     start = time.time()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.case_timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.case_timeout, env=env)
         code, tail = proc.returncode, (proc.stdout + proc.stderr)[-3000:]
     except subprocess.TimeoutExpired as e:
         code, tail = "timeout", ((e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""))[-3000:]
-    result = {"case": name, "config": config, "overrides": overrides + args.set, "exit": code, "wall_s": round(time.time() - start, 1)}
-    metrics = run_dir / "bench" / name / "metrics.jsonl"
+    result = {"case": label, "config": config, "overrides": overrides + args.set, "exit": code, "wall_s": round(time.time() - start, 1)}
+    metrics = run_dir / "bench" / label / "metrics.jsonl"
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
     # the profiled step runs slower: it is not part of the steady state
     rows = [r for r in rows if "timing_s/step" in r and r.get("training/global_step") != args.profile_step]
@@ -109,7 +120,7 @@ def run_case(name: str, folder: Path, model_type: str, args) -> dict:
     fitted = [line for line in tail.splitlines() if line.startswith("pixelrl: sized for")]
     if fitted:
         result["sized"] = fitted[-1].split(": ", 2)[-1]
-    profile = run_dir / "bench" / name / "profile" / f"step_{args.profile_step}_rank_0.txt"
+    profile = run_dir / "bench" / label / "profile" / f"step_{args.profile_step}_rank_0.txt"
     if profile.exists():
         result["profile"] = str(profile)
     if code != 0:
@@ -127,6 +138,9 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--case-timeout", type=float, default=600)
     parser.add_argument("--set", action="append", default=[], help="an override added to every case (repeatable)")
+    parser.add_argument("--baseline-src", default=None,
+                        help="a `src` folder of another pixelrl version: each case runs from it first, as "
+                             "<case>_baseline, then from this one, on the same card")
     parser.add_argument("--profile-step", type=int, default=0,
                         help="profile this step of every case (trainer.profile_step); printed after the table")
     args = parser.parse_args()
@@ -151,11 +165,12 @@ def main() -> None:
             if torch.cuda.is_available():  # the random weights are written: free them for the cases' processes
                 torch.cuda.empty_cache()
             print(f"built {family} in {time.time() - start:.0f} s", flush=True)
-        result = run_case(name, *folders[family], args)
-        result.update(env)
-        with open(out / "results.jsonl", "a") as f:
-            f.write(json.dumps(result) + "\n")
-        print(json.dumps(result), flush=True)
+        for source in ([args.baseline_src] if args.baseline_src else []) + [None]:
+            result = run_case(name, *folders[family], args, source)
+            result.update(env)
+            with open(out / "results.jsonl", "a") as f:
+                f.write(json.dumps(result) + "\n")
+            print(json.dumps(result), flush=True)
     results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     print_table(results)
     for r in results:

@@ -28,3 +28,19 @@ def test_the_gpu_benchmark_runs_end_to_end_at_tiny_scale(tmp_path):
     profile = Path(result["profile"]).read_text()
     assert "step 2 on cpu" in profile and "matmul" in profile
     assert "sampling" in profile and "update" in profile and Path(result["profile"]).with_suffix(".json.gz").exists()
+
+
+@pytest.mark.slow  # ~15 s
+def test_the_gpu_benchmark_runs_each_case_from_the_baseline_source_first(tmp_path):
+    """--baseline-src: each case runs from the other version first (here a stand-in pixelrl that
+    exits with 3), labelled `<case>_baseline`, then from this one, on the same folders."""
+    stub = tmp_path / "base" / "pixelrl"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("")
+    (stub / "__main__.py").write_text("raise SystemExit(3)\n")
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"), "--scale", "tiny", "--device",
+                           "cpu", "--cases", "sd35_fast", "--steps", "1", "--out", str(tmp_path / "out"),
+                           "--baseline-src", str(stub.parent)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
+    assert [(r["case"], r["exit"]) for r in rows] == [("sd35_fast_baseline", 3), ("sd35_fast", 0)]

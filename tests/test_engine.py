@@ -199,8 +199,8 @@ def test_losses_with_batch_statistics_refuse_shared_forwards():
 
 
 @pytest.mark.slow
-def test_a_compiled_denoiser_gives_the_same_rollout_reference_and_update(make_engine, tiny_sd3_path):
-    """model.compile: the same images, log-probs, reference scores, metrics and weights after an
+def test_compiled_denoiser_blocks_give_the_same_rollout_reference_and_update(make_engine, tiny_sd3_path):
+    """model.compile (each block compiled): the same images, log-probs, reference scores, metrics and weights after an
     update as the eager path, up to float reordering; FLOPs are still counted; LoRA names are kept."""
     from torch._dynamo.utils import counters
 
@@ -228,6 +228,57 @@ def test_a_compiled_denoiser_gives_the_same_rollout_reference_and_update(make_en
     update = max((w_eager[n] - start[n]).abs().max().item() for n in w_eager)
     apart = max((w_eager[n] - p).abs().max().item() for n, p in w_comp.items())
     assert update > 1e-3 and apart < 1e-2 * update
+
+
+def test_full_fine_tuning_of_a_bf16_model_steps_float32_master_weights(tiny_sd3_path):
+    """lora_rank 0 on a bf16 model: the trained weights are float32 and an AdamW step of 1e-6
+    moves them (on bf16 weights it would round away), the forwards compute in bf16 under autocast,
+    and the frozen reference stays bf16."""
+    from conftest import tiny_config
+
+    from pixelrl.engine import PolicyEngine
+    from pixelrl.models import load_model
+
+    cfg = tiny_config(tiny_sd3_path, model__lora_rank=0, model__dtype="bfloat16", actor__lr=1e-6,
+                      diffusion_loss__kl_coef=0.04)
+    model = load_model("sd3", tiny_sd3_path, dtype="bfloat16", max_sequence_length=0)
+    engine = PolicyEngine(model, cfg)
+    trained = {n: p for n, p in model.transformer.named_parameters() if p.requires_grad}
+    assert trained and all(p.dtype == torch.float32 for p in trained.values())
+    assert all(p.dtype == torch.bfloat16 for p in engine._frozen_reference.parameters())
+    x = torch.randn(2, *model.latent_shape(32, 32))
+    text = model.encode_prompts(["a", "b"])
+    seen = []
+    hook = model.transformer.register_forward_hook(lambda m, a, out: seen.append(out[0].dtype))
+    velocity = model.predict_velocity(x, torch.tensor(0.5), text)
+    hook.remove()
+    assert velocity.dtype == torch.float32 and seen == [torch.bfloat16]  # computed in bf16
+    before = {n: p.detach().clone() for n, p in trained.items()}
+    batch = _batch(engine, cfg)
+    batch.update(engine.score(batch, "reference"))
+    engine.update(batch)
+    moved = sum(int((p != before[n]).sum()) for n, p in trained.items()) / sum(p.numel() for p in trained.values())
+    assert moved > 0.5, moved
+
+
+@pytest.mark.slow
+def test_compiled_blocks_share_one_graph_per_block_structure(make_engine, tmp_path):
+    """model.compile compiles blocks, not the forward: a denoiser of 6 blocks compiles as many
+    graphs as one of 2 (a plain block and the last, context-only one), not one per block."""
+    from torch._dynamo.utils import counters
+
+    from pixelrl.models.sd3.tiny import build_tiny_sd3
+
+    torch._dynamo.reset()  # graphs another test compiled for blocks of these widths would be reused
+    compiled = []
+    for layers in (6, 2):
+        build_tiny_sd3(tmp_path / str(layers), num_layers=layers)
+        engine, cfg = make_engine(tmp_path / str(layers), model__compile=True, rollout__guidance_scale=1.0)
+        before = counters["stats"]["unique_graphs"]
+        _batch(engine, cfg)
+        _batch(engine, cfg, step=2)  # the FLOP counter's first forward of a shape runs eager
+        compiled.append(counters["stats"]["unique_graphs"] - before)
+    assert compiled[0] == 2 and compiled[1] == 0, compiled
 
 
 @pytest.mark.parametrize("loss", ["flow_grpo", "dgpo"])

@@ -1,3 +1,5 @@
+import copy
+
 import pytest
 import torch
 
@@ -175,3 +177,69 @@ def test_a_folder_loads_with_the_options_it_declares(tmp_path, tiny_pixel_path):
     (folder / "pixelrl_model.json").write_text('{"max_sequence_length": "zero"}')
     with pytest.raises(ModelFolderError, match="pixelrl_model.json.*integer options"):
         load_for_eval(str(folder))
+
+
+
+def test_fused_rms_norm_computes_diffusers_rms_norm_and_keeps_its_parameters():
+    from diffusers.models.normalization import RMSNorm
+
+    from pixelrl.models.kernels import fuse_rms_norms
+
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(RMSNorm(64, eps=1e-6), RMSNorm(64, eps=1e-6, elementwise_affine=False))
+    plain[0].weight.data.normal_()
+    fused = copy.deepcopy(plain)
+    assert fuse_rms_norms(fused) == 1  # the affine one; the weightless one stays diffusers'
+    assert isinstance(fused[0], RMSNorm) and type(fused[0]).__name__ == "FusedRMSNorm" and type(fused[1]) is RMSNorm
+    assert list(fused.state_dict()) == list(plain.state_dict())
+    x = torch.randn(3, 5, 64) * 4
+    assert torch.equal(fused(x), plain(x))  # float32: bitwise
+    plain, fused = plain.bfloat16(), fused.bfloat16()
+    assert torch.equal(fused(x), plain(x))  # a float32 input to bf16 weights: diffusers' own path
+    # bf16 within two roundings (F.rms_norm may round once where diffusers rounds twice)
+    torch.testing.assert_close(fused(x.bfloat16()), plain(x.bfloat16()), atol=0, rtol=2 ** -6)
+
+
+def test_loaded_denoisers_run_their_rms_norms_fused(tiny_qwen_image_path):
+    from pixelrl.models import load_model
+    from pixelrl.models.kernels import FusedRMSNorm
+
+    model = load_model("qwen_image", tiny_qwen_image_path, max_sequence_length=8)
+    fused = [m for m in model.transformer.modules() if isinstance(m, FusedRMSNorm)]
+    assert fused, "Qwen-Image's q/k and text norms are diffusers RMSNorms: they should load fused"
+
+
+def test_bf16_denoisers_train_float32_adapters_that_multiply_in_bf16(tiny_sd3_path):
+    """A bf16 denoiser's LoRA weights are float32 (an AdamW step far under a bf16 weight's
+    rounding still moves them) and multiply in bf16, as under torch.autocast; its old-policy copy
+    is float32 too and equal to the source; a float32 denoiser is untouched."""
+    from peft.tuners.lora import LoraLayer
+
+    from pixelrl.models.kernels import AdapterFactorLinear
+    from pixelrl.models.lora import add_adapter_copy, adapter_params
+
+    model = SD3Model(tiny_sd3_path, dtype="bfloat16", max_sequence_length=0)
+    add_lora(model.transformer, rank=4, alpha=8, target_modules=model.default_lora_targets)
+    trained = [p for p in model.transformer.parameters() if p.requires_grad]
+    assert trained and all(p.dtype == torch.float32 for p in trained)
+    layer = next(m for m in model.transformer.modules() if isinstance(m, LoraLayer))
+    A, B = layer.lora_A["default"], layer.lora_B["default"]
+    assert type(A) is AdapterFactorLinear and layer.get_base_layer().weight.dtype == torch.bfloat16
+    with torch.no_grad():
+        B.weight.normal_()
+    x = torch.randn(6, A.in_features, dtype=torch.bfloat16)
+    out = layer(x)
+    expected = layer.base_layer(x) + (x @ A.weight.bfloat16().T) @ B.weight.bfloat16().T * layer.scaling["default"]
+    assert out.dtype == torch.bfloat16 and torch.equal(out, expected)
+    out.float().square().sum().backward()
+    assert A.weight.grad.dtype == torch.float32 and A.weight.grad.abs().sum() > 0
+    before = A.weight.detach().clone()
+    with torch.no_grad():
+        A.weight.add_(before.abs().clamp_min(1e-3) * 1e-4)  # 1/10000 of each weight: lost in bf16
+    assert (A.weight != before).all()
+    add_adapter_copy(model.transformer, "old")
+    old, new = adapter_params(model.transformer, "old"), adapter_params(model.transformer, "default")
+    assert all(old[k].dtype == torch.float32 and torch.equal(old[k], new[k]) for k in new)
+    float_model = SD3Model(tiny_sd3_path, max_sequence_length=0)
+    add_lora(float_model.transformer, rank=4, alpha=8, target_modules=float_model.default_lora_targets)
+    assert not any(isinstance(m, AdapterFactorLinear) for m in float_model.transformer.modules())

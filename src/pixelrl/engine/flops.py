@@ -57,9 +57,10 @@ class FlopMeter:
             module.register_forward_hook(self._after, with_kwargs=True)
 
     def compile_forward(self, module: torch.nn.Module) -> None:
-        """`torch.compile` the forward of one of the metered modules. The counting forward (the
-        first of each shape) runs eager: dynamo does not trace under a dispatch mode such as the
-        FLOP counter and, having refused a code object once, never compiles it afterwards."""
+        """`torch.compile` the forward of a metered module or of a block inside one. The counting
+        forward (the first of each shape) runs eager: dynamo does not trace under a dispatch mode
+        such as the FLOP counter and, having refused a code object once, never compiles it
+        afterwards."""
         eager = module.forward
         compiled = torch.compile(eager)
 

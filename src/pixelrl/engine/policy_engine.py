@@ -66,11 +66,12 @@ class PolicyEngine:
             if self.has_old_adapter:
                 add_adapter_copy(model.transformer, "old")
         else:
+            model.keep_float32_master_weights()
             model.transformer.requires_grad_(True)
             if self.loss_reads_reference():
                 # full fine-tuning keeps a frozen copy as the reference, taken now: a copy taken at
                 # its first use would hold a resumed checkpoint's weights, not the base model's
-                self._frozen_reference = copy.deepcopy(model.transformer).requires_grad_(False).eval()
+                self._frozen_reference = self._reference_copy()
         if mcfg.gradient_checkpointing:
             model.transformer.enable_gradient_checkpointing()
         if not model.trainable_parameters():
@@ -82,10 +83,22 @@ class PolicyEngine:
         self.flop_meter = FlopMeter(model.transformer, *filter(None, [self._frozen_reference]),
                                     variant=lambda: self._computing)
         if mcfg.compile:
-            # the forward only, not the module call: hooks (the FLOP meter, FSDP2's) stay eager,
-            # and parameter names (checkpoints, LoRA export) stay those of the plain module
+            # Each repeated block, not the whole forward: the blocks hold nearly all the work and
+            # the small kernels between matmuls (modulation, gates, residuals, norms) that
+            # compiling fuses; one block structure compiles once and serves every block of it,
+            # where the whole forward recompiled per input shape for minutes. Forwards only, not
+            # module calls: hooks (the FLOP meter, FSDP2's) stay eager, parameter names stay.
+            import torch._dynamo as dynamo
+
+            from pixelrl.models.parallelize import no_split_units
+
+            # every block of a family shares one forward's code: its variants (block structures x
+            # adapter on / off / old x grad or not x a fixed then a dynamic batch) pass dynamo's
+            # default limit of 8 per code, past which it would quietly run the rest eager
+            dynamo.config.recompile_limit = max(dynamo.config.recompile_limit, 64)
             for denoiser in filter(None, [model.transformer, self._frozen_reference]):
-                self.flop_meter.compile_forward(denoiser)
+                for block in no_split_units(denoiser):
+                    self.flop_meter.compile_forward(block)
         # The optimizer side (AdamW, warm-up, clipping, non-finite policy, DDP grad-sync hook).
         # A cosine lr decays over the run's optimizer steps (a time budget that stops it early leaves
         # the lr where it got to).
@@ -193,6 +206,11 @@ class PolicyEngine:
         finally:
             self._computing = outer
 
+    def _reference_copy(self) -> torch.nn.Module:
+        """A frozen copy of the fully fine-tuned denoiser, in the compute dtype: it is never
+        stepped, so it needs no float32 master weights."""
+        return copy.deepcopy(self.model.transformer).to(self.model.dtype).requires_grad_(False).eval()
+
     @contextlib.contextmanager
     def _weights_of(self, which: str):
         if which == "old" and self.has_old_adapter:
@@ -208,7 +226,7 @@ class PolicyEngine:
                 yield
         else:
             if self._frozen_reference is None:
-                self._frozen_reference = copy.deepcopy(self.model.transformer).requires_grad_(False).eval()
+                self._frozen_reference = self._reference_copy()
             trained = self.model.transformer
             self.model.transformer = self._frozen_reference
             try:

@@ -6,6 +6,7 @@ shipped tiny model share one rollout loop and one update step.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from abc import ABC, abstractmethod
@@ -85,9 +86,28 @@ class DiffusionModel(ABC):
     # this fix; None where zero tokens is meaningful (SD3 without T5)
     text_tokens_hint: str | None = None
 
+    # full fine-tuning of a low-precision model: float32 denoiser weights, forwards under autocast
+    float32_master_weights: bool = False
+
     def __init__(self, prompt_cache_size: int = 4096):
         self._prompt_cache: OrderedDict[str, PromptEmbeds] = OrderedDict()
         self._prompt_cache_size = prompt_cache_size
+
+    def keep_float32_master_weights(self) -> None:
+        """For full fine-tuning: a bf16 (or fp16) denoiser's weights become float32 and its forwards
+        compute in `dtype` under torch.autocast, as the reference implementations train. Adam's
+        steps on bf16 weights would round away (a step under 1/256 of a weight is lost: lr 1e-5 on
+        weights of 0.02 loses most of them). float32 models are left as they are."""
+        if self.dtype != torch.float32:
+            self.transformer.float()
+            self.float32_master_weights = True
+
+    def compute_precision(self):
+        """The context every denoiser forward runs in: autocast to `dtype` over float32 master
+        weights, nothing otherwise."""
+        if not self.float32_master_weights:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
 
     # --- loading (used by each family's __init__) --------------------------------------------
     def _open(self, path, required: tuple[str, ...], device, dtype, max_sequence_length: int,
@@ -101,9 +121,12 @@ class DiffusionModel(ABC):
 
     def _load_module(self, folder: Path, part: str, cls, *, frozen: bool = True) -> nn.Module:
         """`cls.from_pretrained(folder/part)` from safetensors, in the model's dtype on its device,
-        without gradients; frozen parts (text encoders, VAE) also in eval mode."""
+        without gradients, its RMS norms fused; frozen parts (text encoders, VAE) also in eval mode."""
+        from pixelrl.models.kernels import fuse_rms_norms
+
         module = load_part(folder, f"{part}/", lambda: cls.from_pretrained(
             folder / part, torch_dtype=self.dtype, use_safetensors=True)).to(self.device).requires_grad_(False)
+        fuse_rms_norms(module)
         return module.eval() if frozen else module
 
     @staticmethod
@@ -224,9 +247,11 @@ class DiffusionModel(ABC):
         x = latents.to(self.dtype)
         sig = sigmas.to(device=latents.device, dtype=torch.float32).expand(latents.shape[0])
         if guidance_scale == 1.0 or negative is None:
-            return self._forward(x, sig, text).float()
+            with self.compute_precision():
+                return self._forward(x, sig, text).float()
         both = PromptEmbeds.cat([negative, text])
-        v = self._forward(torch.cat([x, x]), torch.cat([sig, sig]), both).float()
+        with self.compute_precision():
+            v = self._forward(torch.cat([x, x]), torch.cat([sig, sig]), both).float()
         v_uncond, v_cond = v.chunk(2)
         return v_uncond + guidance_scale * (v_cond - v_uncond)
 

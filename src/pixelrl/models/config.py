@@ -20,8 +20,8 @@ class ModelConfig:
     lora_target_modules: list[str] | None = None  # None = the adapter's defaults
     lora_init: str = "gaussian"  # gaussian | default (peft's kaiming A, zero B) | pissa | olora | orthogonal
     gradient_checkpointing: bool | str = False  # auto: on only where the step fits, or runs faster, with it
-    # torch.compile the denoiser's forward (sampling, reference and training): compiled once per
-    # input shape and adapter state on the first steps, then reused
+    # torch.compile each of the denoiser's repeated blocks (sampling, reference and training):
+    # compiled per block structure, adapter state and grad mode on the first steps, then reused
     compile: bool = False
 
     def check(self) -> None:

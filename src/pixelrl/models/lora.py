@@ -7,6 +7,8 @@ import contextlib
 import torch
 from torch import nn
 
+from pixelrl.models.kernels import float32_adapters
+
 
 def add_lora(
     transformer: nn.Module,
@@ -43,6 +45,7 @@ def add_lora(
     # peft marks the active adapter trainable; make sure no base weight slipped through.
     for name, param in transformer.named_parameters():
         param.requires_grad_("lora_" in name and f".{adapter_name}." in name)
+    float32_adapters(transformer)
 
 
 LORA_INITS = ("gaussian", "default", "pissa", "olora", "orthogonal")
@@ -74,6 +77,7 @@ def add_adapter_copy(transformer: nn.Module, new_name: str, source: str = "defau
     with warnings.catch_warnings():  # peft warns about a second adapter: here that is the point
         warnings.filterwarnings("ignore", message=".*multiple adapters.*")
         transformer.add_adapter(config, adapter_name=new_name)
+    float32_adapters(transformer)  # before the copy: a bf16 copy would round the source's weights
     blend_adapter(transformer, new_name, source, decay=0.0)
     activate_adapter(transformer, source)
 

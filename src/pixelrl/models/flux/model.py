@@ -77,7 +77,8 @@ class FluxModel(PackedLatentsModel):
         x = latents.to(self.dtype)
         sig = sigmas.to(device=latents.device, dtype=torch.float32).expand(latents.shape[0])
         guidance = (torch.full_like(sig, float(guidance_scale)) if self.guidance_embeds else None)
-        return self._forward(x, sig, text, guidance).float()
+        with self.compute_precision():
+            return self._forward(x, sig, text, guidance).float()
 
     def _forward(self, latents, sigmas, text: PromptEmbeds, guidance=None):
         batch, channels, h, w = latents.shape
