@@ -500,3 +500,32 @@ def test_the_vlm_update_reads_no_scalar_back_per_micro_batch(tiny_vlm_path, tmp_
         assert metrics["actor/grad_norm"] > 0
         reads.append(counter.count)
     assert reads[0] == reads[1]
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_a_bf16_policy_and_critic_step_float32_weights_and_compute_in_bf16(tiny_vlm_path, tmp_path, lora):
+    """vision-language PPO on a bf16 model: the trained weights (the full policy or its LoRA, and
+    the critic) are float32, so an AdamW step of 1e-6 moves them where bf16 weights would round
+    it away; the forwards compute in bf16; a full fine-tune's frozen reference stays bf16."""
+    from pixelrl.vlm.engine import VLMEngine
+    from pixelrl.vlm.qa_tasks import task_items
+
+    adapter = ["model.lora_rank=4", "model.lora_alpha=8"] if lora else []
+    cfg = vlm_config(tiny_vlm_path, tmp_path, "model.dtype=bfloat16", "actor.lr=1e-6", "vlm.critic_lr=1e-6",
+                     "vlm.estimator=gae", "vlm.kl_coef=0.05", "actor.weight_decay=0", *adapter)
+    engine = VLMEngine(cfg)
+    critic = [p for p in engine.critic.parameters() if p.requires_grad]
+    assert all(p.dtype == torch.float32 for p in [*engine.trainable, *critic])
+    if not lora:
+        assert all(p.dtype == torch.bfloat16 for p in engine.reference_module.parameters())
+    seen = []
+    # a projection's output: the residual stream of float32 weights is float32 under autocast too
+    projection = engine.policy.model.model.language_model.layers[0].self_attn.q_proj
+    hook = projection.register_forward_hook(lambda m, a, out: seen.append(out.dtype))
+    before = [p.detach().clone() for p in [*engine.trainable, *critic]]
+    exp, _ = engine.make_experience(task_items(cfg, "train", 0, 4), 1)
+    engine.train_on(exp, 1)
+    hook.remove()
+    assert seen and set(seen) == {torch.bfloat16}
+    moved = [(p != b).float().mean().item() for p, b in zip([*engine.trainable, *critic], before)]
+    assert sum(moved) / len(moved) > 0.5, moved

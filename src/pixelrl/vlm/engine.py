@@ -64,9 +64,10 @@ class VLMEngine:
             targets = cfg.model.lora_target_modules or ("q_proj", "k_proj", "v_proj", "o_proj")
             self.policy.add_lora(rank=cfg.model.lora_rank, alpha=cfg.model.lora_alpha, targets=targets)
         else:
+            self.policy.keep_float32_master_weights()
             self.policy.model.requires_grad_(True)
-            if v.kl_coef > 0:  # full fine-tuning: the reference is a frozen copy of the start
-                self.reference_module = copy.deepcopy(self.policy.model).requires_grad_(False).eval()
+            if v.kl_coef > 0:  # full fine-tuning: the reference is a frozen copy of the start, never stepped
+                self.reference_module = copy.deepcopy(self.policy.model).to(self.policy.dtype).requires_grad_(False).eval()
         self.trainable = [p for p in self.policy.model.parameters() if p.requires_grad]
         self.actor_learner = Learner.from_actor_config(lambda: self.trainable, cfg.actor,
                                                        total_steps=actor_optimizer_steps(cfg, v.freezing_actor_steps))

@@ -22,6 +22,7 @@ from torch import nn
 
 from pixelrl.core.errors import ConfigError
 from pixelrl.models.base import load_part, resolve_dtype
+from pixelrl.models.kernels import float32_adapters
 from pixelrl.models.qwen_vl.shared_images import encode_each_image_once
 from pixelrl.models.qwen_vl.shared_prompts import PackedBatch, group_by_prompt, pack_by_prompt, prompt_positions
 
@@ -106,6 +107,20 @@ class QwenVLModel:
                                                   getattr(cfg, "vision_end_token_id", None)) if i is not None})
         # FSDP2: every rank must run the same forwards, so generation goes on until all are done
         self.synced_generation = False
+        # full fine-tuning in a low-precision dtype: float32 weights, forwards under autocast
+        self.float32_master_weights = False
+
+    def keep_float32_master_weights(self) -> None:
+        """For full fine-tuning: bf16 (or fp16) weights become float32 and every forward computes
+        in `dtype` under torch.autocast, as verl's FSDP mixed precision keeps float32 master
+        weights (AdamW steps under 1/256 of a bf16 weight would round away)."""
+        if self.dtype != torch.float32:
+            self.model.float()
+            self.float32_master_weights = True
+
+    def compute_precision(self):
+        """The context every forward of the policy (or its frozen reference) runs in."""
+        return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.float32_master_weights)
 
     # --- inputs --------------------------------------------------------------------------
     def prompt_text(self, question: str) -> str:
@@ -183,7 +198,7 @@ class QwenVLModel:
         unique = prompts.select(unique_rows)
         _, next_position = prompt_positions(unique, self.model.model.get_rope_index, self.model.config.image_token_id)
         next_position = next_position[group]
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), self.compute_precision():
             torch.manual_seed(seed)
             out = module(**self.model_inputs(unique), use_cache=True)
             cache = out.past_key_values
@@ -262,16 +277,18 @@ class QwenVLModel:
     def response_logits(self, module: nn.Module, batch: TokenBatch) -> torch.Tensor:
         """Logits at the columns that predict each response token: [B, R, V]."""
         packed = self.packed_inputs(batch)
-        if packed is not None:
-            return packed.gather(module(**packed.inputs, use_cache=False).logits)
-        out = module(**self.model_inputs(batch), use_cache=False)
+        with self.compute_precision():
+            if packed is not None:
+                return packed.gather(module(**packed.inputs, use_cache=False).logits)
+            out = module(**self.model_inputs(batch), use_cache=False)
         P, R = batch.prompt_length, batch.input_ids.shape[1] - batch.prompt_length
         return out.logits[:, P - 1:P - 1 + R]
 
     def next_token_logprobs(self, prompts: TokenBatch, module: nn.Module | None = None) -> torch.Tensor:
         """Log-probs [B, V] of the first response token after left-padded `prompts` (the last
         column predicts it), vision placeholders excluded as in sampling."""
-        logits = (module or self.model)(**self.model_inputs(prompts), use_cache=False).logits[:, -1].float()
+        with self.compute_precision():
+            logits = (module or self.model)(**self.model_inputs(prompts), use_cache=False).logits[:, -1].float()
         return torch.log_softmax(self._suppress(logits), -1)
 
     def token_logprobs(self, batch: TokenBatch, *, temperature: float = 1.0, module: nn.Module | None = None,
@@ -294,6 +311,7 @@ class QwenVLModel:
         self.model.set_adapter("default")
         for name, param in self.model.named_parameters():
             param.requires_grad_("lora_" in name)
+        float32_adapters(self.model)  # transformers creates them in the base dtype
 
     @contextlib.contextmanager
     def reference(self):
@@ -322,13 +340,20 @@ class ValueModel(nn.Module):
         nn.init.normal_(self.head.weight, std=1.0 / (hidden + 1))
         nn.init.zeros_(self.head.bias)
         self._policy = [policy]  # a list: not a submodule (its weights are not the critic's)
+        # the critic is always fully trained: float32 master weights under a low-precision dtype
+        self._autocast = (policy.device.type, policy.dtype)
+        if policy.dtype != torch.float32:
+            self.float()
 
     def forward(self, batch: TokenBatch) -> torch.Tensor:
         packed = self._policy[0].packed_inputs(batch)
-        if packed is not None:
-            hidden = packed.gather(self.backbone(**packed.inputs, use_cache=False).last_hidden_state)
-        else:
-            out = self.backbone(**self._policy[0].model_inputs(batch), use_cache=False)
-            P, R = batch.prompt_length, batch.input_ids.shape[1] - batch.prompt_length
-            hidden = out.last_hidden_state[:, P - 1:P - 1 + R]
-        return self.head(hidden).squeeze(-1).float() * batch.response_mask
+        device_type, dtype = self._autocast
+        with torch.autocast(device_type, dtype=dtype, enabled=dtype != torch.float32):
+            if packed is not None:
+                hidden = packed.gather(self.backbone(**packed.inputs, use_cache=False).last_hidden_state)
+            else:
+                out = self.backbone(**self._policy[0].model_inputs(batch), use_cache=False)
+                P, R = batch.prompt_length, batch.input_ids.shape[1] - batch.prompt_length
+                hidden = out.last_hidden_state[:, P - 1:P - 1 + R]
+            values = self.head(hidden).squeeze(-1)
+        return values.float() * batch.response_mask
