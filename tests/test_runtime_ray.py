@@ -155,7 +155,8 @@ def test_direct_preference_resume_is_exact_with_two_workers(ray_cluster, tmp_pat
 def test_fsdp2_on_two_ray_workers_shards_each_familys_blocks_and_ranks_agree(ray_cluster, request, family, units):
     """A family's FSDP units are its own (`_no_split_modules`): FLUX's double- and single-stream
     blocks, Qwen-Image's and Wan's blocks are all-gather units on both ranks, and after an update
-    the ranks hold the same weights."""
+    the ranks hold the same weights. FLUX runs in bf16, as on GPUs: its units then hold bf16 base
+    weights beside float32 LoRA weights, which FSDP2 must all-gather together."""
     import numpy as np
 
     from pixelrl.core.config_io import to_yaml
@@ -165,7 +166,8 @@ def test_fsdp2_on_two_ray_workers_shards_each_familys_blocks_and_ranks_agree(ray
 
     path = request.getfixturevalue(f"tiny_{family}_path")
     cfg = load_config(f"flow_grpo_{family}_tiny", [f"model.path={path}", "trainer.n_workers=2",
-                                              "trainer.strategy=fsdp2", "algorithm.drop_zero_advantage=false"])
+                                              "trainer.strategy=fsdp2", "algorithm.drop_zero_advantage=false",
+                                              f"model.dtype={'bfloat16' if family == 'flux' else 'float32'}"])
     rewards = RewardGroup([dict(f) for f in cfg.reward.functions], backend="local")
     group = RayWorkerGroup(to_yaml(cfg), 2, 1)
     try:
