@@ -243,3 +243,27 @@ def test_bf16_denoisers_train_float32_adapters_that_multiply_in_bf16(tiny_sd3_pa
     float_model = SD3Model(tiny_sd3_path, max_sequence_length=0)
     add_lora(float_model.transformer, rank=4, alpha=8, target_modules=float_model.default_lora_targets)
     assert not any(isinstance(m, AdapterFactorLinear) for m in float_model.transformer.modules())
+
+
+def test_fsdp2_gathers_float32_master_weights_in_the_compute_dtype(tiny_sd3_path):
+    """Full fine-tuning of a bf16 model under FSDP2: the float32 shards are all-gathered as bf16
+    (half the bytes, what `pixelrl plan` counts) and the gradients come back float32."""
+    import torch.distributed as dist
+
+    from pixelrl.models.parallelize import apply_fsdp2
+
+    model = SD3Model(tiny_sd3_path, dtype="bfloat16", max_sequence_length=0)
+    model.keep_float32_master_weights()
+    model.transformer.requires_grad_(True)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    projection = model.fsdp_units()[0].attn.to_q
+    try:
+        apply_fsdp2(model)
+        gathered = []
+        projection.register_forward_pre_hook(lambda m, a: gathered.append(m.weight.dtype))
+        x = torch.randn(2, *model.latent_shape(32, 32))
+        model.predict_velocity(x, torch.tensor(0.5), model.encode_prompts(["a", "b"])).square().mean().backward()
+    finally:
+        dist.destroy_process_group()
+    assert gathered == [torch.bfloat16]
+    assert projection.weight.dtype == torch.float32 and projection.weight.grad.dtype == torch.float32

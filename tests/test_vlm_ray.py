@@ -70,7 +70,8 @@ def test_fsdp2_shards_actor_and_critic_per_block_and_both_train(ray_cluster, req
                                                                  tower):
     """Under FSDP2 each decoder layer, vision block and the vision tower is its own all-gather unit
     in the actor and in the critic, on both ranks; two steps of synchronised generation (every rank
-    runs the same forwards) and training move the actor and the critic, the same on both ranks."""
+    runs the same forwards) and training move the actor and the critic, the same on both ranks.
+    Qwen2-VL runs in bf16, as on GPUs: float32 master weights gathered in bf16."""
     import json
 
     from pixelrl.core.config_io import to_yaml
@@ -78,7 +79,9 @@ def test_fsdp2_shards_actor_and_critic_per_block_and_both_train(ray_cluster, req
     from pixelrl.vlm.worker import VLMWorker
 
     path = request.getfixturevalue("tiny_vlm_path" if family == "qwen2_vl" else "tiny_vlm25_path")
-    cfg = vlm_config(path, tmp_path, *_two_workers("fsdp2", "vlm.estimator=gae", "vlm.ema_decay=0.9"))
+    dtype = "bfloat16" if family == "qwen2_vl" else "float32"
+    cfg = vlm_config(path, tmp_path, *_two_workers("fsdp2", "vlm.estimator=gae", "vlm.ema_decay=0.9",
+                                                   f"model.dtype={dtype}"))
     group = RayWorkerGroup(to_yaml(cfg), 2, 1, worker_cls=VLMWorker)
     try:
         units = group.call("fsdp_units", gather="all")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 
@@ -25,13 +26,20 @@ def no_split_units(module: nn.Module) -> list[nn.Module]:
     return units
 
 
-def shard_blocks(root: nn.Module, blocks: list[nn.Module]) -> None:
-    """FSDP2: one all-gather unit per block, the rest (embeddings, norms, heads) in the root's."""
-    from torch.distributed.fsdp import fully_shard
+def shard_blocks(root: nn.Module, blocks: list[nn.Module], compute_dtype: torch.dtype | None = None) -> None:
+    """FSDP2: one all-gather unit per block, the rest (embeddings, norms, heads) in the root's.
 
+    `compute_dtype`: float32 master weights (full fine-tuning of a bf16 model) are all-gathered
+    in that dtype and their gradients reduce-scattered in float32, torchtitan's mixed precision:
+    half the bytes of gathering float32 (the bytes `pixelrl plan` counts), the same arithmetic as
+    the autocast the forward runs under."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = (MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32) if compute_dtype
+              else MixedPrecisionPolicy())
     for block in blocks:
-        fully_shard(block)
-    fully_shard(root)
+        fully_shard(block, mp_policy=policy)
+    fully_shard(root, mp_policy=policy)
     # FSDP2 decides which unit is the root at the first forward through it; a sub-unit called on
     # its own first (transformers' generate encodes the image before any full forward) would
     # claim that role. Settle it now.
@@ -49,4 +57,4 @@ def fsdp_unit_names(root: nn.Module) -> list[str]:
 
 def apply_fsdp2(model) -> None:
     """Shard a DiffusionModel's denoiser over its family's units, then the root."""
-    shard_blocks(model.transformer, model.fsdp_units())
+    shard_blocks(model.transformer, model.fsdp_units(), model.dtype if model.float32_master_weights else None)
