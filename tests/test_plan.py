@@ -329,3 +329,19 @@ def test_the_estimate_logged_beside_the_measured_peak_is_the_one_auto_chose_by(c
     assert f"(estimated peak {estimated_peak_gb(cfg):.1f} GB," in capsys.readouterr().err
     two = paper_config("flow_grpo_sd35", *BENCH, "trainer.n_workers=2", "trainer.fit_to_memory_gb=80")
     assert f"(estimated peak {estimated_peak_gb(two):.1f} GB," in capsys.readouterr().err
+
+
+def test_a_full_fine_tune_holds_its_frozen_reference_copy_whole_on_every_gpu():
+    """Full fine-tuning keeps a frozen copy of the denoiser for the KL term, taken before FSDP2
+    shards anything: 2.47B bf16 parameters (4.94 GB) on each GPU beside the sharded float32
+    state; without the KL term, none."""
+    from pixelrl.config.plan import resident_bytes
+
+    def resident(kl: float, gpus: int) -> float:
+        cfg = paper_config("flow_grpo_sd35", "model.lora_rank=0", f"diffusion_loss.kl_coef={kl}")
+        return resident_bytes(cfg, model_shape(cfg), gpus)
+
+    params = model_shape(paper_config("flow_grpo_sd35")).denoiser_params
+    assert resident(0.04, 4) - resident(0.0, 4) == pytest.approx(params * 2, rel=1e-9)
+    # what FSDP2 does shard: float32 weights, gradients, Adam's moments and the recipe's EMA
+    assert resident(0.0, 1) - resident(0.0, 4) == pytest.approx(params * (16 + 4) * 3 / 4, rel=1e-9)

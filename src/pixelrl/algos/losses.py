@@ -56,6 +56,11 @@ class LossSpec:
         off = {key for key, param in self.weighted_step_keys if getattr(options, param) == 0}
         return tuple(k for k in self.step_keys if k not in off)
 
+    def reads_reference(self, options) -> bool:
+        """Whether training under `options` needs the reference policy: the KL term, or a step key
+        of the loss that a reference forward computes."""
+        return options.kl_coef > 0 or bool(REFERENCE_STEP_KEYS.intersection(self.step_keys_needed(options)))
+
     def __call__(self, step: dict, cfg) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         require_keys(f"loss `{self.name}`", self.step_keys, step.keys())
         return self.fn(step, cfg)

@@ -246,7 +246,10 @@ class Estimate:
 
 def resident_bytes(cfg: PixelRLConfig, shape: Shape, gpus: int) -> float:
     """Weights and optimizer state held for the whole run on each GPU: FSDP2 shards the denoiser
-    (and a full fine-tune's state) over the GPUs; the encoders and the VAE are replicated."""
+    (and a full fine-tune's state) over the GPUs; the encoders and the VAE are replicated, and so
+    is a full fine-tune's frozen reference copy, taken before sharding."""
+    from pixelrl.algos.losses import LOSSES
+
     m = cfg.model
     width = DTYPE_BYTES.get(m.dtype, 4)
     shards = gpus if cfg.trainer.strategy == "fsdp2" else 1
@@ -254,7 +257,9 @@ def resident_bytes(cfg: PixelRLConfig, shape: Shape, gpus: int) -> float:
         trainable = lora_parameters(cfg, shape)
         frozen = shape.denoiser_params * width / shards
     else:
-        trainable, frozen = shape.denoiser_params / shards, 0.0
+        loss = LOSSES.get(cfg.diffusion_loss.name)
+        trainable = shape.denoiser_params / shards
+        frozen = shape.denoiser_params * width if loss.reads_reference(loss.bind(cfg.diffusion_loss)) else 0.0
     ema = 4 * trainable if cfg.actor.ema_decay > 0 else 0.0
     return frozen + trainable * TRAINABLE_STATE_BYTES + ema + (shape.encoder_params + shape.vae_params) * width
 

@@ -12,7 +12,7 @@ from collections import defaultdict
 
 import torch
 
-from pixelrl.algos.losses import REFERENCE_STEP_KEYS, get_loss, require_keys
+from pixelrl.algos.losses import get_loss, require_keys
 from pixelrl.engine.flops import FlopMeter, matmul_peak_flops, peak_memory_gb
 from pixelrl.engine.learner import Learner, kept_on_device
 from pixelrl.engine.objectives import OBJECTIVE_CLASSES, side_by_side, step_groups, whole_group_order
@@ -116,8 +116,7 @@ class PolicyEngine:
 
     def loss_reads_reference(self) -> bool:
         """The KL term, or a step key of the loss that a reference forward computes."""
-        needs = REFERENCE_STEP_KEYS.intersection(self.loss.step_keys_needed(self.loss_options))
-        return self.cfg.diffusion_loss.kl_coef > 0 or bool(needs)
+        return self.loss.reads_reference(self.loss_options)
 
     @classmethod
     def from_config(cls, cfg: EngineConfig, trains: bool = True, parallelize=None) -> "PolicyEngine":
