@@ -345,3 +345,43 @@ def test_a_full_fine_tune_holds_its_frozen_reference_copy_whole_on_every_gpu():
     assert resident(0.04, 4) - resident(0.0, 4) == pytest.approx(params * 2, rel=1e-9)
     # what FSDP2 does shard: float32 weights, gradients, Adam's moments and the recipe's EMA
     assert resident(0.0, 1) - resident(0.0, 4) == pytest.approx(params * (16 + 4) * 3 / 4, rel=1e-9)
+
+
+def test_auto_leaves_room_for_reward_models_on_the_same_card(tmp_path, capsys, monkeypatch):
+    """One process (trainer.backend=local) scores its rewards on the policy's GPU: a reward
+    folder holding 6 GB of safetensors leaves the sizes 40 - 6 = 34 GB, the plan of
+    trainer.fit_to_memory_gb=34; on Ray the reward workers are elsewhere and the card is whole."""
+    from types import SimpleNamespace
+
+    from pixelrl.config import auto_size, load_config
+
+    reward = tmp_path / "reward_model"
+    reward.mkdir()
+    with open(reward / "model.safetensors", "wb") as f:
+        f.truncate(6 * 10 ** 9)  # sparse: the size is what counts
+    (tmp_path / "model").mkdir()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace(
+        total_memory=40e9, name="Stand-in GPU"))
+    loaded = load_config("flow_grpo_sd35", [f"model.path={tmp_path / 'model'}", "trainer.backend=local",
+                                            "trainer.n_workers=1", *AUTO_SD35])
+    assert auto_size.reward_models_gb(loaded) == 0.0  # its reward names no folder
+
+    def unsized(backend: str, fit: float = 0.0):
+        """The loaded config with its sizes `auto` again and a reward model in `reward`."""
+        return dataclasses.replace(
+            loaded, trainer=dataclasses.replace(loaded.trainer, backend=backend, fit_to_memory_gb=fit),
+            actor=dataclasses.replace(loaded.actor, ppo_micro_batch_size="auto"),
+            model=dataclasses.replace(loaded.model, gradient_checkpointing="auto"),
+            rollout=dataclasses.replace(loaded.rollout, micro_batch_size="auto"),
+            reward=dataclasses.replace(loaded.reward, functions=[
+                {"name": "pickscore", "weight": 1.0, "options": {"path": str(reward)}}]))
+
+    sizes = lambda c: (c.actor.ppo_micro_batch_size, c.model.gradient_checkpointing,  # noqa: E731
+                       c.rollout.micro_batch_size)
+    capsys.readouterr()
+    local = auto_size.fit_to_memory(unsized("local"))
+    assert "sized for 34.0 GB per worker (Stand-in GPU's memory, less 6.0 GB of reward models" in capsys.readouterr().err
+    assert sizes(local) == sizes(auto_size.fit_to_memory(unsized("ray", fit=34.0)))
+    assert auto_size.reward_models_gb(unsized("ray")) == 0.0
+    assert sizes(local) != sizes(auto_size.fit_to_memory(unsized("ray")))  # the whole 40 GB fits more

@@ -343,3 +343,21 @@ Extension modules: msgpack._cmsgpack, google._upb._message, psutil._psutil_linux
                                 "PC: @     0x7f9fc4ca8eec  (unknown)  (unknown)",
                                 "Fatal Python error: Aborted"]
     assert crash_lines(":job_id:01000000\n:actor_name:VLMWorker\n") == []
+
+
+def test_a_colocated_reward_worker_sees_no_gpu(ray_cluster):
+    """Ray leaves CUDA_VISIBLE_DEVICES as it finds it for an actor without GPUs: on a GPU node a
+    colocated reward worker would load its model onto the first card, beside a policy worker.
+    pixelrl hides the GPUs from it (a reward pool with num_gpus gets its own)."""
+    import os
+
+    import ray
+
+    from pixelrl.workers.group import RewardGroup
+
+    group = RewardGroup([{"name": "jpeg_compressibility", "weight": 1.0}], backend="ray", placement="colocated")
+    try:
+        seen = ray.get(group.workers[0].__ray_call__.remote(lambda worker: os.environ.get("CUDA_VISIBLE_DEVICES")))
+    finally:
+        group.shutdown()
+    assert seen == ""

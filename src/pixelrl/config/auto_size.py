@@ -2,7 +2,8 @@
 worker has, by the same plan as `pixelrl plan` (pixelrl.config.plan), before any worker starts.
 
 The memory is `trainer.fit_to_memory_gb` when set, else the GPU's (`model.device` cuda: the
-card's total memory as this process sees it), else this machine's RAM shared by the workers.
+card's total memory as this process sees it), else this machine's RAM shared by the workers;
+in one process, less the weights of reward models that score on the same card.
 A field written as a number stays as written; `trainer.fit_to_memory_gb` with no `auto` field
 chooses all three (a recipe written for other cards, fitted to these).
 """
@@ -38,6 +39,27 @@ def worker_memory_gb(cfg: PixelRLConfig, field: str) -> tuple[float, str]:
     return psutil.virtual_memory().total / 1e9 / workers, f"this machine's RAM over {workers} worker(s)"
 
 
+def reward_models_gb(cfg: PixelRLConfig) -> float:
+    """GB of reward-model weights that load onto the policy's GPU: in one process
+    (`trainer.backend: local`) a model-based reward scores on the same card, so its weights
+    (the safetensors files under its `path`) come out of the memory the sizes may use. The
+    scoring's own activations are not counted. Ray's reward workers reserve no GPU share of the
+    policy's (colocated) or have GPUs of their own (a pool): nothing to take off there."""
+    from pathlib import Path
+
+    import torch
+
+    if cfg.trainer.backend != "local" or torch.device(cfg.model.device).type != "cuda":
+        return 0.0
+    total = 0
+    for function in cfg.reward.functions:
+        path = (function.get("options") or {}).get("path")
+        folder = Path(str(path)).expanduser() if path else None
+        if folder is not None and folder.is_dir():
+            total += sum(f.stat().st_size for f in folder.rglob("*.safetensors"))
+    return total / 1e9
+
+
 def fit_to_memory(cfg: PixelRLConfig) -> PixelRLConfig:
     """`cfg` with its `auto` sizes chosen (all sizes with trainer.fit_to_memory_gb and none
     `auto`), announced once on stderr. `cfg` has passed validation."""
@@ -48,6 +70,10 @@ def fit_to_memory(cfg: PixelRLConfig) -> PixelRLConfig:
     else:
         field = auto[0]
         memory, source = worker_memory_gb(cfg, field)
+    rewards = reward_models_gb(cfg)
+    if rewards:
+        memory -= rewards
+        source += f", less {rewards:.1f} GB of reward models on the same card"
     # plan_for validates the config with its choices applied (check_recipe); this run's own files
     # passed validation before, so that check is complete here
     plan = plan_for(cfg, cfg.trainer.n_workers, memory, cfg.trainer.peak_tflops or 989.0, field=field,

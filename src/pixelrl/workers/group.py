@@ -340,7 +340,13 @@ class RewardGroup:
         threads = max(1, int(num_cpus)) if placement == "pool" else 1
         actor_cls = ray.remote(RewardWorker)
         gpus = num_gpus if placement == "pool" else 0  # a reward on a GPU sees only its own (CUDA_VISIBLE_DEVICES)
-        self.workers = [actor_cls.options(num_cpus=reserve, num_gpus=gpus).remote(functions, threads, plugins, timeout_s)
+        options = dict(num_cpus=reserve, num_gpus=gpus)
+        if not gpus:
+            # recent Ray leaves CUDA_VISIBLE_DEVICES alone for an actor without GPUs: a
+            # colocated reward worker would see every GPU of the node and load its model onto the
+            # first, beside a policy worker that the memory plan gave that whole card
+            options["runtime_env"] = {"env_vars": {"CUDA_VISIBLE_DEVICES": ""}}
+        self.workers = [actor_cls.options(**options).remote(functions, threads, plugins, timeout_s)
                         for _ in range(num_workers)]
         ray.get([w.setup.remote() for w in self.workers])
 
