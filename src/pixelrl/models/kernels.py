@@ -1,5 +1,6 @@
-"""How the denoiser's modules compute, swapped in by class after loading: a fused kernel for the
-same RMS norm, and float32 LoRA weights that multiply in the activations' dtype.
+"""How a loaded model's modules compute, swapped in by class: a fused kernel for diffusers' RMS
+norm, and float32 LoRA weights that multiply in the activations' dtype (the diffusion denoisers
+and the vision-language policy).
 
 Each swap keeps the module's parameters and their names, so checkpoints, LoRA export and FSDP2's
 sharding see the same module. The H200 profile of the SD3.5-M step put half its time in small
