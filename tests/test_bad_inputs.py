@@ -291,8 +291,6 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("negative window steps per forward", [*SHAPES, "actor.window_steps_per_forward=-2"],
      "actor.window_steps_per_forward"),
     ("unknown reward error policy", [*SHAPES, "reward.on_error=ignore"], "reward.on_error"),
-    ("compiled denoiser with FSDP2", [*SHAPES, "model.compile=true", "trainer.backend=ray", "trainer.n_workers=2",
-                                      "trainer.strategy=fsdp2"], "model.compile"),
     ("exact-scene weight above what strict leaves",
      [*SHAPES, "reward.functions=[{name: shapes_geneval, options: {strict_weight: 0.5, exact_weight: 0.8}}]"],
      "exact_weight"),

@@ -399,8 +399,8 @@ def plan_for(cfg: PixelRLConfig, gpus: int, gpu_memory_gb: float, peak_tflops: f
     shape, work = model_shape(planned), step_work(planned, gpus)
     per_worker = _samples_per_optimizer_step(planned, gpus)
     budget = gpu_memory_gb * HEADROOM
-    # one GPU: nothing to shard or average; FSDP2 cannot compile (validation refuses it)
-    strategies = (cfg.trainer.strategy,) if gpus == 1 or cfg.model.compile or free is not None else ("ddp", "fsdp2")
+    # one GPU: nothing to shard or average
+    strategies = (cfg.trainer.strategy,) if gpus == 1 or free is not None else ("ddp", "fsdp2")
     chosen = SIZE_FIELDS if free is None else free
     # a loss that sums over prompt groups trains whole groups per micro-batch
     group = cfg.rollout.n if LOSSES.get(cfg.diffusion_loss.name).whole_groups else 1

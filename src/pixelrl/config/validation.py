@@ -189,10 +189,6 @@ def _check_batch_split(cfg: PixelRLConfig) -> None:
         raise ConfigError("actor.ppo_mini_batch_size", a.ppo_mini_batch_size,
                           f"must divide the {samples} images of a step and be a multiple of trainer.n_workers "
                           f"({t.n_workers}); 0 means the whole batch")
-    if cfg.model.compile and t.strategy == "fsdp2":
-        raise ConfigError("model.compile", True, "compiling the denoiser is supported on one process and with "
-                          "DDP, not with FSDP2's sharded blocks (untested there): use trainer.strategy=ddp or "
-                          "remove model.compile")
     if t.strategy == "fsdp2" and a.ppo_micro_batch_size != AUTO and \
             (mini // t.n_workers) % min(a.ppo_micro_batch_size, mini // t.n_workers):
         raise ConfigError("actor.ppo_micro_batch_size", a.ppo_micro_batch_size,

@@ -10,14 +10,15 @@ from torch import nn
 def no_split_units(module: nn.Module) -> list[nn.Module]:
     """The submodules whose class the model declares unsplittable (`_no_split_modules`, set by
     diffusers and transformers on every block type: SD3's joint blocks, FLUX's double and single
-    blocks, Wan's blocks), outermost first, none nested in another."""
+    blocks, Wan's blocks), outermost first, none nested in another; found also once FSDP2 has
+    wrapped them (compiling follows sharding)."""
     names = set(getattr(module, "_no_split_modules", None) or ())
     if not names:
         raise ValueError(f"{type(module).__name__} declares no `_no_split_modules`: give its FSDP units explicitly")
     units: list[nn.Module] = []
     inside: set[int] = set()
     for sub in module.modules():
-        if id(sub) in inside or type(sub).__name__ not in names:
+        if id(sub) in inside or original_class_name(sub) not in names:
             continue
         units.append(sub)
         inside.update(id(m) for m in sub.modules())
@@ -46,13 +47,19 @@ def shard_blocks(root: nn.Module, blocks: list[nn.Module], compute_dtype: torch.
     root._get_fsdp_state()._lazy_init()
 
 
+def original_class_name(module: nn.Module) -> str:
+    """The module's class name before `fully_shard`, which swaps the class for a subclass of
+    (FSDPModule, the original class)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return next(c for c in type(module).__mro__ if not issubclass(c, FSDPModule)).__name__
+
+
 def fsdp_unit_names(root: nn.Module) -> list[str]:
     """The original class name of every module `fully_shard` wrapped under `root` (itself included)."""
     from torch.distributed.fsdp import FSDPModule
 
-    # fully_shard swaps a module's class for a subclass of (FSDPModule, its original class)
-    return [next(c for c in type(m).__mro__ if not issubclass(c, FSDPModule)).__name__
-            for m in root.modules() if isinstance(m, FSDPModule)]
+    return [original_class_name(m) for m in root.modules() if isinstance(m, FSDPModule)]
 
 
 def apply_fsdp2(model) -> None:
