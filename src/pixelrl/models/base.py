@@ -6,7 +6,6 @@ shipped tiny model share one rollout loop and one update step.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 from abc import ABC, abstractmethod
@@ -94,20 +93,18 @@ class DiffusionModel(ABC):
         self._prompt_cache_size = prompt_cache_size
 
     def keep_float32_master_weights(self) -> None:
-        """For full fine-tuning: a bf16 (or fp16) denoiser's weights become float32 and its forwards
-        compute in `dtype` under torch.autocast, as the reference implementations train. Adam's
-        steps on bf16 weights would round away (a step under 1/256 of a weight is lost: lr 1e-5 on
-        weights of 0.02 loses most of them). float32 models are left as they are."""
-        if self.dtype != torch.float32:
-            self.transformer.float()
-            self.float32_master_weights = True
+        """For full fine-tuning: the denoiser trains float32 weights under autocast to `dtype`
+        (`pixelrl.models.kernels.float32_master_weights`)."""
+        from pixelrl.models.kernels import float32_master_weights
+
+        self.float32_master_weights = float32_master_weights(self.transformer, self.dtype)
 
     def compute_precision(self):
         """The context every denoiser forward runs in: autocast to `dtype` over float32 master
         weights, nothing otherwise."""
-        if not self.float32_master_weights:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.dtype)
+        from pixelrl.models.kernels import master_weights_autocast
+
+        return master_weights_autocast(self.device, self.dtype, self.float32_master_weights)
 
     # --- loading (used by each family's __init__) --------------------------------------------
     def _open(self, path, required: tuple[str, ...], device, dtype, max_sequence_length: int,

@@ -102,11 +102,11 @@ class VLMEngine:
         if strategy == "fsdp2":
             # all-gather units: each decoder layer and vision block, and the vision tower itself
             # (generation encodes the image before the first forward of the whole model)
-            low = self.policy.dtype if self.policy.dtype != torch.float32 else None
             for root, inner, master in ((self.policy.model, self.policy.model.model, self.policy.float32_master_weights),
-                                        *([(self.critic, self.critic.backbone, True)] if self.critic is not None else [])):
+                                        *([(self.critic, self.critic.backbone, self.critic.float32_master_weights)]
+                                          if self.critic is not None else [])):
                 shard_blocks(root, [*inner.language_model.layers, *inner.visual.blocks, inner.visual],
-                             low if master else None)
+                             self.policy.dtype if master else None)
             # every rank must run the same forwards: generation continues until all ranks are done
             self.policy.synced_generation = True
             # the parameters are DTensors now: the optimizers and the EMA follow them

@@ -22,7 +22,7 @@ from torch import nn
 
 from pixelrl.core.errors import ConfigError
 from pixelrl.models.base import load_part, resolve_dtype
-from pixelrl.models.kernels import float32_adapters
+from pixelrl.models.kernels import float32_adapters, float32_master_weights, master_weights_autocast
 from pixelrl.models.qwen_vl.shared_images import encode_each_image_once
 from pixelrl.models.qwen_vl.shared_prompts import PackedBatch, group_by_prompt, pack_by_prompt, prompt_positions
 
@@ -111,16 +111,13 @@ class QwenVLModel:
         self.float32_master_weights = False
 
     def keep_float32_master_weights(self) -> None:
-        """For full fine-tuning: bf16 (or fp16) weights become float32 and every forward computes
-        in `dtype` under torch.autocast, as verl's FSDP mixed precision keeps float32 master
-        weights (AdamW steps under 1/256 of a bf16 weight would round away)."""
-        if self.dtype != torch.float32:
-            self.model.float()
-            self.float32_master_weights = True
+        """For full fine-tuning: the policy trains float32 weights under autocast to `dtype`, as
+        verl's FSDP mixed precision keeps float32 master weights (`float32_master_weights`)."""
+        self.float32_master_weights = float32_master_weights(self.model, self.dtype)
 
     def compute_precision(self):
         """The context every forward of the policy (or its frozen reference) runs in."""
-        return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.float32_master_weights)
+        return master_weights_autocast(self.device, self.dtype, self.float32_master_weights)
 
     # --- inputs --------------------------------------------------------------------------
     def prompt_text(self, question: str) -> str:
@@ -341,14 +338,12 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.head.bias)
         self._policy = [policy]  # a list: not a submodule (its weights are not the critic's)
         # the critic is always fully trained: float32 master weights under a low-precision dtype
-        self._autocast = (policy.device.type, policy.dtype)
-        if policy.dtype != torch.float32:
-            self.float()
+        self._compute = (policy.device, policy.dtype)
+        self.float32_master_weights = float32_master_weights(self, policy.dtype)
 
     def forward(self, batch: TokenBatch) -> torch.Tensor:
         packed = self._policy[0].packed_inputs(batch)
-        device_type, dtype = self._autocast
-        with torch.autocast(device_type, dtype=dtype, enabled=dtype != torch.float32):
+        with master_weights_autocast(*self._compute, self.float32_master_weights):
             if packed is not None:
                 hidden = packed.gather(self.backbone(**packed.inputs, use_cache=False).last_hidden_state)
             else:
