@@ -38,18 +38,20 @@ COMMON = ["trainer.backend=local", "trainer.n_workers=1", "data.train_batch_size
           "trainer.logger=[jsonl]", "trainer.project_name=bench", "reward.placement=colocated",
           'reward.functions=[{name: jpeg_compressibility, weight: 1.0}]']
 # the SD3.5 recipe's sizes before they were `auto`: the reference's micro-batch 4 with checkpointing
-WRITTEN = ["actor.ppo_micro_batch_size=4", "model.gradient_checkpointing=true", "rollout.micro_batch_size=8"]
-CASES = {  # name: (family, config, overrides); the configs' sizes are `auto`: fitted to this GPU
+WRITTEN = ["actor.ppo_micro_batch_size=4", "model.gradient_checkpointing=true", "rollout.micro_batch_size=8",
+           "model.compile=false"]
+# the micro-batch the engine runs whole (each optimizer step's 8 samples), no checkpointing; eager,
+# as measured before the recipes compiled on a GPU (model.compile=auto)
+TUNED = ["actor.ppo_micro_batch_size=16", "model.gradient_checkpointing=false"]
+CASES = {  # name: (family, config, overrides); the configs' sizes are `auto`: fitted to this GPU, and
+    # their blocks compiled (model.compile=auto; step 1 compiles)
     "sd35": ("sd35", "flow_grpo_sd35", []),
     "sd35_reference_sizes": ("sd35", "flow_grpo_sd35", WRITTEN),
-    "sd35_tuned": ("sd35", "flow_grpo_sd35", ["actor.ppo_micro_batch_size=16", "model.gradient_checkpointing=false"]),
-    # the tuned case with each repeated block compiled; step 1 compiles
-    "sd35_compiled": ("sd35", "flow_grpo_sd35", ["actor.ppo_micro_batch_size=16", "model.gradient_checkpointing=false",
-                                                 "model.compile=true"]),
+    "sd35_tuned": ("sd35", "flow_grpo_sd35", [*TUNED, "model.compile=false"]),
+    "sd35_compiled": ("sd35", "flow_grpo_sd35", [*TUNED, "model.compile=true"]),
     "sd35_fast": ("sd35", "flow_grpo_fast_sd35", []),
-    "sd35_fast_tuned": ("sd35", "flow_grpo_fast_sd35",
-                        ["actor.ppo_micro_batch_size=16", "model.gradient_checkpointing=false"]),
-    "awm_sd35": ("sd35", "awm_sd35", ["actor.ppo_micro_batch_size=16", "model.gradient_checkpointing=false"]),
+    "sd35_fast_tuned": ("sd35", "flow_grpo_fast_sd35", [*TUNED, "model.compile=false"]),
+    "awm_sd35": ("sd35", "awm_sd35", [*TUNED, "model.compile=false"]),
     # one video of 33 frames per prompt-group member is the expensive unit: 1 prompt x 4 videos
     "wan": ("wan", "dance_grpo_wan", ["data.train_batch_size=1", "rollout.n=4", "actor.ppo_mini_batch_size=2"]),
     "flux": ("flux", "flow_grpo_flux", []),

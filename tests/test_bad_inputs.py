@@ -247,6 +247,7 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
      "actor.ppo_micro_batch_size"),
     ("checkpointing that is neither true, false nor auto", [*SHAPES, "model.gradient_checkpointing=sometimes"],
      "model.gradient_checkpointing"),
+    ("compiling that is neither true, false nor auto", [*SHAPES, "model.compile=sometimes"], "model.compile"),
     ("auto sizes for GPUs this process cannot see",
      [*SHAPES, "model.device=cuda", "rollout.micro_batch_size=auto"], "rollout.micro_batch_size"),
     ("an auto micro-batch for the vision-language trainer", [*VLM, "actor.ppo_micro_batch_size=auto"],

@@ -158,6 +158,21 @@ def test_each_field_is_validated_at_start_up_naming_itself(override, field):
     assert f"`{field}`" in _error(override)
 
 
+def test_model_compile_auto_compiles_on_a_cuda_device_only():
+    """The paper configs' model.compile=auto: compiled blocks on a GPU, where the compile pays
+    for itself (docs/benchmarks.md), eager on a CPU."""
+    from pixelrl.config import load_config
+    from pixelrl.models.config import ModelConfig
+
+    assert ModelConfig(compile="auto", device="cuda").compiles()
+    assert ModelConfig(compile="auto", device="cuda:1").compiles()
+    assert not ModelConfig(compile="auto", device="cpu").compiles()
+    assert ModelConfig(compile=True, device="cpu").compiles()
+    assert not ModelConfig(compile=False, device="cuda").compiles()
+    shapes = load_config("shapes_flow_grpo", ["model.compile=auto"])
+    assert shapes.model.compile == "auto" and not shapes.model.compiles()
+
+
 def test_resolution_is_checked_against_the_model_folder_before_any_worker(tiny_sd3_path):
     # VAE scale 2 x patch 2: a multiple of 4
     with pytest.raises(ConfigError, match="rollout.resolution.*multiple of 4"):

@@ -194,6 +194,43 @@ def test_flow_grpo_moves_the_reward_and_exports_a_pipeline_diffusers_loads(reque
     assert torch.allclose(ours, theirs, atol=1e-4)  # fused weights: float reordering only
 
 
+@pytest.mark.slow  # ~20-60 s each: the compiled run compiles every block structure of the family
+@pytest.mark.parametrize("family", ["flux", "qwen_image", "wan"])
+def test_compiled_checkpointed_blocks_update_each_family_as_the_eager_blocks(request, family):
+    """model.compile, which the paper configs turn on for a GPU (model.compile=auto), on the other
+    three families' blocks (SD3's: tests/test_engine.py), here with gradient checkpointing too,
+    which `auto` sizes may choose: the same log-probs, reference scores and update as eager,
+    unchecked blocks, up to float reordering."""
+    from torch._dynamo.utils import counters
+
+    from pixelrl.trainers.step import compute_advantages, expand_prompts
+
+    runs = []
+    for compiled in (False, True):
+        graphs = counters["stats"]["unique_graphs"]
+        cfg = _config(request, family, model__compile=compiled, model__gradient_checkpointing=compiled,
+                      diffusion_loss__kl_coef=0.04, actor__ppo_micro_batch_size=4)
+        engine = PolicyEngine.from_config(cfg)
+        trained = {n: p for n, p in engine.model.transformer.named_parameters() if p.requires_grad}
+        start = {n: p.detach().clone() for n, p in trained.items()}
+        samples = expand_prompts(PROMPTS, [{}] * 2, cfg.rollout.n, seed=1)
+        batch = engine.rollout(samples["prompts"], samples["seeds"])
+        batch["uids"] = samples["uids"]
+        batch["rewards"] = torch.randn(len(batch), generator=torch.Generator().manual_seed(1))
+        batch["advantages"] = compute_advantages(batch["rewards"], batch["uids"], cfg.algorithm)
+        batch.update(engine.score(batch, "reference"))
+        metrics = engine.update(batch)
+        runs.append((batch, metrics, start, {n: p.detach().clone() for n, p in trained.items()}))
+        assert (counters["stats"]["unique_graphs"] > graphs) == compiled
+    (b_eager, m_eager, start, w_eager), (b_comp, m_comp, _, w_comp) = runs
+    torch.testing.assert_close(b_comp["log_probs"], b_eager["log_probs"], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(b_comp["ref_log_probs"], b_eager["ref_log_probs"], rtol=1e-4, atol=1e-5)
+    assert m_comp["grad_norm"] == pytest.approx(m_eager["grad_norm"], rel=1e-3)
+    update = max((w_eager[n] - start[n]).abs().max().item() for n in w_eager)
+    apart = max((w_eager[n] - p).abs().max().item() for n, p in w_comp.items())
+    assert update > 1e-3 and apart < 1e-2 * update
+
+
 NFT_LR = {"flux": 3e-2, "qwen_image": 1e-1, "wan": 5e-2}
 
 

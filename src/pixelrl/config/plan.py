@@ -36,6 +36,10 @@ from pixelrl.core.errors import AUTO, ConfigError
 # Bytes a forward with gradient keeps for its backward, per (token x hidden unit x layer) of one
 # row: (71.6 GB peak - 5.9 GB resident) / 32 rows of 1229 tokens x 1536 x 24 layers (Flow-GRPO-Fast,
 # micro-batch 32); the other seven cases agree within 1%.
+# Since then the fused RMS norm keeps no float32 copies of q and k: the tuned SD3.5 case peaked at
+# 30.7 GB against 38.8 estimated (2026-11-28). Not refitted: FLUX and Wan, which this constant
+# also sizes, always used torch's norm, so a constant fitted on SD3.5 now would be too low for
+# them; for SD3.5 and Qwen-Image the estimate errs high, the safe side.
 ACTIVATION_BYTES = 45.4
 # With gradient checkpointing a block keeps only its input (bf16, both streams) until its
 # recompute; one block's full activations live at a time. Not calibrated: the checkpointed cases
@@ -57,6 +61,14 @@ SECONDS_PER_FORWARD_CALL = 0.052
 CHECKPOINT_OVERHEAD_CALLS = 5.1
 DECODE_SECONDS_PER_MEGAPIXEL = 0.18
 BACKWARD_FLOPS = 2.0  # a backward costs two forwards
+# Compiled blocks (`model.compile`): the denoiser's share of the step (not the decode) at this
+# fraction of the eager estimate. One case, measured on the H200 on 2026-11-28: the tuned
+# Flow-GRPO step at 7.26 s against 12.31 s estimated eager, less 0.75 s of decode and 0.05 s of
+# reward. Sampling sped up more (0.44) than the update (0.57) and the reference forwards (0.64);
+# one fraction for all three is within 1% of that step. The eager constants above were fitted on
+# the code before the fused RMS norm, which runs that step at 10.96 s (12.52 before): eager
+# estimates of SD3.5 and Qwen-Image now err about 10% slow.
+COMPILED_DENOISER_FRACTION = 0.56
 NEAR_TIE = 0.05  # plans within 5% of the fastest count as equal (the estimate is not finer than that)
 # All-gather / all-reduce bus bandwidth per GPU, GB/s: an assumption for NVLink within one node of
 # H100s (its links carry 450 GB/s each way); across nodes over 400 Gb/s InfiniBand it is about 45.
@@ -290,11 +302,12 @@ def estimate(cfg: PixelRLConfig, shape: Shape, work: Work, gpus: int, choice: Ch
     no_grad_flops = rows * work.no_grad_passes * f
     sent = communication_bytes(cfg, shape, work, gpus, sampling_calls + calls * work.no_grad_passes,
                                calls * work.epochs)
+    denoiser = COMPILED_DENOISER_FRACTION if cfg.model.compiles() else 1.0  # of the eager time
     return Estimate(resident_bytes(cfg, shape, gpus) / 1e9, rows_per_call * kept / 1e9, sampling_bytes / 1e9,
-                    sampling_flops / rate + sampling_calls * SECONDS_PER_FORWARD_CALL
+                    denoiser * (sampling_flops / rate + sampling_calls * SECONDS_PER_FORWARD_CALL)
                     + work.sampled_images * shape.frames * shape.pixels / 1e6 * DECODE_SECONDS_PER_MEGAPIXEL,
-                    no_grad_flops / rate + calls * work.no_grad_passes * SECONDS_PER_FORWARD_CALL,
-                    update_flops / rate + calls * work.epochs * update_overheads * SECONDS_PER_FORWARD_CALL,
+                    denoiser * (no_grad_flops / rate + calls * work.no_grad_passes * SECONDS_PER_FORWARD_CALL),
+                    denoiser * (update_flops / rate + calls * work.epochs * update_overheads * SECONDS_PER_FORWARD_CALL),
                     sampling_flops + no_grad_flops + update_flops, sent / 1e9, sent / 1e9 / link_gb_per_s)
 
 

@@ -52,6 +52,7 @@ class FlopMeter:
         self._since: float | None = None  # the first forward after the last take()
         self._counter: FlopCounterMode | None = None
         self._pending: tuple | None = None
+        self._compiled = False  # some block's forward is compiled (`compile_forward`)
         for module in modules:
             module.register_forward_pre_hook(self._before, with_kwargs=True)
             module.register_forward_hook(self._after, with_kwargs=True)
@@ -60,7 +61,10 @@ class FlopMeter:
         """`torch.compile` the forward of a metered module or of a block inside one. The counting
         forward (the first of each shape) runs eager: dynamo does not trace under a dispatch mode
         such as the FLOP counter and, having refused a code object once, never compiles it
-        afterwards."""
+        afterwards. A forward that builds a graph is counted by a separate eager forward without
+        one, and then runs compiled: a checkpointed block recomputes in the backward, outside the
+        counter, and must run the same code as its forward did."""
+        self._compiled = True
         eager = module.forward
         compiled = torch.compile(eager)
 
@@ -80,6 +84,12 @@ class FlopMeter:
             if key not in self.per_shape:
                 self._counter = FlopCounterMode(display=False, custom_mapping=EXTRA_FLOP_FORMULAS)
                 self._counter.__enter__()
+                if self._compiled and torch.is_grad_enabled():
+                    with torch.no_grad():
+                        module.forward(*args, **kwargs)  # no hooks: not a forward of the run
+                    self._counter.__exit__(None, None, None)
+                    self.per_shape[key] = self._counter.get_total_flops()
+                    self._counter = None
 
     def _after(self, module, args, kwargs, output):
         self._depth -= 1

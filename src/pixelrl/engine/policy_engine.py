@@ -82,7 +82,7 @@ class PolicyEngine:
         self._computing = "current"  # the policy `policy()` has switched to
         self.flop_meter = FlopMeter(model.transformer, *filter(None, [self._frozen_reference]),
                                     variant=lambda: self._computing)
-        if mcfg.compile:
+        if mcfg.compiles():
             # Each repeated block, not the whole forward: the blocks hold nearly all the work and
             # the small kernels between matmuls (modulation, gates, residuals, norms) that
             # compiling fuses; one block structure compiles once and serves every block of it,

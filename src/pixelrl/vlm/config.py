@@ -149,7 +149,7 @@ def validate_vlm(cfg: VLMRunConfig) -> None:
         raise ConfigError("data.source_weights", dict(d.source_weights), "weights the diffusion trainers' prompt "
                           "rows; a vision-language run reads its questions as they are: remove it")
     if m.compile:
-        raise ConfigError("model.compile", True, "compiles a diffusion denoiser; the vision-language trainer "
+        raise ConfigError("model.compile", m.compile, "compiles a diffusion denoiser; the vision-language trainer "
                           "runs its policy eagerly: remove it")
     if cfg.val_kwargs.rewards:
         raise ConfigError("val_kwargs.rewards", list(cfg.val_kwargs.rewards), "gold rewards judge validation images; "
