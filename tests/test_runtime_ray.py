@@ -366,8 +366,9 @@ def test_a_colocated_reward_worker_sees_no_gpu(ray_cluster):
 @pytest.mark.slow  # ~2 min: both workers compile
 def test_compiled_blocks_under_fsdp2_train_as_the_eager_blocks(ray_cluster, tiny_pixel_path):
     """model.compile with FSDP2 on two workers (blocks compiled after sharding, as torchtitan
-    orders it): after one update both ranks agree and hold what the eager run holds, up to
-    float reordering."""
+    orders it), and with gradient checkpointing, which the `auto` sizes choose for FLUX on 8 GPUs:
+    after one update both ranks agree and hold what the eager, unchecked run holds, up to float
+    reordering."""
     import numpy as np
 
     from pixelrl.core.config_io import to_yaml
@@ -384,6 +385,7 @@ def test_compiled_blocks_under_fsdp2_train_as_the_eager_blocks(ray_cluster, tiny
     for compiled in (False, True):
         cfg = load_config("flow_grpo_tiny", [f"model.path={tiny_pixel_path}", "trainer.n_workers=2",
                                              "trainer.strategy=fsdp2", f"model.compile={str(compiled).lower()}",
+                                             f"model.gradient_checkpointing={str(compiled).lower()}",
                                              "actor.lr=1e-3", "algorithm.drop_zero_advantage=false"])
         rewards = RewardGroup([dict(f) for f in cfg.reward.functions], backend="local")
         group = RayWorkerGroup(to_yaml(cfg), 2, 1)

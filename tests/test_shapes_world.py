@@ -69,6 +69,22 @@ def test_detector_is_stable_under_mild_noise_and_blur(noise, blur):
     assert _strict_accuracy(pairs) >= 0.97
 
 
+def test_ideal_shape_coverage_by_hand():
+    """The ideal shapes the detector matches components against, counted at 4 x 4 sub-pixels: a
+    square whose edges fall on sub-pixel boundaries covers exactly its area, a pixel its left edge
+    halves and its top edge leaves a quarter of covers 0.5 x 0.75; a disc and a triangle cover
+    their areas to within the sampling."""
+    from pixelrl.shapes.detector import ideal_coverages
+
+    ideal = ideal_coverages(4.5, 8.25, 10.0, 6.0, 32)
+    assert ideal["square"].sum() == 60.0
+    assert ideal["square"][8, 4] == 0.5 * 0.75 and ideal["square"][10, 10] == 1.0 and ideal["square"][7, 4] == 0.0
+    assert ideal["circle"].sum() == pytest.approx(np.pi * 60 / 4, rel=0.02)
+    assert ideal["triangle"].sum() == pytest.approx(30.0, rel=0.03)
+    assert ideal["triangle"][8, 9] > 0 and ideal["triangle"][8, 5] == 0.0  # the apex is at the top centre
+    assert all(c.min() >= 0 and c.max() <= 1 for c in ideal.values())
+
+
 def test_detector_reads_shape_colour_and_position():
     spec = {"category": "position", "relation": {"type": "left_of", "a": 0, "b": 1},
             "objects": [{"shape": "triangle", "colour": "red", "count": 1},
