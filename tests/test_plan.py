@@ -71,6 +71,9 @@ def test_compiled_blocks_shorten_the_denoisers_time_as_measured():
     assert compiled.peak_gb == eager.peak_gb and compiled.step_flops == eager.step_flops
     assert compiled.no_grad_s / eager.no_grad_s == pytest.approx(0.56)
     assert compiled.sampling_s / eager.sampling_s > 0.56  # the decode stays eager
+    for setting, says in (("model.compile=auto", True), ("model.compile=false", False)):  # the plan says which
+        cfg = paper_config("flow_grpo_sd35", setting)
+        assert ("compiled blocks" in describe(cfg, plan_for(cfg, 2, 80))) == says
 
 
 def test_the_tuned_flow_grpo_step_costs_what_the_flop_meter_counted():

@@ -504,7 +504,10 @@ def describe(cfg: PixelRLConfig, plan: Plan, config_name: str | None = None) -> 
               f"{e.update_gb:.1f}, sampling and decode {e.sampling_gb:.1f})",
               f"estimate per step: {e.step_s:.1f} s (sampling {e.sampling_s:.1f}, reference/old forwards "
               f"{e.no_grad_s:.1f}, update {e.update_s:.1f}), {images / e.step_s / plan.gpus:.2f} images/s per GPU, "
-              f"{e.step_flops / 1e15:.2f} PFLOP per GPU; the rewards' time not included (sampling includes the decode)"]
+              f"{e.step_flops / 1e15:.2f} PFLOP per GPU; "
+              + ("compiled blocks (model.compile, about 95 s of compiling once not included); " if cfg.model.compiles()
+                 else "")
+              + "the rewards' time not included (sampling includes the decode)"]
     if plan.gpus > 1:
         lines.append(f"communication per GPU per step ({plan.choice.strategy}): {e.communication_gb:.0f} GB, "
                      f"{e.communication_s:.1f} s at {plan.link_gb_per_s:g} GB/s if none of it overlapped compute")

@@ -3,7 +3,8 @@
 Forward FLOPs are measured, not estimated: the first forward of each input shape and policy
 (the owner's `variant`: a reference forward with LoRA disabled skips the adapter's matmuls) runs
 under torch's FLOP counter (matmuls, convolutions and attention) and its count is reused for every
-later forward of that shape and policy. A forward that builds a graph is charged three
+later forward of that shape and policy. With compiled blocks, a forward that builds a graph is
+counted by an extra eager forward without one, so that the real forward runs compiled. A forward that builds a graph is charged three
 times its FLOPs (forward + backward at twice the forward, the usual 6·N·D convention, also with
 LoRA, where the implementation skips most weight gradients), a no-grad forward once. Sampling,
 reference and training forwards of the denoiser all count; text encoding and decoding do not.
