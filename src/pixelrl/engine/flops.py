@@ -4,11 +4,12 @@ Forward FLOPs are measured, not estimated: the first forward of each input shape
 (the owner's `variant`: a reference forward with LoRA disabled skips the adapter's matmuls) runs
 under torch's FLOP counter (matmuls, convolutions and attention) and its count is reused for every
 later forward of that shape and policy. With compiled blocks, a forward that builds a graph is
-counted by an extra eager forward without one, so that the real forward runs compiled. A forward that builds a graph is charged three
-times its FLOPs (forward + backward at twice the forward, the usual 6·N·D convention, also with
-LoRA, where the implementation skips most weight gradients), a no-grad forward once. Sampling,
-reference and training forwards of the denoiser all count; text encoding and decoding do not.
-With gradient checkpointing the recomputed forwards count again (they are real work).
+counted by an extra eager forward without one, so that the real forward runs compiled. A forward
+that builds a graph is charged three times its FLOPs (forward + backward at twice the forward, the
+usual 6·N·D convention, also with LoRA, where the implementation skips most weight gradients), a
+no-grad forward once. Sampling, reference and training forwards of the denoiser all count; text
+encoding and decoding do not. With gradient checkpointing the recomputed forwards count again
+(they are real work).
 """
 
 from __future__ import annotations
@@ -88,9 +89,7 @@ class FlopMeter:
                 if self._compiled and torch.is_grad_enabled():
                     with torch.no_grad():
                         module.forward(*args, **kwargs)  # no hooks: not a forward of the run
-                    self._counter.__exit__(None, None, None)
-                    self.per_shape[key] = self._counter.get_total_flops()
-                    self._counter = None
+                    self._stop_counting(key)
 
     def _after(self, module, args, kwargs, output):
         self._depth -= 1
@@ -98,12 +97,15 @@ class FlopMeter:
             return
         key, builds_graph = self._pending
         if self._counter is not None:
-            self._counter.__exit__(None, None, None)
-            self.per_shape[key] = self._counter.get_total_flops()
-            self._counter = None
+            self._stop_counting(key)
         self.flops += self.per_shape[key] * (3 if builds_graph else 1)
         self.forwards += 1
         self.graph_forwards += int(builds_graph)
+
+    def _stop_counting(self, key) -> None:
+        self._counter.__exit__(None, None, None)
+        self.per_shape[key] = self._counter.get_total_flops()
+        self._counter = None
 
     def take(self, peak_flops: float) -> dict[str, float]:
         """`perf/*` metrics of the forwards since the last call (then reset): model FLOPs, the
