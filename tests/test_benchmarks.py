@@ -44,3 +44,18 @@ def test_the_gpu_benchmark_runs_each_case_from_the_baseline_source_first(tmp_pat
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
     assert [(r["case"], r["exit"]) for r in rows] == [("sd35_fast_baseline", 3), ("sd35_fast", 0)]
+
+
+@pytest.mark.slow  # ~20 s
+def test_the_launch_count_sees_fewer_launches_in_fewer_micro_batches():
+    """bench_launches counts the operators of the last step's rollout and update; the update of
+    one micro-batch of 8 runs the model half as often as two of 4, and the rollout is the same."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_launches import count_case
+
+    tiny = ["data.train_batch_size=2", "rollout.n=4", "actor.ppo_mini_batch_size=8"]
+    two = count_case("shapes_demo", [*tiny, "actor.ppo_micro_batch_size=4"], steps=1)
+    one = count_case("shapes_demo", [*tiny, "actor.ppo_micro_batch_size=8"], steps=1)
+    assert sum(two["rollout"].values()) == sum(one["rollout"].values()) > 1000
+    assert one["update"]["mm"] * 2 == two["update"]["mm"] > 0
+    assert "view" not in one["update"] and "empty" not in one["update"]  # launch nothing

@@ -276,3 +276,11 @@ def test_the_weights_finite_check_reads_one_flag_whatever_the_number_of_weights(
     weights[37].data[1] = float("nan")
     with pytest.raises(FloatingPointError, match="not finite"):
         learner._check_weights_finite()
+    # an infinite weight in a tensor of another dtype (bf16 weights beside float32 adapters)
+    weights[37].data[1] = 0.0
+    weights[12] = torch.nn.Parameter(torch.tensor([1.0, float("-inf")], dtype=torch.bfloat16))
+    with pytest.raises(FloatingPointError, match="not finite"):
+        Learner(lambda: weights, lr=0.1)._check_weights_finite()
+    weights[12].data[1] = 3.0e38  # large but finite: no false alarm
+    weights.append(torch.nn.Parameter(torch.empty(0)))  # an FSDP2 rank's empty shard of a small tensor
+    Learner(lambda: weights, lr=0.1)._check_weights_finite()

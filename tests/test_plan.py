@@ -186,6 +186,11 @@ def test_describe_prints_the_command_and_what_changed():
     assert "1152 images per step, 576 per optimizer step, 2 optimizer step(s) per rollout batch" in text
     assert "trainer.n_workers: 8 -> 2" in text
     assert text.splitlines()[-1].startswith("run: pixelrl train --config-name flow_grpo_sd35 trainer.n_workers=2 ")
+    assert "flow_grpo (clip 0.0001, KL 0.04)" in text
+    # a forward-process loss reads none of the transition fields: the plan names its own params
+    awm = paper_config("awm_sd35")
+    text = describe(awm, plan_for(awm, 8, 80), "awm_sd35")
+    assert "awm (" in text and "clip 0.0001" not in text and "beta_ref 0.003" in text
 
 
 def test_pixelrl_plan_on_a_paper_config_names_the_missing_folder(capsys):

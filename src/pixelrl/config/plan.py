@@ -485,6 +485,18 @@ def apply_choice(cfg: PixelRLConfig, c: Choice) -> PixelRLConfig:
                    rollout=replace(cfg.rollout, micro_batch_size=c.sampling_micro_batch))
 
 
+def _loss_settings(cfg: PixelRLConfig) -> str:
+    """The loss and the settings of it the recipe wrote: a transition loss's clip and KL, which it
+    reads; a forward-process loss's own params (AWM's reference weight, NFT's beta, ...), since
+    the transition fields mean nothing to it."""
+    loss = cfg.diffusion_loss
+    if LOSSES.get(loss.name).objective == "transition":
+        return f"{loss.name} (clip {loss.clip_ratio:g}, KL {loss.kl_coef:g})"
+    params = ", ".join(f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}"
+                       for name, value in dict(loss.params or {}).items())
+    return f"{loss.name} ({params or 'its default params'})"
+
+
 def describe(cfg: PixelRLConfig, plan: Plan, config_name: str | None = None) -> str:
     """The plan as text: what stays, what changes and why, the estimate, the command."""
     e, s, a = plan.estimate, plan.shape, cfg.actor
@@ -496,8 +508,7 @@ def describe(cfg: PixelRLConfig, plan: Plan, config_name: str | None = None) -> 
              "kept (defines the algorithm): "
              f"{cfg.data.train_batch_size} prompts x {cfg.rollout.n} images = {images} images per step, "
              f"{a.ppo_mini_batch_size or images} per optimizer step, {optimizer_steps_per_rollout(cfg)} optimizer "
-             f"step(s) per rollout batch, lr {a.lr:g}, {cfg.diffusion_loss.name} (clip {cfg.diffusion_loss.clip_ratio:g}, "
-             f"KL {cfg.diffusion_loss.kl_coef:g})"]
+             f"step(s) per rollout batch, lr {a.lr:g}, {_loss_settings(cfg)}"]
     lines.append("changed:" if plan.changes else "changed: nothing (the recipe already fits)")
     lines += [f"  {name}: {_text(was)} -> {_text(now)}  ({why})" for name, was, now, why in plan.changes]
     lines += [f"estimate per GPU: peak {e.peak_gb:.1f} GB (weights and state {e.resident_gb:.1f}, update "

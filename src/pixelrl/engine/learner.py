@@ -109,9 +109,13 @@ class Learner:
         """A finite gradient can still give non-finite weights (an infinite learning rate, eps = 0
         with a zero second moment): stop before anything saves or exports them."""
         # one read of a flag on the weights' device, not one per parameter (hundreds of LoRA
-        # matrices); there, too, NCCL can reduce it
-        local = [(p.to_local() if hasattr(p, "to_local") else p).detach() for p in self.params]  # FSDP2: this rank's shard
-        bad = (~torch.stack([torch.isfinite(t).all() for t in local]).all()).float()
+        # matrices); there, too, NCCL can reduce it. The largest |weight| is NaN or inf exactly
+        # when some weight is, and on a GPU torch takes it over all tensors in a few launches
+        # (foreach), where a test per tensor costs several launches each
+        # FSDP2: this rank's shard, which can be empty (a small tensor split over more ranks than
+        # rows), and an empty tensor has no largest value
+        local = [t for t in ((p.to_local() if hasattr(p, "to_local") else p).detach() for p in self.params) if t.numel()]
+        bad = (~torch.isfinite(torch.nn.utils.get_total_norm(local, float("inf")))).float()
         if hasattr(self.params[0], "to_local") and torch.distributed.is_initialized():
             torch.distributed.all_reduce(bad)  # shards differ: every rank must stop together
         if bad.item() > 0:
