@@ -54,17 +54,19 @@ def tiny_wan_path(tmp_path_factory):
 
 @contextlib.contextmanager
 def gpu_node_memory():
-    """This machine seen as a GPU node with 1 TB of memory and 80 GB GPUs: a paper recipe's step
-    (DanceGRPO-Wan's holds 43 GB of videos and trajectories on the driver) passes the start-up
-    size check, and its `auto` sizes are chosen for an 80 GB card."""
+    """This machine seen as a GPU node with 1 TB of memory and eight 80 GB GPUs: a paper recipe's
+    step (DanceGRPO-Wan's holds 43 GB of videos and trajectories on the driver) passes the start-up
+    size check, its eight workers find their GPUs, and its `auto` sizes are chosen for an 80 GB card."""
     from unittest import mock
 
     import psutil
+    import torch
 
     from pixelrl.config import auto_size
 
     node = psutil.virtual_memory()._replace(total=1 << 40)
     with mock.patch.object(psutil, "virtual_memory", lambda: node), \
+            mock.patch.object(torch.cuda, "device_count", lambda: 8), \
             mock.patch.object(auto_size, "worker_memory_gb", lambda cfg, field: (80.0, "a stand-in 80 GB GPU")):
         yield
 

@@ -274,10 +274,12 @@ def test_auto_reads_the_gpus_memory_or_says_how_to_give_it(capsys, monkeypatch):
     from pixelrl.config import load_config
 
     folder = f"model.path={tempfile.mkdtemp(prefix='pixelrl_stand_in_')}"
+    # the workers are on a cluster's other nodes (a cluster started here has only this machine's GPUs)
     with pytest.raises(ConfigError, match="trainer.fit_to_memory_gb to each GPU's memory") as err:
-        load_config("flow_grpo_sd35", [folder, *AUTO_SD35])
+        load_config("flow_grpo_sd35", [folder, *AUTO_SD35, "trainer.ray_address=10.0.0.1:6379"])
     assert "`actor.ppo_micro_batch_size` = 'auto'" in str(err.value)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace(
         total_memory=40e9, name="Stand-in GPU"))
     cfg = load_config("flow_grpo_sd35", [folder, *AUTO_SD35])

@@ -310,6 +310,41 @@ def test_a_ray_address_where_no_cluster_answers_is_named_at_once():
     check_cluster_answers("auto")  # Ray resolves these itself
 
 
+def test_more_gpu_workers_than_this_machines_gpus_are_refused_before_ray_waits_for_them(monkeypatch, tmp_path):
+    """A Ray cluster started on this machine has its GPUs only: a placement group of one GPU per
+    worker beyond them would wait forever. `pixelrl train` refuses it at start-up, before the run
+    folder exists, with the worker count that fits; the vision-language trainer where its cluster
+    starts (`ensure_ray`, before Ray is asked for anything); a named cluster is not second-guessed."""
+    import dataclasses
+
+    from pixelrl.config import load_config
+    from pixelrl.config.sections import TrainerConfig
+    from pixelrl.core.errors import ConfigError
+    from pixelrl.workers.group import ensure_ray
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    run = ["model.device=cuda", f"trainer.default_local_dir={tmp_path}"]
+    with pytest.raises(ConfigError, match=r"trainer.n_workers` = 2.*has 1 GPU.*set trainer.n_workers=1 .*"
+                                          r"trainer.backend=local for one GPU"):
+        load_config("shapes_flow_grpo", run)
+    with pytest.raises(ConfigError, match=r"1 actor worker\(s\) and 1 rollout worker\(s\).*on one GPU train "
+                                          r"with trainer.mode=sync and rollout.n_workers=0"):
+        load_config("shapes_flow_grpo", [*run, "trainer.n_workers=1", "rollout.n_workers=1",
+                                         "trainer.mode=one_step_off"])
+    assert not any(tmp_path.iterdir())
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    with pytest.raises(ConfigError, match=r"has 4 GPU\(s\).*set trainer.n_workers=4 \(`pixelrl plan --gpus 4`"):
+        load_config("flow_grpo_sd35", ["model.path=" + str(tmp_path), "model.device=cuda"])
+    with pytest.raises(ConfigError, match=r"set trainer.n_workers=3 \(`pixelrl plan --gpus 3`"):
+        load_config("shapes_flow_grpo", [*run, "trainer.n_workers=4", "rollout.n_workers=1",
+                                         "trainer.mode=one_step_off"])
+    assert load_config("shapes_flow_grpo", [*run, "trainer.n_workers=4"]).trainer.n_workers == 4
+    assert load_config("shapes_flow_grpo", [*run, "trainer.n_workers=8", "trainer.ray_address=10.0.0.1:6379"])
+    trainer = dataclasses.replace(TrainerConfig(), n_workers=5)
+    with pytest.raises(ConfigError, match="5 actor worker"):
+        ensure_ray(trainer, gpu_workers=5)
+
+
 def test_a_connection_must_send_its_headers_in_time_and_without_the_token_cannot_stay_open():
     """Slow or idle clients cannot hold the server's connections: the request line and headers
     must arrive within header_timeout_s however slowly bytes trickle in, and a request without

@@ -26,6 +26,7 @@ def load_config(config_name: str | None = None, overrides: list[str] | tuple = (
     checks look up) and every field checked."""
     cfg = compose_config(config_name, overrides)
     validate(cfg)
+    _check_gpus_here(cfg)  # a run's, on this machine; not a plan's for other GPUs (`validate`)
     if cfg.trainer.fit_to_memory_gb and cfg.algorithm.trainer_type not in DIFFUSION_TRAINERS:
         raise ConfigError("trainer.fit_to_memory_gb", cfg.trainer.fit_to_memory_gb, "the memory plan sizes the "
                           "diffusion trainers' denoiser calls; the vision-language trainer takes "
@@ -272,3 +273,46 @@ def _check_reward_gpus(cfg) -> None:
     if not (cfg.trainer.ray_address or os.environ.get("RAY_ADDRESS")) and torch.cuda.device_count() == 0:
         raise ConfigError("reward.num_gpus", gpus, "this machine has no GPU and no Ray cluster is named: join one "
                           "(trainer.ray_address) or set reward.num_gpus=0")
+
+
+def _check_gpus_here(cfg: PixelRLConfig) -> None:
+    """Ray workers on a cluster this run starts on this machine (no trainer.ray_address or
+    $RAY_ADDRESS) take this machine's GPUs, one each: checked before the run folder exists.
+    The diffusion trainers' workers only: the vision-language trainer's are checked where its
+    cluster starts (`ensure_ray`)."""
+    import os
+
+    import torch
+
+    t, ro = cfg.trainer, cfg.rollout
+    if cfg.algorithm.trainer_type not in DIFFUSION_TRAINERS or t.backend != "ray" or torch.device(cfg.model.device).type != "cuda" or t.ray_address \
+            or os.environ.get("RAY_ADDRESS"):
+        return
+    check_local_gpus(t.n_workers, t.n_workers + ro.n_workers, ro.n_workers)
+
+
+def check_local_gpus(n_workers: int, gpu_workers: int, rollout_workers: int = 0) -> None:
+    """`gpu_workers` workers of one GPU each fit this machine's GPUs (a Ray cluster started here)."""
+    import torch
+
+    have = torch.cuda.device_count() if gpu_workers else 0
+    if gpu_workers <= have:
+        return
+    pool = f" and {rollout_workers} rollout worker(s)" if rollout_workers else ""
+    if have == 0:
+        fix = ("join a Ray cluster with GPUs (trainer.ray_address), or train here on the CPU "
+               "(model.device=cpu)")
+    elif have > rollout_workers:
+        fix = (f"set trainer.n_workers={have - rollout_workers} (`pixelrl plan --gpus {have - rollout_workers}` keeps "
+               "the recipe's batch through gradient accumulation)"
+               + (", or trainer.backend=local for one GPU in this process" if have == 1 else "")
+               + ", or join a Ray cluster with more GPUs (trainer.ray_address)")
+    elif have > 1:
+        fix = (f"the rollout pool leaves no GPU for the actor: set rollout.n_workers={have - 1} or fewer, or join a "
+               "Ray cluster with more GPUs (trainer.ray_address)")
+    else:
+        fix = ("sampling ahead keeps a GPU for the rollout pool beside the actor's: on one GPU train with "
+               "trainer.mode=sync and rollout.n_workers=0, or join a Ray cluster with more GPUs (trainer.ray_address)")
+    raise ConfigError("trainer.n_workers", n_workers, f"each of the {n_workers} actor worker(s){pool} takes a GPU "
+                      f"of its own (model.device=cuda), and this machine has {have} GPU(s) for the Ray cluster "
+                      f"started here: {fix}")
