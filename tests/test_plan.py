@@ -377,9 +377,11 @@ def test_a_full_fine_tune_holds_its_frozen_reference_copy_whole_on_every_gpu():
 
 
 def test_auto_leaves_room_for_reward_models_on_the_same_card(tmp_path, capsys, monkeypatch):
-    """One process (trainer.backend=local) scores its rewards on the policy's GPU: a reward
-    folder holding 6 GB of safetensors leaves the sizes 40 - 6 = 34 GB, the plan of
-    trainer.fit_to_memory_gb=34; on Ray the reward workers are elsewhere and the card is whole."""
+    """One process (trainer.backend=local) sizes against what the card has free (40 of 48 GB:
+    another job holds 8) and scores its rewards on the policy's GPU: a reward folder holding 6 GB
+    of safetensors leaves the sizes 40 - 6 = 34 GB, the plan of trainer.fit_to_memory_gb=34. A Ray
+    driver reads the card's total (a CUDA context there would sit on a worker's GPU), and its
+    reward workers are elsewhere: the whole 48 GB."""
     from types import SimpleNamespace
 
     from pixelrl.config import auto_size, load_config
@@ -391,7 +393,8 @@ def test_auto_leaves_room_for_reward_models_on_the_same_card(tmp_path, capsys, m
     (tmp_path / "model").mkdir()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace(
-        total_memory=40e9, name="Stand-in GPU"))
+        total_memory=48e9, name="Stand-in GPU"))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (40e9, 48e9))
     loaded = load_config("flow_grpo_sd35", [f"model.path={tmp_path / 'model'}", "trainer.backend=local",
                                             "trainer.n_workers=1", *AUTO_SD35])
     assert auto_size.reward_models_gb(loaded) == 0.0  # its reward names no folder
@@ -410,7 +413,9 @@ def test_auto_leaves_room_for_reward_models_on_the_same_card(tmp_path, capsys, m
                        c.rollout.micro_batch_size)
     capsys.readouterr()
     local = auto_size.fit_to_memory(unsized("local"))
-    assert "sized for 34.0 GB per worker (Stand-in GPU's memory, less 6.0 GB of reward models" in capsys.readouterr().err
+    assert "sized for 34.0 GB per worker (Stand-in GPU's free memory, 40.0 of 48.0 GB, less 6.0 GB of reward models" \
+        in capsys.readouterr().err
     assert sizes(local) == sizes(auto_size.fit_to_memory(unsized("ray", fit=34.0)))
     assert auto_size.reward_models_gb(unsized("ray")) == 0.0
-    assert sizes(local) != sizes(auto_size.fit_to_memory(unsized("ray")))  # the whole 40 GB fits more
+    assert sizes(local) != sizes(auto_size.fit_to_memory(unsized("ray")))  # the whole 48 GB fits more
+    assert "sized for 48.0 GB per worker (Stand-in GPU's memory)" in capsys.readouterr().err

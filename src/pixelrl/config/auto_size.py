@@ -1,8 +1,9 @@
 """`auto` sizes: the micro-batches and checkpointing chosen at start-up to fit the memory each
 worker has, by the same plan as `pixelrl plan` (pixelrl.config.plan), before any worker starts.
 
-The memory is `trainer.fit_to_memory_gb` when set, else the GPU's (`model.device` cuda: the
-card's total memory as this process sees it), else this machine's RAM shared by the workers;
+The memory is `trainer.fit_to_memory_gb` when set, else the GPU's (`model.device` cuda: what the
+card has free in one process, `trainer.backend: local`; its total memory on Ray, where the
+driver holds no GPU), else this machine's RAM shared by the workers;
 in one process, less the weights of reward models that score on the same card.
 A field written as a number stays as written; `trainer.fit_to_memory_gb` with no `auto` field
 chooses all three (a recipe written for other cards, fitted to these).
@@ -33,7 +34,14 @@ def worker_memory_gb(cfg: PixelRLConfig, field: str) -> tuple[float, str]:
             raise ConfigError(field, AUTO, "sizes against each GPU's memory, and this process sees no CUDA device "
                               "(Ray workers on other nodes): set trainer.fit_to_memory_gb to each GPU's memory in GB, "
                               "e.g. 80")
-        props = torch.cuda.get_device_properties(device.index or 0)
+        index = device.index or 0
+        props = torch.cuda.get_device_properties(index)
+        if cfg.trainer.backend == "local":
+            # this process is the worker: what the card has free now (another job's share, a reward
+            # server's, taken off), read through the CUDA context it is about to create anyway. A Ray
+            # driver reads the total instead: a context there would sit on a worker's GPU all run
+            free, total = torch.cuda.mem_get_info(index)
+            return free / 1e9, f"{props.name}'s free memory, {free / 1e9:.1f} of {total / 1e9:.1f} GB"
         return props.total_memory / 1e9, f"{props.name}'s memory"
     workers = cfg.trainer.n_workers
     return psutil.virtual_memory().total / 1e9 / workers, f"this machine's RAM over {workers} worker(s)"
