@@ -331,6 +331,8 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("VLM: asynchronous mode", [*VLM, "trainer.mode=one_step_off"], "trainer.mode"),
     ("VLM: skipping steps whose reward fails", [*VLM, "reward.on_error=skip"], "reward.on_error"),
     ("VLM: rewards in their own pool", [*VLM, "reward.placement=pool"], "reward.placement"),
+    ("several reward workers in one process", [*SHAPES, "trainer.backend=local", "trainer.n_workers=1",
+                                               "reward.num_workers=4"], "reward.num_workers"),
     ("VLM: gold image rewards", [*VLM, "val_kwargs.rewards=[{name: answer_match}]"], "val_kwargs.rewards"),
     ("VLM: a compiled denoiser", [*VLM, "model.compile=true"], "model.compile"),
     ("VLM: model folder without a processor", [*VLM, "model.path={tmp}"], "model.path"),

@@ -258,10 +258,14 @@ def _check_whole_groups(cfg: PixelRLConfig) -> None:
 
 
 def _check_reward_gpus(cfg) -> None:
-    """Reward workers with their own GPUs need Ray, the pool placement, and GPUs to be had;
-    otherwise Ray would wait forever for a GPU no node offers."""
+    """Reward workers are Ray actors: several of them need Ray, and with their own GPUs the pool
+    placement and GPUs to be had; otherwise Ray would wait forever for a GPU no node offers."""
     import os
 
+    if cfg.reward.num_workers > 1 and cfg.trainer.backend != "ray":
+        raise ConfigError("reward.num_workers", cfg.reward.num_workers, "trainer.backend=local scores the rewards "
+                          "in this process, one batch at a time: set reward.num_workers=1, or trainer.backend=ray for "
+                          "reward workers that score shards in parallel")
     gpus = cfg.reward.num_gpus
     if gpus == 0:
         return
