@@ -87,7 +87,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=8, help="the most frequent operators to list per phase")
     args = parser.parse_args(argv)
     cases = [case.partition("=") for case in args.case] or [("as written", "=", "")]
-    torch.manual_seed(0)
     rows = []
     for label, _, overrides in cases:
         counts = count_case(args.config, overrides.split(), args.steps)

@@ -310,17 +310,14 @@ def test_a_ray_address_where_no_cluster_answers_is_named_at_once():
     check_cluster_answers("auto")  # Ray resolves these itself
 
 
-def test_more_gpu_workers_than_this_machines_gpus_are_refused_before_ray_waits_for_them(monkeypatch, tmp_path):
+def test_more_gpu_workers_than_this_machines_gpus_are_refused_before_ray_waits_for_them(monkeypatch, tmp_path,
+                                                                                       tiny_vlm_path):
     """A Ray cluster started on this machine has its GPUs only: a placement group of one GPU per
     worker beyond them would wait forever. `pixelrl train` refuses it at start-up, before the run
-    folder exists, with the worker count that fits; the vision-language trainer where its cluster
-    starts (`ensure_ray`, before Ray is asked for anything); a named cluster is not second-guessed."""
-    import dataclasses
-
+    folder exists, with the worker count that fits, for the diffusion and the vision-language
+    trainers; a named cluster is not second-guessed."""
     from pixelrl.config import load_config
-    from pixelrl.config.sections import TrainerConfig
     from pixelrl.core.errors import ConfigError
-    from pixelrl.workers.group import ensure_ray
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     run = ["model.device=cuda", f"trainer.default_local_dir={tmp_path}"]
@@ -340,9 +337,9 @@ def test_more_gpu_workers_than_this_machines_gpus_are_refused_before_ray_waits_f
                                          "trainer.mode=one_step_off"])
     assert load_config("shapes_flow_grpo", [*run, "trainer.n_workers=4"]).trainer.n_workers == 4
     assert load_config("shapes_flow_grpo", [*run, "trainer.n_workers=8", "trainer.ray_address=10.0.0.1:6379"])
-    trainer = dataclasses.replace(TrainerConfig(), n_workers=5)
-    with pytest.raises(ConfigError, match="5 actor worker"):
-        ensure_ray(trainer, gpu_workers=5)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match=r"each of the 2 actor worker\(s\) takes a GPU.*has 1 GPU"):
+        load_config("vlm_grpo_shapes_qa", [f"model.path={tiny_vlm_path}", *run])
 
 
 def test_a_connection_must_send_its_headers_in_time_and_without_the_token_cannot_stay_open():

@@ -281,33 +281,27 @@ def _check_reward_gpus(cfg) -> None:
 
 def _check_gpus_here(cfg: PixelRLConfig) -> None:
     """Ray workers on a cluster this run starts on this machine (no trainer.ray_address or
-    $RAY_ADDRESS) take this machine's GPUs, one each: checked before the run folder exists.
-    The diffusion trainers' workers only: the vision-language trainer's are checked where its
-    cluster starts (`ensure_ray`)."""
+    $RAY_ADDRESS) take this machine's GPUs, one each (the actors, and the diffusion trainers'
+    rollout pool): more of them than GPUs is refused before the run folder exists, where Ray
+    would wait forever for a placement no node offers."""
     import os
 
     import torch
 
-    t, ro = cfg.trainer, cfg.rollout
-    if cfg.algorithm.trainer_type not in DIFFUSION_TRAINERS or t.backend != "ray" or torch.device(cfg.model.device).type != "cuda" or t.ray_address \
+    t = cfg.trainer
+    if t.backend != "ray" or torch.device(cfg.model.device).type != "cuda" or t.ray_address \
             or os.environ.get("RAY_ADDRESS"):
         return
-    check_local_gpus(t.n_workers, t.n_workers + ro.n_workers, ro.n_workers)
-
-
-def check_local_gpus(n_workers: int, gpu_workers: int, rollout_workers: int = 0) -> None:
-    """`gpu_workers` workers of one GPU each fit this machine's GPUs (a Ray cluster started here)."""
-    import torch
-
-    have = torch.cuda.device_count() if gpu_workers else 0
-    if gpu_workers <= have:
+    rollout = cfg.rollout.n_workers if cfg.algorithm.trainer_type in DIFFUSION_TRAINERS else 0
+    have = torch.cuda.device_count()
+    if t.n_workers + rollout <= have:
         return
-    pool = f" and {rollout_workers} rollout worker(s)" if rollout_workers else ""
+    pool = f" and {rollout} rollout worker(s)" if rollout else ""
     if have == 0:
         fix = ("join a Ray cluster with GPUs (trainer.ray_address), or train here on the CPU "
                "(model.device=cpu)")
-    elif have > rollout_workers:
-        fix = (f"set trainer.n_workers={have - rollout_workers} (`pixelrl plan --gpus {have - rollout_workers}` keeps "
+    elif have > rollout:
+        fix = (f"set trainer.n_workers={have - rollout} (`pixelrl plan --gpus {have - rollout}` keeps "
                "the recipe's batch through gradient accumulation)"
                + (", or trainer.backend=local for one GPU in this process" if have == 1 else "")
                + ", or join a Ray cluster with more GPUs (trainer.ray_address)")
@@ -317,6 +311,6 @@ def check_local_gpus(n_workers: int, gpu_workers: int, rollout_workers: int = 0)
     else:
         fix = ("sampling ahead keeps a GPU for the rollout pool beside the actor's: on one GPU train with "
                "trainer.mode=sync and rollout.n_workers=0, or join a Ray cluster with more GPUs (trainer.ray_address)")
-    raise ConfigError("trainer.n_workers", n_workers, f"each of the {n_workers} actor worker(s){pool} takes a GPU "
-                      f"of its own (model.device=cuda), and this machine has {have} GPU(s) for the Ray cluster "
+    raise ConfigError("trainer.n_workers", t.n_workers, f"each of the {t.n_workers} actor worker(s){pool} takes a "
+                      f"GPU of its own (model.device=cuda), and this machine has {have} GPU(s) for the Ray cluster "
                       f"started here: {fix}")

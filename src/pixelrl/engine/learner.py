@@ -111,9 +111,9 @@ class Learner:
         # one read of a flag on the weights' device, not one per parameter (hundreds of LoRA
         # matrices); there, too, NCCL can reduce it. The largest |weight| is NaN or inf exactly
         # when some weight is, and on a GPU torch takes it over all tensors in a few launches
-        # (foreach), where a test per tensor costs several launches each
-        # FSDP2: this rank's shard, which can be empty (a small tensor split over more ranks than
-        # rows), and an empty tensor has no largest value
+        # (foreach), where a test per tensor costs several launches each. Under FSDP2 each rank
+        # checks its own shard, which can be empty (a small tensor split over more ranks than it
+        # has rows) and has no largest value then
         local = [t for t in ((p.to_local() if hasattr(p, "to_local") else p).detach() for p in self.params) if t.numel()]
         bad = (~torch.isfinite(torch.nn.utils.get_total_norm(local, float("inf")))).float()
         if hasattr(self.params[0], "to_local") and torch.distributed.is_initialized():

@@ -166,9 +166,8 @@ class DiffusionTrainer:
 
         t, r, ro = self.cfg.trainer, self.cfg.reward, self.cfg.rollout
         if t.backend == "ray":
+            self._ray_started = ensure_ray(t, ro.n_workers * ro.num_cpus_per_worker) or self._ray_started
             gpus = 1 if self.cfg.model.device.startswith("cuda") else 0
-            self._ray_started = ensure_ray(t, ro.n_workers * ro.num_cpus_per_worker, gpus * (t.n_workers + ro.n_workers),
-                                           ro.n_workers) or self._ray_started
             self.actor = RayWorkerGroup(self.cfg_yaml, t.n_workers, t.num_cpus_per_worker, gpus)
             if ro.n_workers:
                 self.pool = RayWorkerGroup(self.cfg_yaml, ro.n_workers, ro.num_cpus_per_worker, gpus, role="rollout")

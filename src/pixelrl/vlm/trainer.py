@@ -37,8 +37,8 @@ class VLMPPOTrainer:
 
         t = self.cfg.trainer
         if t.backend == "ray":
+            self._ray_started = ensure_ray(t)
             gpus = 1 if self.cfg.model.device.startswith("cuda") else 0
-            self._ray_started = ensure_ray(t, gpu_workers=gpus * t.n_workers)
             self.actor = RayWorkerGroup(self.cfg_yaml, t.n_workers, t.num_cpus_per_worker, gpus, worker_cls=VLMWorker)
         else:
             self.actor = LocalWorkerGroup(self.cfg_yaml, worker_cls=VLMWorker)

@@ -190,22 +190,14 @@ def check_cluster_answers(address: str, timeout_s: float = 10.0) -> None:
                           "empty for a local cluster") from None
 
 
-def ensure_ray(trainer_cfg, extra_cpus: int = 0, gpu_workers: int = 0, rollout_workers: int = 0) -> bool:
+def ensure_ray(trainer_cfg, extra_cpus: int = 0) -> bool:
     """Join the Ray cluster named by trainer.ray_address or $RAY_ADDRESS, or start a local one
-    with enough CPUs for the actor workers (and `extra_cpus`). True when this call started it.
-    `gpu_workers`: how many workers (`rollout_workers` of them the rollout pool's) take a GPU each;
-    a cluster on this machine has its GPUs only, and more workers than GPUs is refused here
-    (validation refuses it first for the diffusion trainers), where Ray would wait forever for a
-    placement no node offers."""
+    with enough CPUs for the actor workers (and `extra_cpus`). True when this call started it."""
     import ray
 
-    from pixelrl.config.validation import check_local_gpus
-
-    address = trainer_cfg.ray_address or os.environ.get("RAY_ADDRESS") or None
-    if not address:  # a cluster on this machine, started here now or before
-        check_local_gpus(trainer_cfg.n_workers, gpu_workers, rollout_workers)
     if ray.is_initialized():
         return False
+    address = trainer_cfg.ray_address or os.environ.get("RAY_ADDRESS") or None
     if address:  # the user's cluster, as it is configured (docs/runtime.md: its exposure is theirs to choose)
         check_cluster_answers(address)
         ray.init(address=address, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
