@@ -71,6 +71,26 @@ def gpu_node_memory():
         yield
 
 
+def record_learning(before: float, after: float, margin: float | None) -> None:
+    """Append a learning test's scores to PIXELRL_LEARNING_LOG, where `python
+    tests/learning_spread.py` collects them across CPU kernels and thread counts."""
+    log = os.environ.get("PIXELRL_LEARNING_LOG")
+    if log:
+        import json
+
+        test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+        with open(log, "a") as out:
+            out.write(json.dumps({"test": test, "before": float(before), "after": float(after),
+                                  "margin": margin}) + "\n")
+
+
+def assert_learned(before: float, after: float, margin: float, *context) -> None:
+    """A learning test's verdict: `after` beats `before` by more than `margin`, a margin set from
+    the gain's measured spread over CPU kernels and thread counts (tests/README.md)."""
+    record_learning(before, after, margin)
+    assert after > before + margin, (before, after, *context)
+
+
 class ScalarReads:
     """Counts pixelrl's tensor-to-Python reads (`float(t)`, `t.item()`, `if t:`) while active: on a
     GPU each one waits for every kernel queued before it. A read counts when the code that asked

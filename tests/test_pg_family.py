@@ -120,34 +120,49 @@ def test_trained_step_indices_in_order_and_permuted():
     assert trained_step_indices(2, 1, num_steps=10, fraction=1.0).tolist() == [[0, 1]]  # capped at W
 
 
+def _criteria(rollout_rs, threshold=None, lower=None, upper=None):
+    from pixelrl.algos.rollout_correction import rejection_criteria
+
+    return rejection_criteria(rollout_rs, threshold, lower, upper)
+
+
 def test_rollout_correction_weights_truncate_reject_and_report():
-    from pixelrl.algos.rollout_correction import rollout_correction_weights
+    from pixelrl.algos.rollout_correction import rollout_correction
 
     old = torch.tensor([[0.0, math.log(3.0)], [math.log(0.5), 0.0], [0.0, 0.0]])
     rollout = torch.zeros(3, 2)
-    weights, metrics = rollout_correction_weights(old, rollout, threshold=2.0)
-    assert torch.allclose(weights, torch.tensor([[1.0, 2.0], [0.5, 1.0], [1.0, 1.0]]))
+    weights, keep, metrics = rollout_correction(old, rollout, is_threshold=2.0)
+    assert torch.allclose(weights, torch.tensor([[1.0, 2.0], [0.5, 1.0], [1.0, 1.0]])) and bool(keep.all())
     assert metrics["rollout_corr/truncated_frac"] == pytest.approx(1 / 6)
     assert metrics["rollout_corr/logp_abs_diff_max"] == pytest.approx(math.log(3.0))
     assert metrics["rollout_corr/logp_abs_diff_step1"] == pytest.approx(math.log(3.0) / 3)
     # keyed by the schedule position of each column, not by the column: windows differ per sample
     steps = torch.tensor([[3, 4], [3, 4], [4, 5]])
-    _, metrics = rollout_correction_weights(old, rollout, step_indices=steps)
+    _, _, metrics = rollout_correction(old, rollout, step_indices=steps)
     assert metrics["rollout_corr/logp_abs_diff_step3"] == pytest.approx(math.log(2.0) / 2)
     assert metrics["rollout_corr/logp_abs_diff_step4"] == pytest.approx(math.log(3.0) / 3)
     assert metrics["rollout_corr/logp_abs_diff_step5"] == 0.0 and "rollout_corr/logp_abs_diff_step0" not in metrics
-    # any_step rejection works on the untruncated weight: sample 0 (3.0 > 2.5) and sample 1 (0.5 < 0.6)
-    weights, metrics = rollout_correction_weights(old, rollout, threshold=2.0, lower=0.6, upper=2.5,
-                                                  rs_level="any_step")
-    assert torch.equal(weights[:2], torch.zeros(2, 2)) and torch.equal(weights[2], torch.ones(2))
+    # any_step (the older rule) rejects whole samples: sample 0 (3.0 > 2.5) and sample 1 (0.5 < 0.6); the
+    # weights stay as they are, the step mask carries the rejection
+    weights, keep, metrics = rollout_correction(old, rollout, is_threshold=2.0,
+                                                criteria=_criteria("any_step", lower=0.6, upper=2.5))
+    assert keep.tolist() == [[0.0, 0.0], [0.0, 0.0], [1.0, 1.0]] and torch.equal(weights[2], torch.ones(2))
     assert metrics["rollout_corr/rejected_sample_frac"] == pytest.approx(2 / 3)
+    # IcePop (`lower_upper`): weights outside [0.6, 2.5] are zeroed, not truncated
+    weights, _, metrics = rollout_correction(old, rollout, is_threshold="0.6_2.5")
+    assert torch.allclose(weights, torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]))
+    assert metrics["rollout_corr/is_oob_frac"] == pytest.approx(2 / 6)
+    # batch normalisation to mean 1 (verl's rollout_is_batch_normalize)
+    weights, _, metrics = rollout_correction(old, rollout, is_threshold=2.0, is_batch_normalize=True)
+    assert float(weights.mean()) == pytest.approx(1.0) and metrics["rollout_corr/is_batch_norm_factor"] == \
+        pytest.approx(6.5 / 6)
 
 
-def test_rollout_rejection_levels_by_hand():
-    """verl's rejection levels on [B, W] sample-steps with bounds [0.5, 2]: token drops only the
+def test_older_rejection_levels_by_hand():
+    """The older names on [B, W] sample-steps with ratio bounds [0.5, 2]: token drops only the
     steps outside, sequence judges the product of a sample's ratios, geometric their geometric
     mean; the log-ratio is clamped to +-20 before exp (verl's SAFETY_BOUND)."""
-    from pixelrl.algos.rollout_correction import rollout_correction_weights
+    from pixelrl.algos.rollout_correction import rollout_correction
 
     log = math.log
     # sample 0: ratios (3, 1/2) -> product 1.5, geometric mean sqrt(1.5); sample 1: (1.5, 1.5) ->
@@ -156,8 +171,8 @@ def test_rollout_rejection_levels_by_hand():
     rollout = torch.zeros(3, 2)
 
     def kept(level):
-        weights, metrics = rollout_correction_weights(old, rollout, threshold=10.0, upper=2.0, rs_level=level)
-        return (weights > 0).int().tolist(), metrics
+        _, keep, metrics = rollout_correction(old, rollout, is_threshold=10.0, criteria=_criteria(level, upper=2.0))
+        return keep.int().tolist(), metrics
 
     token, metrics = kept("token")
     assert token == [[0, 1], [1, 1], [1, 1]]  # only the step with ratio 3 leaves [0.5, 2]
@@ -166,13 +181,107 @@ def test_rollout_rejection_levels_by_hand():
     assert kept("sequence")[0] == [[1, 1], [0, 0], [1, 1]]  # 1.5 kept, 2.25 rejected
     assert kept("geometric")[0] == [[1, 1], [1, 1], [1, 1]]  # sqrt(1.5) and 1.5 inside
     assert kept("any_step")[0] == [[0, 0], [1, 1], [1, 1]]
+    assert _criteria("token") == ()  # an older name without bounds rejects nothing, as before
     # sequence importance weights: the product, truncated
-    weights, _ = rollout_correction_weights(old, rollout, threshold=2.0, is_level="sequence")
+    weights, _, _ = rollout_correction(old, rollout, is_threshold=2.0, is_level="sequence")
     assert torch.allclose(weights, torch.tensor([[1.5, 1.5], [2.0, 2.0], [1.0, 1.0]]))
-    # a log-ratio of 100 is clamped to 20 before exp: a finite weight, rejected by an upper bound
+    # a log-ratio of 100 is clamped to 20 before exp: a finite weight
     far = torch.tensor([[100.0, 0.0]])
-    weights, _ = rollout_correction_weights(far, torch.zeros(1, 2), threshold=float("inf"), is_level="sequence")
+    weights, _, _ = rollout_correction(far, torch.zeros(1, 2), is_threshold=float("inf"), is_level="sequence")
     assert torch.allclose(weights, torch.full((1, 2), math.exp(20.0)))
+
+
+def _verl_rejection_mask(log_ratio, options: str, thresholds: str):
+    """verl's compute_rollout_rejection_mask (verl/trainer/ppo/rollout_corr_helper.py, 2026),
+    transcribed for an all-valid response mask: k1 = -log r, k2 = (log r)^2 / 2, k3 = e^(log r) - 1
+    - log r on the log-ratio clamped to +-20; k1 options keep log(lo) <= stat <= log(hi) with lo =
+    1 / hi unless given as lo_hi; the rest keep stat <= hi; every listed option must pass."""
+    lr = log_ratio.clamp(-20.0, 20.0)
+    per_token = {"k1": -lr, "k2": 0.5 * lr ** 2, "k3": torch.exp(lr) - 1.0 - lr}
+    names = options.split(",")
+    specs = thresholds.split(",")
+    specs = specs * len(names) if len(specs) == 1 else specs
+    mask = torch.ones_like(lr)
+    for name, spec in zip(names, specs):
+        level, k = name.rsplit("_", 1)
+        stat = per_token[k]
+        if level == "seq_sum":
+            stat = stat.sum(-1, keepdim=True).expand_as(lr)
+        elif level == "seq_mean":
+            stat = stat.mean(-1, keepdim=True).expand_as(lr)
+        elif level == "seq_max":
+            stat = stat.max(-1, keepdim=True).values.expand_as(lr)
+        if k == "k1":
+            lo, hi = (float(x) for x in spec.split("_")) if "_" in spec else (1 / float(spec), float(spec))
+            keep = (stat >= math.log(lo)) & (stat <= math.log(hi))
+        else:
+            keep = stat <= float(spec)
+        mask = mask * keep.float()
+    return mask
+
+
+@pytest.mark.parametrize("options, thresholds", [
+    ("token_k1", "2.0"), ("token_k1", "0.7_1.6"), ("token_k2", "0.05"), ("token_k3", "0.05"),
+    ("seq_sum_k1", "2.0"), ("seq_sum_k2", "0.2"), ("seq_sum_k3", "0.2"), ("seq_mean_k1", "0.8_1.3"),
+    ("seq_mean_k2", "0.05"), ("seq_mean_k3", "0.05"), ("seq_max_k2", "0.1"), ("seq_max_k3", "0.1"),
+    ("token_k1,seq_mean_k3", "1.5,0.03"), ("seq_sum_k1,seq_max_k2", "0.5_3.0,0.2"),
+])
+def test_rejection_criteria_equal_verls_under_their_current_names(options, thresholds):
+    from pixelrl.algos.rollout_correction import rollout_correction
+
+    old = 0.4 * torch.randn(64, 5, generator=torch.Generator().manual_seed(0))
+    old[3, 2] = 40.0  # past the safety bound
+    _, keep, metrics = rollout_correction(old, torch.zeros(64, 5), criteria=_criteria(options, thresholds))
+    expected = _verl_rejection_mask(old, options, thresholds)
+    assert torch.equal(keep, expected)
+    assert 0 < float(expected.mean()) < 1  # the bounds bite, and not everywhere
+    assert metrics["rollout_corr/rejected_step_frac"] == pytest.approx(1 - float(expected.mean()))
+
+
+def test_rejected_steps_leave_the_loss_mean_and_the_kl_as_verls_response_mask(make_engine, tiny_pixel_path):
+    """verl takes a rejected step out of the response mask, so the loss is the mean over the kept
+    steps and so is the KL. Rejecting step 1 of every sample must therefore train exactly as
+    training step 0 alone: the same loss and the same gradient (where weighting them 0 but keeping
+    them in the denominator divides both by the window's 5 steps)."""
+    from pixelrl.core.batch import Batch
+
+    from pixelrl.models.lora import adapter_params
+
+    engine, cfg = make_engine(tiny_pixel_path, diffusion_loss__kl_coef=0.5)
+    with torch.no_grad():  # the policy away from the reference, so that the KL term has a gradient
+        for p in adapter_params(engine.model.transformer, "default").values():
+            p.add_(0.05)
+    batch = engine.rollout(["a red circle", "a cat"] * 2, [1, 2, 3, 4])
+    batch.update(engine.score(batch, "reference"))
+    batch["advantages"] = torch.tensor([1.0, -1.0, 0.5, -0.5])
+
+    def one_update(train):
+        grads, losses = [], []
+        keep = engine.learner.step
+
+        def capture(loss_value):
+            losses.append(loss_value)
+            grads.append(torch.cat([p.grad.flatten() for p in engine.learner.params if p.grad is not None]).clone())
+            raise StopIteration  # no optimizer step: both updates start from the same weights
+
+        engine.learner.step = capture
+        try:
+            engine.update(train)
+        except StopIteration:
+            pass
+        finally:
+            engine.learner.step = keep
+        return losses[0], grads[0]
+
+    masked = batch.select(range(len(batch)))
+    masked["step_mask"] = torch.tensor([[1.0, 0.0, 0.0, 0.0, 0.0]] * 4)  # the full window: 5 steps
+    only_first = batch.select(range(len(batch)))
+    only_first["train_step_index"] = torch.zeros(4, 1, dtype=torch.long)
+    loss_masked, grad_masked = one_update(masked)
+    loss_first, grad_first = one_update(only_first)
+    assert loss_masked == pytest.approx(loss_first, rel=1e-5)
+    assert torch.allclose(grad_masked, grad_first, rtol=1e-4, atol=1e-9 * float(grad_first.abs().max()))
+    assert float(grad_first.abs().max()) > 0
 
 
 def test_multi_reward_sum_of_advantages():
@@ -253,3 +362,21 @@ def test_each_method_runs_as_itself_through_the_trainer_and_its_checkpoint_reloa
         assert [m["training/window_size"] for m in metrics] == [2, 2]
     assert main(["train", *common, "trainer.total_training_steps=3"]) == 0  # resumes from step 2
     assert [m["step"] for m in read_metrics(run)] == [1, 2, 3]
+
+
+def test_bound_specs_read_as_text_or_lists():
+    """`lower_upper` text and [lower, upper] lists give the same bounds; a lone k1 bound is the
+    upper one with lower 1 / upper; YAML's reading of 0.5_2 (the number 0.52) is refused, since a
+    lone upper bound below 1 puts lower above upper."""
+    from pixelrl.algos.rollout_correction import Criterion, importance_threshold
+    from pixelrl.core.errors import ConfigError
+
+    assert _criteria("token_k1", "0.5_2.0") == _criteria("token_k1", [0.5, 2.0]) == \
+        (Criterion("token_k1", 2.0, 0.5),)
+    assert _criteria("token_k1", 4.0) == (Criterion("token_k1", 4.0, 0.25),)
+    assert _criteria("token_k1,seq_max_k2", ["0.5_2.0", 0.1]) == (Criterion("token_k1", 2.0, 0.5),
+                                                                  Criterion("seq_max_k2", 0.1))
+    assert importance_threshold("0.5_5.0") == importance_threshold([0.5, 5.0]) == (5.0, 0.5)
+    assert importance_threshold(2.0) == (2.0, None)
+    with pytest.raises(ConfigError, match="0.5_2.0"):
+        _criteria("token_k1", 0.52)

@@ -190,7 +190,7 @@ def test_describe_prints_the_command_and_what_changed():
     # a forward-process loss reads none of the transition fields: the plan names its own params
     awm = paper_config("awm_sd35")
     text = describe(awm, plan_for(awm, 8, 80), "awm_sd35")
-    assert "awm (" in text and "clip 0.0001" not in text and "beta_ref 0.003" in text
+    assert "awm (" in text and "clip 0.0001" not in text and "beta_ref 0.001" in text
 
 
 def test_pixelrl_plan_on_a_paper_config_names_the_missing_folder(capsys):

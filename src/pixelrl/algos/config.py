@@ -4,6 +4,7 @@ advantages, how stale samples are corrected, and which loss with which params.""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from pixelrl.core.errors import ConfigError, check_choice, check_number
 
@@ -55,12 +56,18 @@ class AlgorithmConfig:
     # it too (AWM's zero-advantage samples carry only its reference and EMA terms); DPO trains pairs.
     drop_zero_advantage: bool = True
     rollout_correction: str = "bypass"  # bypass | decoupled
-    rollout_is_threshold: float = 2.0  # decoupled: truncate importance weights at this value
-    rollout_is: str = "token"  # the weight of each sample-step (token) or of the sample's product (sequence)
-    # decoupled: reject (weight 0) where the rollout_rs statistic leaves [lower, upper] (lower
-    # defaults to 1 / upper, as verl): token (each step's ratio), sequence (the sample's product of
-    # ratios), geometric (their geometric mean), any_step (the whole sample when any step leaves)
-    rollout_rs: str = "token"
+    # decoupled: importance weights per sample-step (token) or of the sample's product (sequence),
+    # truncated at rollout_is_threshold (a number) or zeroed outside it (`lower_upper`: IcePop),
+    # optionally divided by their batch mean; verl's names and specs (pixelrl.algos.rollout_correction)
+    rollout_is: str = "token"
+    rollout_is_threshold: Any = 2.0
+    rollout_is_batch_normalize: bool = False
+    # decoupled: rejection criteria, comma-separated, all must pass (token_k1, seq_mean_k1, seq_max_k2,
+    # ...), with their bounds (`lower_upper` for k1, an upper bound for k2 / k3; one spec or one per
+    # criterion); a rejected sample-step leaves the loss mean, the KL and the metrics. The older
+    # names token / sequence / geometric / any_step take ratio bounds rollout_rs_lower / upper
+    rollout_rs: str | None = None
+    rollout_rs_threshold: Any = None
     rollout_rs_lower: float | None = None
     rollout_rs_upper: float | None = None
     # Several rewards: `sum_rewards` normalises sum_k w_k r_k; `sum_advantages` (MixGRPO's
@@ -82,15 +89,22 @@ class AlgorithmConfig:
         check_choice("algorithm.sample_source", self.sample_source, ("online", "offline"))
 
     def _check_rollout_correction(self) -> None:
-        from pixelrl.algos.rollout_correction import IS_LEVELS, RS_LEVELS, rejection_bounds
+        from pixelrl.algos.rollout_correction import IS_LEVELS, importance_threshold
 
         check_choice("algorithm.rollout_is", self.rollout_is, IS_LEVELS)
-        check_choice("algorithm.rollout_rs", self.rollout_rs, RS_LEVELS)
-        check_number("algorithm.rollout_is_threshold", self.rollout_is_threshold)
+        importance_threshold(self.rollout_is_threshold)
         for name in ("rollout_rs_lower", "rollout_rs_upper"):
             if getattr(self, name) is not None:
                 check_number(f"algorithm.{name}", getattr(self, name), allow_zero=name == "rollout_rs_lower")
-        lo, hi = rejection_bounds(self.rollout_rs_lower, self.rollout_rs_upper)
-        if lo > hi:
-            raise ConfigError("algorithm.rollout_rs_lower", lo, f"is above algorithm.rollout_rs_upper ({hi}): every "
-                              "sample-step would be rejected; set lower <= upper")
+        if self.rollout_rs_lower is not None and self.rollout_rs_upper is not None \
+                and self.rollout_rs_lower > self.rollout_rs_upper:
+            raise ConfigError("algorithm.rollout_rs_lower", self.rollout_rs_lower, f"is above algorithm.rollout_rs_upper "
+                              f"({self.rollout_rs_upper}): every sample-step would be rejected; set lower <= upper")
+        self.rejection_criteria()
+
+    def rejection_criteria(self):
+        """The rollout-correction rejection criteria, parsed (ConfigError naming the field)."""
+        from pixelrl.algos.rollout_correction import rejection_criteria
+
+        return rejection_criteria(self.rollout_rs, self.rollout_rs_threshold, self.rollout_rs_lower,
+                                  self.rollout_rs_upper)

@@ -31,7 +31,7 @@ from pixelrl.core.errors import ConfigError, require_integer
 
 @dataclass
 class DGPOParams(OldPolicyParams):
-    beta_dpo: float = 101.0  # the reference's GenEval recipe (100 for compressibility and OCR)
+    beta_dpo: float = 100.0  # the reference's GenEval, compressibility and OCR presets
     ref_kl_coef: float = 0.02  # weight of mean((v - v_ref)^2): the reference's train.beta
     clip_range: float = 1e-2  # 0 turns the clip and the EMA adapter off
     # `num_timesteps` distinct sampler-grid indices out of 0..max_timestep_index (the reference's
@@ -40,7 +40,10 @@ class DGPOParams(OldPolicyParams):
     num_timesteps: int = 4
     max_timestep_index: int = 4
     group_noise: bool = True  # the reference's use_shared_noise: one eps per group and timestep
-    old_policy_schedule: str = "awm"  # its EMA reference: decay min(0.3, 0.001 step), every step
+    # its EMA reference: decay min(0.3, 0.001 s) after every optimizer step, s the steps before it
+    # (train_sd3_dgpo.py steps `ema_ref` right after `optimizer.step()`)
+    old_policy_schedule: str = "awm"
+    old_policy_refresh: str = "optimizer_step"
 
     def __post_init__(self):
         super().__post_init__()

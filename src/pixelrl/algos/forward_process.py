@@ -28,6 +28,8 @@ GRID_STRATA = ("discrete_wo_init", "discrete", "discrete_with_init")
 # draws per sample, then shifted by `time_shift`
 CONTINUOUS_STRATA = ("stratified_logit_normal", "stratified_uniform")
 TIMESTEP_SAMPLERS = ("logit_normal", "grid_permutation", *GRID_STRATA, *CONTINUOUS_STRATA, "grid_subset")
+# drawn once per update and shared by every row of every worker (DGPO's, by design)
+SHARED_TIMESTEP_SAMPLERS = ("grid_subset",)
 
 
 def check_timesteps(params) -> None:
@@ -184,6 +186,7 @@ def nft_optimality(advantages: torch.Tensor, adv_clip_max: float = 5.0, mode: st
 
 # ----------------------------------------------------------------------------- old-policy EMA
 OLD_POLICY_SCHEDULES = ("copy", "linear_to_0_5", "delayed", "awm", "constant")
+OLD_POLICY_REFRESHES = ("update", "optimizer_step")  # what old_policy_update_interval counts
 
 
 def old_policy_decay(schedule: str, step: int, constant: float = 0.0) -> float:
@@ -207,12 +210,16 @@ def old_policy_decay(schedule: str, step: int, constant: float = 0.0) -> float:
 
 @dataclass
 class OldPolicyParams:
-    """The `old` adapter of DiffusionNFT and AWM: old = d old + (1 - d) current every
-    `old_policy_update_interval` updates, d from `old_policy_schedule` (`old_policy_decay` for
-    `constant`); `rollout_policy: old` samples the rollouts with it (DiffusionNFT's reference)."""
+    """The `old` adapter of DiffusionNFT, AWM and DGPO: old = d old + (1 - d) current every
+    `old_policy_update_interval` updates (`old_policy_refresh: update`, after the update's last
+    optimizer step, d from the optimizer steps taken) or optimizer steps (`optimizer_step`, after
+    each, d from the steps before it, as DGPO's reference steps its EMA reference), d from
+    `old_policy_schedule` (`old_policy_decay` for `constant`); `rollout_policy: old` samples the
+    rollouts with it (DiffusionNFT's reference)."""
     old_policy_schedule: str = "linear_to_0_5"
     old_policy_decay: float = 0.0
     old_policy_update_interval: int = 1
+    old_policy_refresh: str = "update"
     rollout_policy: str = "current"
 
     def __post_init__(self):
@@ -222,6 +229,9 @@ class OldPolicyParams:
         if not 0 <= self.old_policy_decay < 1:
             raise ConfigError("diffusion_loss.params.old_policy_decay", self.old_policy_decay, "must be in [0, 1)")
         require_integer("diffusion_loss.params.old_policy_update_interval", self.old_policy_update_interval, 1)
+        if self.old_policy_refresh not in OLD_POLICY_REFRESHES:
+            raise ConfigError("diffusion_loss.params.old_policy_refresh", self.old_policy_refresh,
+                              f"choose one of {list(OLD_POLICY_REFRESHES)}")
         if self.rollout_policy not in ("current", "old"):
             raise ConfigError("diffusion_loss.params.rollout_policy", self.rollout_policy, "choose one of "
                               "['current', 'old']")
@@ -288,14 +298,12 @@ def diffusion_nft_loss(step: dict, cfg) -> tuple[torch.Tensor, dict]:
 AWM_WEIGHTINGS = ("ghuber", "uniform", "t", "t**2", "huber")
 
 
-TIMESTEP_DRAWS = ("per_sample", "per_micro_batch")
-
 
 @dataclass
 class AWMParams(OldPolicyParams):
     weighting: str = "ghuber"  # the released default
     p: float = 0.25  # ghuber exponent
-    beta_ref: float = 1e-3  # weight of mean((v - v_ref)^2); the reference's GenEval and OCR runs 3e-3, PickScore 1e-4
+    beta_ref: float = 1e-3  # weight of mean((v - v_ref)^2); the reference's GenEval preset (3e-3 before be51372)
     ema_beta: float = 1.0  # weight of mean((v - v_ema)^2) against the `old` adapter kept as an EMA
     # the reference's `discrete_wo_init`: one grid index from each of 6 strata of the indices
     # 1 .. int(N x 0.9) per sample ({1}, {2, 3}, ..., {10, 11} at N = 14)
@@ -310,11 +318,11 @@ class AWMParams(OldPolicyParams):
     # same timesteps and noise, as Diffusion-DPO noises a pair. The advantages of a group sum to 0,
     # so the part of the gradient the images share through (t, eps) cancels, not only in expectation
     group_noise: bool = False
-    # per_sample: each sample draws its own grid index in each stratum; per_micro_batch: one draw
-    # for all the samples of a training micro-batch (of the update's first epoch), as the reference
-    # (train_sd3_awm.py repeats one draw over config.train.batch_size). The same distribution per
-    # sample; the reference's couples the samples trained together
-    timestep_draw: str = "per_sample"
+    # how many samples share one draw of the K timesteps (each keeps its own noise): 1 draws per
+    # sample; the reference repeats one draw over its config.train.batch_size samples (3 in its
+    # SD3.5 presets), trained together. pixelrl shares it over that many samples of the step, picked
+    # at random, whatever micro-batch memory allows. The same distribution per sample either way
+    samples_per_timestep_draw: int = 1
     old_policy_schedule: str = "awm"  # the EMA adapter's decay min(0.3, 0.001 step), the reference's
 
     def __post_init__(self):
@@ -322,12 +330,12 @@ class AWMParams(OldPolicyParams):
         check_timesteps(self)
         positive("time_shift", self.time_shift)
         positive("clip_range", self.clip_range)
-        if self.timestep_draw not in TIMESTEP_DRAWS:
-            raise ConfigError("diffusion_loss.params.timestep_draw", self.timestep_draw,
-                              f"choose one of {list(TIMESTEP_DRAWS)}")
-        if self.timestep_draw == "per_micro_batch" and self.group_noise:
-            raise ConfigError("diffusion_loss.params.timestep_draw", self.timestep_draw, "group_noise already "
-                              "shares each prompt group's timesteps and noise: use one of the two")
+        if self.samples_per_timestep_draw < 1:
+            raise ConfigError("diffusion_loss.params.samples_per_timestep_draw", self.samples_per_timestep_draw,
+                              "must be >= 1 (1 draws the timesteps per sample)")
+        if self.samples_per_timestep_draw > 1 and self.group_noise:
+            raise ConfigError("diffusion_loss.params.samples_per_timestep_draw", self.samples_per_timestep_draw,
+                              "group_noise already shares each prompt group's timesteps and noise: use one of the two")
         if self.weighting not in AWM_WEIGHTINGS:
             raise ConfigError("diffusion_loss.params.weighting", self.weighting, f"choose one of {list(AWM_WEIGHTINGS)}")
         positive("p", self.p)

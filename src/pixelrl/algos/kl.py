@@ -24,5 +24,10 @@ def step_kl_to_reference(step: dict, kl_type: str = "reference") -> tuple[torch.
         std = step["noise_std"]
     else:
         raise ConfigError("diffusion_loss.kl_type", kl_type, f"choose one of {list(KL_TYPES)}")
-    kl = (sq / (2 * std.reshape(std.shape[0]) ** 2)).mean()
-    return kl, {"kl": kl.detach()}
+    per_step = sq / (2 * std.reshape(std.shape[0]) ** 2)
+    mask = step.get("step_mask")  # rollout correction's kept steps, scaled to the mini-batch's kept mean
+    if mask is None:
+        kl = per_step.mean()
+        return kl, {"kl": kl.detach()}
+    kept = (mask > 0).float()
+    return (per_step * mask).mean(), {"kl": ((per_step * kept).sum() / kept.sum().clamp(min=1.0)).detach()}

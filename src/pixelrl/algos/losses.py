@@ -137,13 +137,24 @@ def clipped_policy_objective(log_ratio: torch.Tensor, advantages: torch.Tensor, 
     return per_sample.mean(), ratio
 
 
-def ratio_metrics(log_ratio: torch.Tensor, ratio: torch.Tensor, clip_ratio: float) -> dict[str, torch.Tensor]:
+def kept_mean(values: torch.Tensor, step_mask: torch.Tensor | None) -> torch.Tensor:
+    """The mean over the sample-steps rollout correction kept (`step_mask` > 0; all without one)."""
+    if step_mask is None:
+        return values.float().mean()
+    kept = (step_mask > 0).float()
+    return (values.float() * kept).sum() / kept.sum().clamp(min=1.0)
+
+
+def ratio_metrics(log_ratio: torch.Tensor, ratio: torch.Tensor, clip_ratio: float,
+                  step_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Over the kept sample-steps: rejected ones are out of the metrics, as out of the loss."""
     r = ratio.detach()
+    mean = kept_mean(r, step_mask)
     return {
-        "clipfrac": ((r - 1.0).abs() > clip_ratio).float().mean(),
-        "approx_kl": 0.5 * (log_ratio.detach() ** 2).mean(),
-        "ratio_mean": r.mean(),
-        "ratio_std": r.std(unbiased=False),
+        "clipfrac": kept_mean(((r - 1.0).abs() > clip_ratio).float(), step_mask),
+        "approx_kl": kept_mean(0.5 * log_ratio.detach() ** 2, step_mask),
+        "ratio_mean": mean,
+        "ratio_std": kept_mean((r - mean) ** 2, step_mask).sqrt(),
     }
 
 
@@ -160,7 +171,7 @@ def flow_grpo_loss(step: dict, cfg) -> tuple[torch.Tensor, dict]:
     loss, ratio = clipped_policy_objective(
         log_ratio, step["advantages"], cfg.clip_ratio, cfg.adv_clip_max, step.get("is_weights")
     )
-    return loss, {"pg_loss": loss.detach(), **ratio_metrics(log_ratio, ratio, cfg.clip_ratio)}
+    return loss, {"pg_loss": loss.detach(), **ratio_metrics(log_ratio, ratio, cfg.clip_ratio, step.get("step_mask"))}
 
 
 @register_loss(
@@ -183,9 +194,9 @@ def grpo_guard_loss(step: dict, cfg) -> tuple[torch.Tensor, dict]:
         log_ratio, step["advantages"], cfg.clip_ratio, cfg.adv_clip_max, step.get("is_weights")
     )
     loss = loss / _flat(step["sqrt_dt"]).mean() ** 2
-    metrics = ratio_metrics(log_ratio, ratio, cfg.clip_ratio)
+    metrics = ratio_metrics(log_ratio, ratio, cfg.clip_ratio, step.get("step_mask"))
     # approx_kl measures how far the policy moved: on the raw log-ratio, as for flow_grpo.
-    metrics["approx_kl"] = 0.5 * (raw_log_ratio.detach() ** 2).mean()
+    metrics["approx_kl"] = kept_mean(0.5 * raw_log_ratio.detach() ** 2, step.get("step_mask"))
     return loss, {"pg_loss": loss.detach(), "guard_bias": bias.detach().mean(), **metrics}
 
 
@@ -227,10 +238,10 @@ def flow_dppo_loss(step: dict, cfg) -> tuple[torch.Tensor, dict]:
     if step.get("is_weights") is not None:
         per_sample = per_sample * step["is_weights"].detach()
     loss = per_sample.mean()
-    r = ratio.detach()
+    mask = step.get("step_mask")
     return loss, {
-        "pg_loss": loss.detach(), "approx_kl": 0.5 * (log_ratio.detach() ** 2).mean(),
-        "ratio_mean": r.mean(), "ratio_std": r.std(unbiased=False),
-        "dppo_masked_frac": 1 - keep.mean(), "dppo_masked_frac_pos": masked_pos.float().mean(),
-        "dppo_masked_frac_neg": masked_neg.float().mean(), "dppo_divergence": divergence.detach().mean(),
+        "pg_loss": loss.detach(), **{k: v for k, v in ratio_metrics(log_ratio, ratio, 0.0, mask).items()
+                                     if k != "clipfrac"},  # DPPO clips nothing
+        "dppo_masked_frac": 1 - kept_mean(keep, mask), "dppo_masked_frac_pos": kept_mean(masked_pos, mask),
+        "dppo_masked_frac_neg": kept_mean(masked_neg, mask), "dppo_divergence": kept_mean(divergence.detach(), mask),
     }

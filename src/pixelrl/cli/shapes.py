@@ -51,6 +51,8 @@ def cmd_eval(args) -> int:
     print(f"partial-credit overall {result['overall_partial']:.3f} [{low:.3f}, {high:.3f}]; unrequested objects "
           f"per image {result['extra_objects']:.2f}; diversity {result['diversity']}  ([a, b]: 95% bootstrap "
           "interval over items)")
+    print(f"background (pixels darker than 48): mean level {result['background_level']:.2f} of 255, "
+          f"{result['background_specks']:.1%} brighter than 12")
     print("what went wrong (fraction of each category's images):")
     print(format_failures(result))
     if baseline is not None:
@@ -62,7 +64,7 @@ def cmd_eval(args) -> int:
         if "overall_careful" in baseline:  # a baseline written before the careful judge has none
             print(format_careful(result, baseline=baseline))
         result["paired"] = {"baseline": args.baseline, "strict_gain_interval": report["strict_gain_interval"],
-                            "exact_gain_interval": report["exact_gain_interval"], "criteria": report["criteria"]}
+                            "exact_gain_interval": report["exact_gain_interval"]}
     return _write_result(result, args.out)
 
 

@@ -31,6 +31,9 @@ class ValKwargs:
     num_steps: int = 10
     noise_level: float = 0.0  # 0 = deterministic ODE sampling
     guidance_scale: float | None = None  # None = rollout.guidance_scale
+    # euler: Euler steps (the ODE at noise 0), as AWM's and Flow-GRPO's references evaluate whatever
+    # they sample with; dpm2: DPM-Solver++ 2M on rollout.sigma_schedule's grid, as DGPO's evaluates
+    solver: str = "euler"
     # gold rewards: scored on the validation images besides the training reward (same format as
     # reward.functions), logged as val-core/<source>/gold/<key>/mean@n, so a training reward
     # that rises while a stricter judge stays flat shows up as it happens
@@ -42,6 +45,10 @@ class ValKwargs:
         check_number("val_kwargs.n", self.n)
         check_number("val_kwargs.num_steps", self.num_steps)
         check_number("val_kwargs.noise_level", self.noise_level, allow_zero=True)
+        check_choice("val_kwargs.solver", self.solver, ("euler", "dpm2"))
+        if self.solver == "dpm2" and self.noise_level > 0:
+            raise ConfigError("val_kwargs.solver", self.solver, "DPM-Solver++ samples deterministically: set "
+                              "val_kwargs.noise_level=0, or val_kwargs.solver=euler")
         if self.guidance_scale is not None:
             check_number("val_kwargs.guidance_scale", self.guidance_scale, allow_zero=True)
         check_reward_specs("val_kwargs.rewards", self.rewards)

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
-from pixelrl.algos.forward_process import draw_timesteps, flow_matching_error, rollout_policy
+from pixelrl.algos.forward_process import (SHARED_TIMESTEP_SAMPLERS, draw_timesteps, flow_matching_error,
+                                           rollout_policy)
 from pixelrl.algos.kl import KL_BATCH_KEYS, step_kl_to_reference
-from pixelrl.algos.losses import REFERENCE_STEP_KEYS, require_keys
+from pixelrl.algos.losses import REFERENCE_STEP_KEYS, kept_mean, require_keys
 from pixelrl.core.batch import Batch
 from pixelrl.core.seeding import derive_seed
 from pixelrl.models.base import PromptEmbeds
@@ -69,6 +70,9 @@ class UpdateContext:
     settings: SamplingSettings | None
     old_key: str  # batch key of the old log-probs: decoupled re-score or the rollout's
     on_policy: bool = True  # no optimizer step since the batch was sampled
+    # trained sample-steps of the current mini-batch over those rollout correction kept: a kept
+    # step's loss weight, so the mini-batch's loss is the mean over its kept steps (verl's mask)
+    kept_scale: float = 1.0
 
 
 class TransitionObjective:
@@ -83,12 +87,19 @@ class TransitionObjective:
         if e.cfg.diffusion_loss.kl_coef > 0:
             require_keys("the KL term (diffusion_loss.kl_coef > 0)", KL_BATCH_KEYS, batch.keys())
 
-    def context(self, batch: Batch, first_micro_batches: list[torch.Tensor]) -> UpdateContext:
+    def context(self, batch: Batch) -> UpdateContext:
         return UpdateContext(SamplingSettings(**batch.info["sampling"]),
                              "old_log_probs" if "old_log_probs" in batch else "log_probs")
 
     def before_update(self, batch: Batch, ctx: UpdateContext, optimizer_steps: int) -> None:
         """The rollout's log-probs are the old policy's: nothing to score before training."""
+
+    def start_mini_batch(self, mini: Batch, ctx: UpdateContext) -> None:
+        """With rollout-correction rejection (`step_mask`), the loss of this mini-batch is the mean
+        over the sample-steps it keeps: each kept step weighs trained / kept."""
+        if "step_mask" in mini:
+            kept = mini["step_mask"].gather(1, self.trained_steps(mini))
+            ctx.kept_scale = kept.numel() / max(float(kept.sum()), 1.0)
 
     @staticmethod
     def trained_steps(micro: Batch) -> torch.Tensor:
@@ -122,6 +133,9 @@ class TransitionObjective:
                                     ("is_weights", "is_weights")):
             if batch_key in micro:
                 inputs[step_key] = micro[batch_key][rows, step].to(device)
+        if "step_mask" in micro:  # a rejected step weighs 0; a kept one trained / kept of the mini-batch
+            inputs["step_mask"] = micro["step_mask"][rows, step].to(device).float() * ctx.kept_scale
+            inputs["is_weights"] = inputs.get("is_weights", 1.0) * inputs["step_mask"]
         if ctx.on_policy:
             # The current weights are the old policy: take its log-prob AND step mean from this
             # very forward, so rollout/training kernel drift cannot enter the ratio or the guard bias.
@@ -137,7 +151,8 @@ class TransitionObjective:
             metrics.update(kl_metrics)
         # How far the training forward is from the rollout's log-prob (same weights when on-policy).
         if ctx.on_policy:
-            metrics["rollout_logp_abs_diff"] = (out.log_prob.detach() - rollout_lp).abs().mean()
+            metrics["rollout_logp_abs_diff"] = kept_mean((out.log_prob.detach() - rollout_lp).abs(),
+                                                         inputs.get("step_mask"))
         return loss, metrics
 
 
@@ -155,29 +170,44 @@ class ForwardProcessObjective:
         group = ("uids",) if getattr(self.engine.loss_options, "group_noise", False) else ()
         require_keys(f"loss `{self.engine.loss.name}`", (*self.engine.loss.batch_keys, "prompts", *group), batch.keys())
 
-    def context(self, batch: Batch, first_micro_batches: list[torch.Tensor]) -> UpdateContext:
-        """Draw every sample's timesteps and noises for this update (deterministic from the
-        engine seed and update count, so a resumed run draws the same ones). The rows of each of
-        `first_micro_batches` (the first epoch's) train together."""
+    def context(self, batch: Batch) -> UpdateContext:
+        """Draw every sample's timesteps and noises for this update. Each draw comes from a stream
+        of its own, keyed by the engine seed, the update count and the row's `draw_label` (the
+        controller labels the rows of the whole step's batch before it is split over workers), so
+        rows on every worker draw independently, the draws do not depend on the worker split, and a
+        resumed run draws the same ones. Shared draws share a key: a prompt group's rows
+        (`group_noise`, keyed by `draw_group`), `samples_per_timestep_draw` rows' timesteps (AWM's
+        reference count), and DGPO's timesteps (one draw for the whole update, by design)."""
         e, opts = self.engine, self.engine.loss_options
-        # the tag is this objective's first name, kept so seeded runs draw the timesteps they always drew
-        gen = torch.Generator().manual_seed(derive_seed(e.cfg.seed * 1_000_003 + e.update_calls, "flow_matching"))
-        # one draw per sample, or (group_noise) one per prompt group, given to each of its samples
-        row_draw = group_indices(batch["uids"]) if getattr(opts, "group_noise", False) else torch.arange(len(batch))
-        draws = int(row_draw.max()) + 1 if len(batch) else 0
-        # AWM's reference draws the timesteps once per training micro-batch (its noise per sample)
-        row_times = row_draw
-        if getattr(opts, "timestep_draw", "per_sample") == "per_micro_batch":
-            row_times = torch.empty(len(batch), dtype=torch.long)
-            for j, rows in enumerate(first_micro_batches):
-                row_times[rows] = j
-        t = draw_timesteps(opts.timesteps, int(row_times.max()) + 1 if len(batch) else 0, grid=e.sigmas[:-1],
-                           train_sigmas=self.train_sigmas, generator=gen, num_timesteps=getattr(opts, "num_timesteps", 1),
-                           fraction=getattr(opts, "timestep_fraction", 1.0), time_shift=getattr(opts, "time_shift", 3.0),
-                           max_index=getattr(opts, "max_timestep_index", None))
+        update_seed = derive_seed(e.cfg.seed * 1_000_003 + e.update_calls, "flow_matching")
+        labels = batch["draw_label"].long() if "draw_label" in batch else torch.arange(len(batch))
+        group_noise = getattr(opts, "group_noise", False)
+        noise_keys = (batch["draw_group"].long() if "draw_group" in batch else group_indices(batch["uids"])) \
+            if group_noise else labels
+        time_keys = noise_keys if group_noise else labels // getattr(opts, "samples_per_timestep_draw", 1)
+
+        def draw_times(generator: torch.Generator, rows: int) -> torch.Tensor:
+            return draw_timesteps(opts.timesteps, rows, grid=e.sigmas[:-1], train_sigmas=self.train_sigmas,
+                                  generator=generator, num_timesteps=getattr(opts, "num_timesteps", 1),
+                                  fraction=getattr(opts, "timestep_fraction", 1.0),
+                                  time_shift=getattr(opts, "time_shift", 3.0),
+                                  max_index=getattr(opts, "max_timestep_index", None))
+
+        def stream(name: str, key: int) -> torch.Generator:
+            return torch.Generator().manual_seed(derive_seed(update_seed, f"{name} {key}"))
+
+        if opts.timesteps in SHARED_TIMESTEP_SAMPLERS:  # one draw for every row of every worker
+            t = draw_times(torch.Generator().manual_seed(update_seed), len(batch))
+        else:
+            by_key = {key: draw_times(stream("timesteps", key), 1)[0] for key in time_keys.unique().tolist()}
+            t = torch.stack([by_key[key] for key in time_keys.tolist()]) if len(batch) else \
+                torch.empty(0, getattr(opts, "num_timesteps", 1))
         x0 = batch["x0"]
-        batch["fm_t"] = t[row_times]
-        batch["fm_eps"] = torch.randn((draws, t.shape[1], *x0.shape[1:]), generator=gen)[row_draw]
+        noise = {key: torch.randn((t.shape[1], *x0.shape[1:]), generator=stream("noise", key))
+                 for key in noise_keys.unique().tolist()}
+        batch["fm_t"] = t
+        batch["fm_eps"] = torch.stack([noise[key] for key in noise_keys.tolist()]) if len(batch) else \
+            torch.empty(0, t.shape[1], *x0.shape[1:])
         return UpdateContext(None, "")
 
     def num_substeps(self, batch: Batch) -> int:
@@ -204,6 +234,9 @@ class ForwardProcessObjective:
 
     def _samples_from_old_policy(self) -> bool:
         return rollout_policy(self.engine.loss_options) == "old"
+
+    def start_mini_batch(self, mini: Batch, ctx: UpdateContext) -> None:
+        """Nothing to prepare: every drawn (t, eps) trains."""
 
     def before_update(self, batch: Batch, ctx: UpdateContext, optimizer_steps: int) -> None:
         """A loss with an off-policy ratio (AWM's `clip_range`) needs the old policy's error at

@@ -338,8 +338,6 @@ class PolicyEngine:
             raise ValueError(f"{num_samples} samples on this worker do not split into {num_mini} mini-batches")
         mini_size = num_samples // num_mini
         micro_size = max(1, acfg.ppo_micro_batch_size)
-        # every epoch's row order, drawn up front (in the order the epochs use them), so the
-        # objective knows which rows will share the first epoch's micro-batches
         gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self.update_calls)
         orders = []
         for _epoch in range(acfg.ppo_epochs):
@@ -347,9 +345,7 @@ class PolicyEngine:
                 orders.append(whole_group_order(batch["uids"], gen if acfg.shuffle else None))
             else:
                 orders.append(torch.randperm(num_samples, generator=gen) if acfg.shuffle else torch.arange(num_samples))
-        first_micro_batches = [micro for start in range(0, num_samples, mini_size)
-                               for micro in orders[0][start:start + mini_size].split(micro_size)]
-        ctx = objective.context(batch, first_micro_batches)
+        ctx = objective.context(batch)
         ctx.on_policy = self.policy_version == rollout_version
         objective.before_update(batch, ctx, acfg.ppo_epochs * num_mini)
         num_substeps = objective.num_substeps(batch)
@@ -369,6 +365,7 @@ class PolicyEngine:
             for mb_start in range(0, num_samples, mini_size):
                 mini = batch.select(order[mb_start:mb_start + mini_size])
                 ctx.on_policy = self.policy_version == rollout_version
+                objective.start_mini_batch(mini, ctx)
                 self.learner.zero_grad()
                 loss_total = 0.0
                 for micro in mini.split(micro_size):
@@ -382,6 +379,9 @@ class PolicyEngine:
                 step_metrics = self.learner.step(float(loss_total))  # the step waits for the gradients anyway
                 if step_metrics.pop("stepped"):
                     self.policy_version += 1
+                    decay = self.refresh_old_adapter("optimizer_step")
+                    if decay is not None:
+                        log("old_policy_decay", decay)
                     if self.weights_ema is not None:
                         decay = self.weights_ema.update(self.policy_version)
                         if decay is not None:
@@ -390,16 +390,28 @@ class PolicyEngine:
                     log(name, value)
         self.model.transformer.eval()
         metrics = {name: float(sums[name]) / counts[name] for name in sums}
-        opts = self.loss_options
-        if self.has_old_adapter and self.update_calls % opts.old_policy_update_interval == 0:
-            decay = old_policy_decay(opts.old_policy_schedule, self.policy_version, opts.old_policy_decay)
-            blend_adapter(self.model.transformer, "old", "default", decay)
+        decay = self.refresh_old_adapter("update")
+        if decay is not None:
             metrics["old_policy_decay"] = decay
         metrics["lr"] = self.learner.current_lr
         metrics["policy_version"] = self.policy_version
         metrics.update(self.flop_meter.take(self.peak_flops()))
         metrics["perf/peak_memory_gb"] = peak_memory_gb(next(self.model.transformer.parameters()).device)
         return metrics
+
+    def refresh_old_adapter(self, unit: str) -> float | None:
+        """Blend the `old` adapter towards the policy when `unit` (an update's end, or an optimizer
+        step) is the loss's refresh unit and the interval is due; the decay it used, else None."""
+        opts = self.loss_options
+        if not self.has_old_adapter or opts.old_policy_refresh != unit:
+            return None
+        count = self.policy_version if unit == "optimizer_step" else self.update_calls
+        if count % opts.old_policy_update_interval:
+            return None
+        step = self.policy_version - 1 if unit == "optimizer_step" else self.policy_version
+        decay = old_policy_decay(opts.old_policy_schedule, step, opts.old_policy_decay)
+        blend_adapter(self.model.transformer, "old", "default", decay)
+        return decay
 
     def peak_flops(self) -> float:
         """The device's peak FLOP/s for MFU: trainer.peak_tflops, or a matmul measured here once."""

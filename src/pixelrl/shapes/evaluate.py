@@ -15,6 +15,23 @@ from pixelrl.shapes.careful import REASONS, careful_verdict
 from pixelrl.shapes.detector import CATEGORIES, FAILURE_MODES, detect, score_detections
 
 
+# a background pixel is one whose brightest channel stays below this (the shapes are drawn bright on
+# black); grain shows as background pixels brighter than BACKGROUND_SPECK
+BACKGROUND_BELOW, BACKGROUND_SPECK = 48, 12
+
+
+def background_noise(images: torch.Tensor) -> dict[str, float]:
+    """How clean the black background is, over uint8 images [B, H, W, 3]: the mean level (0-255) of
+    the background pixels' brightest channel, and the share of them brighter than BACKGROUND_SPECK.
+    Grain a detector ignores (it counts shapes, and the careful judge only bright specks) shows
+    here: a clean render scores 0 and 0."""
+    level = images.to(torch.int16).amax(dim=-1)
+    background = level < BACKGROUND_BELOW
+    count = max(int(background.sum()), 1)
+    return {"background_level": float(level[background].float().sum()) / count,
+            "background_specks": float((background & (level > BACKGROUND_SPECK)).sum()) / count}
+
+
 def geneval_scores(images: torch.Tensor, items: list[dict]) -> dict:
     """Strict 0/1, exact-scene 0/1 and partial-credit scores per category; `overall` is the mean
     of the category strict scores (GenEval's convention), `overall_exact` the same for exact
@@ -52,6 +69,7 @@ def geneval_scores(images: torch.Tensor, items: list[dict]) -> dict:
         "careful_rejects": {reason: float(np.mean([r["strict"] and r["careful_reason"] == reason for r in per_item]))
                             for reason in REASONS[1:]},
         "extra_objects": float(np.mean([r["extra_objects"] for r in per_item])),
+        **background_noise(images),
         "failures": failures,
         "num_images": len(items),
         "items": per_item,

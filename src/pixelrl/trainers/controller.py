@@ -99,11 +99,12 @@ def timeline_metrics(info: dict, train_start: float, train_end: float) -> dict[s
 
 
 def validation_settings(cfg: PixelRLConfig) -> SamplingSettings:
-    """How validation samples: Euler steps at `val_kwargs.noise_level` (0: the ODE) whatever the
-    rollouts' solver, as the references evaluate (AWM trains on SA-Solver samples and evaluates
-    with the deterministic Euler step at 40 steps)."""
+    """How validation samples: `val_kwargs.solver` (Euler steps at `val_kwargs.noise_level`, 0: the
+    ODE, by default) whatever the rollouts' solver, as the references evaluate (AWM trains on
+    SA-Solver samples and evaluates with the deterministic Euler step at 40 steps; DGPO evaluates
+    with its DPM-Solver at 14)."""
     vk = cfg.val_kwargs
-    return SamplingSettings(noise_level=vk.noise_level, sde_type=cfg.rollout.sde_type,
+    return SamplingSettings(noise_level=vk.noise_level, sde_type=cfg.rollout.sde_type, solver=vk.solver,
                             guidance_scale=validation_guidance(cfg), logprob_reduction=cfg.rollout.logprob_reduction)
 
 

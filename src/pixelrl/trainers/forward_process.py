@@ -9,12 +9,29 @@ best and worst image of each prompt.
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from pixelrl.algos.forward_process import best_worst_pairs
 from pixelrl.core.batch import Batch
+from pixelrl.core.seeding import derive_seed
 from pixelrl.engine.config import mini_batches_per_epoch
-from pixelrl.trainers.step import (PhaseTimer, Rollout, actor_step_metrics, summary_metrics,
+from pixelrl.engine.objectives import group_indices
+from pixelrl.trainers.step import (PhaseTimer, Rollout, actor_step_metrics, step_seed, summary_metrics,
                                    without_zero_advantages)
+
+
+def label_draws(train: Batch, seed: int | None = None) -> Batch:
+    """Key the forward-process draws of the whole step's batch before the workers split it: each
+    row gets a distinct `draw_label` (a random relabelling drawn from `seed`, so rows that share a
+    timestep draw, `samples_per_timestep_draw`, are picked at random; in order without a seed) and
+    each prompt group a `draw_group`. The objective draws a row's noise from its label, so no two
+    rows on any workers draw alike and the draws do not depend on the worker split."""
+    n = len(train)
+    train["draw_label"] = torch.randperm(n, generator=torch.Generator().manual_seed(seed)) \
+        if seed is not None else torch.arange(n)
+    if "uids" in train:
+        train["draw_group"] = group_indices(train["uids"])
+    return train
 
 
 def train_on_forward_process(actor, rollout: Rollout, cfg, num_workers: int = 1,
@@ -34,6 +51,7 @@ def train_on_forward_process(actor, rollout: Rollout, cfg, num_workers: int = 1,
                                                   {"prompts": batch["prompts"], "uids": batch["uids"]},
                                                   dict(batch.info)),
                                             rollout.step, cfg, num_workers)
+        label_draws(train, derive_seed(step_seed(cfg.rollout.seed, rollout.step), "draw_labels"))
     with timer.phase("update_actor"):
         actor_metrics = actor.update(train)
     metrics = summary_metrics(rollout, actor_metrics, timer, num_workers)
@@ -52,6 +70,7 @@ def offline_preference_step(actor, rows: dict, cfg, num_workers: int = 1) -> dic
         pairs = actor.encode(Batch({"images": rows["chosen"], "images_rejected": rows["rejected"]}))
     train = Batch({"x0": pairs["x0"], "x0_rejected": pairs["x0_rejected"]}, {"prompts": rows["prompts"]},
                   {"num_mini_batches": mini_batches_per_epoch(cfg)})
+    label_draws(train)
     with timer.phase("update_actor"):
         actor_metrics = actor.update(train)
     metrics = actor_step_metrics(actor_metrics)

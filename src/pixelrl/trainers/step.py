@@ -23,7 +23,7 @@ import torch
 from pixelrl.algos.advantages import get_advantage_estimator, group_reward_stats, zero_advantage_keep
 from pixelrl.algos.forward_process import rollout_policy
 from pixelrl.algos.losses import LOSSES
-from pixelrl.algos.rollout_correction import rollout_correction_weights
+from pixelrl.algos.rollout_correction import rollout_correction
 from pixelrl.core.batch import Batch
 from pixelrl.engine.config import mini_batches_per_epoch
 from pixelrl.core.seeding import derive_seed
@@ -192,10 +192,13 @@ def train_on_transitions(actor, rollout: Rollout, cfg, num_workers: int = 1, act
         with timer.phase("old_log_prob"):
             train.update(actor.score(train, "old"))
             a = cfg.algorithm
-            train["is_weights"], correction_metrics = rollout_correction_weights(
+            criteria = a.rejection_criteria()
+            train["is_weights"], step_mask, correction_metrics = rollout_correction(
                 train["old_log_probs"], train["log_probs"], step_indices=train["step_indices"],
-                threshold=a.rollout_is_threshold, is_level=a.rollout_is, lower=a.rollout_rs_lower,
-                upper=a.rollout_rs_upper, rs_level=a.rollout_rs)
+                is_level=a.rollout_is, is_threshold=a.rollout_is_threshold,
+                is_batch_normalize=a.rollout_is_batch_normalize, criteria=criteria)
+            if criteria:  # rejected sample-steps leave the loss mean, the KL and the metrics
+                train["step_mask"] = step_mask
     if cfg.diffusion_loss.kl_coef > 0:
         with timer.phase("ref"):
             train.update(actor.score(train, "reference"))

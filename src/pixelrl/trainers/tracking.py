@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -33,10 +34,10 @@ def image_grid(images: np.ndarray, captions: list[str] | None = None, ncols: int
         x, y = col * cell_w, row * (h * scale + text_h)
         canvas.paste(Image.fromarray(images[i]).resize((cell_w, h * scale), Image.NEAREST), (x, y))
         if captions:
-            text = captions[i]
-            chars_per_line = max(4, cell_w // 6)
-            pen.text((x + 1, y + h * scale), text[:chars_per_line], fill=(0, 0, 0))
-            pen.text((x + 1, y + h * scale + 11), text[chars_per_line:2 * chars_per_line], fill=(0, 0, 0))
+            # two lines broken between words (a word longer than a line is broken inside it)
+            lines = textwrap.wrap(captions[i], width=max(4, cell_w // 6))[:2]
+            for j, line in enumerate(lines):
+                pen.text((x + 1, y + h * scale + 11 * j), line, fill=(0, 0, 0))
     return np.asarray(canvas)
 
 
