@@ -66,11 +66,16 @@ def _positive_number(field: str, text: str, option: str) -> float:
     return value
 
 
+def _is_list(value) -> bool:
+    """A YAML list, as the config hands it over (OmegaConf's ListConfig) or a plain one."""
+    return isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig"
+
+
 def _spec_text(spec) -> str:
     """A bound spec as text: a number, a `lower_upper` string, or a [lower, upper] list. (YAML reads
     some `lower_upper` strings as one number, 0.5_2 as 0.52: a list, or a point in each half as in
     0.5_2.0, avoids that.)"""
-    if isinstance(spec, (list, tuple)) or type(spec).__name__ == "ListConfig":
+    if _is_list(spec):
         return "_".join(str(v) for v in spec)
     return str(spec).strip()
 
@@ -106,7 +111,7 @@ def rejection_criteria(rollout_rs, threshold, lower: float | None = None,
         # ratio bounds lo <= r <= hi are k1 = -log r bounds 1/hi <= exp(k1) <= 1/lo
         return tuple(Criterion(OLDER_RS_NAMES.get(n, n), 1.0 / lo if lo > 0 else math.inf, 1.0 / hi)
                      for n in names)
-    listed = isinstance(threshold, (list, tuple)) or type(threshold).__name__ == "ListConfig"
+    listed = _is_list(threshold)
     if listed and len(names) == 1 and len(threshold) == 2 and not any(isinstance(v, str) for v in threshold):
         threshold = [threshold]  # one criterion's [lower, upper]
     specs = [_spec_text(part) for part in threshold] if listed else \
