@@ -139,6 +139,8 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
       "diffusion_loss.params.group_noise=true"], "diffusion_loss.params.samples_per_timestep_draw"),
     ("SA-Solver sampling for a loss that re-scores SDE transitions",
      ["train", "--config-name", "shapes_flow_grpo", "rollout.solver=sa_solver"], "rollout.solver"),
+    ("one denoising step for a policy-gradient run", ["train", "--config-name", "flow_grpo_tiny", "rollout.num_steps=1",
+                                                     "model.path={tmp}"], "rollout.num_steps"),
     ("validation with DPM-Solver++ asked to inject noise",
      ["train", "--config-name", "shapes_demo", "val_kwargs.solver=dpm2", "val_kwargs.noise_level=0.5"],
      "val_kwargs.solver"),

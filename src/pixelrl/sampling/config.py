@@ -63,6 +63,11 @@ class RolloutConfig:
                               "rollout.noise_level=0, or rollout.solver=sa_solver (stochastic) or euler")
         if self.solver == "sa_solver" and self.num_steps < 2:
             raise ConfigError("rollout.num_steps", self.num_steps, "SA-Solver's second-order steps need at least 2")
+        from pixelrl.sampling.rollout import stores_transitions
+
+        if stores_transitions(self.noise_level, self.solver) and self.num_steps < 2:
+            raise ConfigError("rollout.num_steps", self.num_steps, "needs at least 2 denoising steps: the last step "
+                              "is never stochastic, so one step leaves no SDE transition to train")
         check_choice("rollout.sde_window_schedule", self.sde_window_schedule, WINDOW_SCHEDULES)
         window_params(self.sde_window_schedule, self.sde_window_params)
         if self.sde_window_size and self.sde_window_schedule == "random":
