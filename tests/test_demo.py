@@ -166,3 +166,21 @@ def test_background_noise_counts_the_dim_pixels_a_detector_ignores():
     assert noise["background_specks"] == pytest.approx(1 / 3)
     assert background_noise(torch.zeros(2, 4, 4, 3, dtype=torch.uint8)) == {"background_level": 0.0,
                                                                             "background_specks": 0.0}
+
+
+def test_plot_reads_a_run_killed_mid_write_and_names_a_damaged_line(tmp_path, capsys):
+    """A torn last metrics line (a kill mid-write) is left out, as a resume drops it; a damaged line
+    before the last is one error naming the line, not a JSONDecodeError."""
+    import json
+
+    from pixelrl.cli import main
+
+    rows = [json.dumps({"step": s, "critic/rewards/mean": 0.1 * s, "timing_s/step": 1.0}) for s in (1, 2, 3)]
+    torn = tmp_path / "torn.jsonl"
+    torn.write_text("\n".join(rows) + '\n{"step": 4, "critic/rew')
+    assert main(["plot", str(torn), "--out", str(tmp_path / "c.png"), "--keys", "critic/*"]) == 0
+    assert (tmp_path / "c.png").is_file()
+    damaged = tmp_path / "damaged.jsonl"
+    damaged.write_text("\n".join([rows[0], '{"step": 2, "crit', rows[2]]) + "\n")
+    assert main(["plot", str(damaged), "--out", str(tmp_path / "d.png")]) == 2
+    assert "line 2 is not a JSON row" in capsys.readouterr().err

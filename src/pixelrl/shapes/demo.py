@@ -69,11 +69,11 @@ def plot_validation_curves(metrics_file: Path, path: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from pixelrl.trainers.tracking import x_axis
+    from pixelrl.trainers.tracking import read_metric_rows, x_axis
 
     if not Path(metrics_file).is_file():  # trainer.logger without jsonl
         return False
-    rows = [json.loads(line) for line in Path(metrics_file).read_text().splitlines() if line.strip()]
+    rows = read_metric_rows(metrics_file)
     curves = validation_curves(rows)
     if not any(curves.values()):
         return False

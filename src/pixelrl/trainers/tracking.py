@@ -109,6 +109,22 @@ class Tracker:
             self._wandb.finish()
 
 
+def read_metric_rows(metrics_file) -> list[dict]:
+    """The rows of a metrics.jsonl. A torn last line (the run killed mid-write) is left out, as a
+    resumed run drops it; a damaged line before it is an error naming the file and the line."""
+    lines = [(n, line) for n, line in enumerate(Path(metrics_file).read_text().splitlines(), 1) if line.strip()]
+    rows = []
+    for index, (number, line) in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if index == len(lines) - 1:
+                break
+            raise ConfigError("<run>", str(metrics_file), f"line {number} is not a JSON row: the file is damaged "
+                              "there; remove that line to read the rest") from None
+    return rows
+
+
 def _keep_rows_up_to(path: Path, step: int) -> None:
     """Rewrite `path` (atomically) without the rows of steps after `step`; the validation row of
     step 0 stays. A torn last line (a kill mid-write) goes too."""
@@ -155,7 +171,7 @@ def plot_metrics(metrics_file: str | Path, patterns: list[str], out: str | Path,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [json.loads(line) for line in Path(metrics_file).read_text().splitlines() if line.strip()]
+    rows = read_metric_rows(metrics_file)
     keys = sorted({k for r in rows for k in r if any(fnmatch.fnmatchcase(k, p) for p in patterns)})
     if not keys:
         raise ConfigError("--keys", patterns, f"no metric of {metrics_file} matches; it has e.g. "
