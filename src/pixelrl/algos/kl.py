@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from pixelrl.algos.losses import kept_mean
 from pixelrl.core.errors import ConfigError
 from pixelrl.sampling.sde import mean_over_dims
 
@@ -29,5 +30,4 @@ def step_kl_to_reference(step: dict, kl_type: str = "reference") -> tuple[torch.
     if mask is None:
         kl = per_step.mean()
         return kl, {"kl": kl.detach()}
-    kept = (mask > 0).float()
-    return (per_step * mask).mean(), {"kl": ((per_step * kept).sum() / kept.sum().clamp(min=1.0)).detach()}
+    return (per_step * mask).mean(), {"kl": kept_mean(per_step, mask).detach()}

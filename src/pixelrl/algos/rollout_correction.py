@@ -41,6 +41,12 @@ RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "s
 OLDER_RS_NAMES = {"token": "token_k1", "sequence": "seq_sum_k1", "geometric": "seq_mean_k1"}
 
 
+def _ratio_bounded(name: str) -> bool:
+    """k1 criteria (and the older names and any_step) bound a ratio on both sides; k2 and k3 bound a
+    divergence from above."""
+    return name.endswith("k1") or name == "any_step" or name in OLDER_RS_NAMES
+
+
 @dataclass(frozen=True)
 class Criterion:
     """One rejection criterion: k1 options (and any_step) keep log_lower <= stat <= log_upper,
@@ -52,7 +58,7 @@ class Criterion:
 
     @property
     def k1(self) -> bool:
-        return self.option.endswith("k1") or self.option == "any_step"
+        return _ratio_bounded(self.option)
 
 
 def _positive_number(field: str, text: str, option: str) -> float:
@@ -105,7 +111,7 @@ def rejection_criteria(rollout_rs, threshold, lower: float | None = None,
                               "e.g. algorithm.rollout_rs_threshold=0.5_2.0 (k1) or 0.01 (k2, k3)")
         hi = math.inf if upper is None else float(upper)
         lo = float(lower) if lower is not None else (1.0 / hi if upper is not None else 0.0)
-        if any(not (n in OLDER_RS_NAMES or n == "any_step" or n.endswith("k1")) for n in names):
+        if not all(_ratio_bounded(n) for n in names):
             raise ConfigError("algorithm.rollout_rs_upper", upper, "the ratio bounds rollout_rs_lower / upper serve "
                               "k1 criteria; give k2 and k3 criteria algorithm.rollout_rs_threshold")
         # ratio bounds lo <= r <= hi are k1 = -log r bounds 1/hi <= exp(k1) <= 1/lo
@@ -124,7 +130,7 @@ def rejection_criteria(rollout_rs, threshold, lower: float | None = None,
     for name, spec in zip(names, specs):
         option = OLDER_RS_NAMES.get(name, name)
         field = "algorithm.rollout_rs_threshold"
-        if option.endswith("k1") or option == "any_step":
+        if _ratio_bounded(option):
             lo_text, _, hi_text = spec.partition("_") if "_" in spec else ("", "", spec)
             hi = _positive_number(field, hi_text, option)
             lo = _positive_number(field, lo_text, option) if lo_text else 1.0 / hi
