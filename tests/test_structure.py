@@ -192,7 +192,7 @@ def test_a_trainer_types_sections_are_its_own(tmp_path):
     cfg = load_config("shapes_nft")
     assert type(cfg) is PixelRLConfig and not hasattr(cfg, "vlm")
     vlm = load_config("vlm_grpo_shapes_qa", [f"trainer.default_local_dir={tmp_path}"])
-    assert vlm.vlm.task == "shapes_qa" and isinstance(vlm, PixelRLConfig)
+    assert vlm.vlm.task == "shapes_qa" and not isinstance(vlm, PixelRLConfig)  # a schema of its own
     with pytest.raises(ConfigError, match=r"`vlm`.*algorithm.trainer_type=vlm_ppo"):
         load_config("shapes_nft", ["vlm.kl_coef=0.1"])
     old = saved_yaml(cfg) + "vlm:\n  task: shapes_qa\n  kl_coef: 0.0\n"

@@ -464,24 +464,44 @@ def test_the_vlm_trainer_keeps_its_best_validation_checkpoint(tiny_vlm_path, tmp
     assert {p.name for p in (run / "checkpoints").glob("global_step_*")} == {f"global_step_{best}", "global_step_3"}
 
 
-def test_the_adaptive_kl_coefficient_moves_after_the_round_it_measured(tiny_vlm_path, tmp_path):
+@pytest.mark.parametrize("kl_in_reward", [False, True])
+def test_the_adaptive_kl_coefficient_moves_after_the_round_with_lightrfts_kl(tiny_vlm_path, tmp_path, kl_in_reward):
     """LightRFT updates its KL controller after the round's PPO update (with that round's KL and
     response count), so a round's loss uses the coefficient its experience was made under; the
-    update is beta *= 1 + clip(KL / target - 1, +-0.2) * n / horizon by hand."""
+    update is beta *= 1 + clip(KL / target - 1, +-0.2) * n / horizon by hand. The KL it is fed: as a
+    loss, the KL the update measured (the mean of its micro-batches' KL terms); in the reward, the
+    round's KL per response token (not the mean of the sequences' means)."""
     from pixelrl.vlm.engine import VLMEngine
     from pixelrl.vlm.qa_tasks import task_items
 
-    cfg = vlm_config(tiny_vlm_path, tmp_path, "vlm.kl_coef=0.1", "vlm.kl_target=0.05", "vlm.kl_horizon=100")
+    cfg = vlm_config(tiny_vlm_path, tmp_path, "vlm.kl_coef=0.1", "vlm.kl_target=0.05", "vlm.kl_horizon=100",
+                     f"vlm.kl_in_reward={str(kl_in_reward).lower()}")
     engine = VLMEngine(cfg)
-    used = []
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # a policy some way from its reference (the frozen copy of the start)
+        for param in engine.trainable:
+            param.add_(0.05 * torch.randn(param.shape, generator=generator))
+    used, terms = [], []
     exp, metrics = engine.make_experience(task_items(cfg, "train", 0, 4), 1)
     assert engine.kl_ctl.value == metrics["actor/kl_coef"] == 0.1  # not yet moved by this round's KL
     engine.policy.token_logprobs = (lambda score: lambda *a, **k: used.append(engine.kl_ctl.value) or score(*a, **k))(
         engine.policy.token_logprobs)
-    engine.train_on(exp, 1)
+    estimate = T.kl_estimate
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(T, "kl_estimate", lambda *a: terms.append((estimate(*a), a[2])) or terms[-1][0])
+        engine.train_on(exp, 1)
     assert used and set(used) == {0.1}  # every micro-batch of the update trained with the round's coefficient
-    error = min(max(metrics["actor/kl"] / 0.05 - 1, -0.2), 0.2)
-    assert engine.kl_ctl.value == pytest.approx(0.1 * (1 + error * 16 / 100), rel=1e-12)
+    if kl_in_reward:
+        assert not terms
+        kl, mask = estimate(exp.old_logp, exp.ref_logp, exp.batch.response_mask, "k3"), exp.batch.response_mask
+        measured = float((kl * mask).sum() / mask.sum())
+        assert measured != pytest.approx(metrics["actor/kl"], rel=1e-3)  # lengths differ: not the sequence mean
+    else:
+        assert len(terms) == 4  # 16 responses in micro-batches of 4
+        measured = sum(float(((k * m).sum(-1) / m.sum(-1)).mean()) for k, m in terms) / len(terms)
+        assert measured != pytest.approx(metrics["actor/kl"], rel=1e-3)  # the update moved the policy
+    error = min(max(measured / 0.05 - 1, -0.2), 0.2)
+    assert engine.kl_ctl.value == pytest.approx(0.1 * (1 + error * 16 / 100), rel=1e-9)
 
 
 def test_the_vlm_update_reads_no_scalar_back_per_micro_batch(tiny_vlm_path, tmp_path):

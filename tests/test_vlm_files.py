@@ -317,3 +317,38 @@ def test_ptx_trains_on_its_own_files_and_is_refused_without_them(tiny_vlm_path, 
     assert seen[0] == seen[1] and float(first.detach()) == float(again.detach())  # the same draw for the same (step, call)
     assert seen[2] != seen[0]
     assert torch.isfinite(first) and first.requires_grad
+
+
+def test_ptx_on_plain_text_trains_every_token_of_it(tiny_vlm_path, tmp_path, ptx_file):
+    """Plain pretraining text (LightRFT's pretrain mode): the loss is the mean negative log-likelihood
+    of every token after the first (EOS included), no image, no chat template, padding left out:
+    checked against a forward of the model written out here. A .txt file and a .jsonl of `text`
+    rows are the same set; a set mixing text and question files is refused naming the field."""
+    import json
+
+    from pixelrl.vlm import qa_files
+    from pixelrl.vlm.engine import VLMEngine
+
+    texts = ["a red circle above two blue squares", "three green triangles"]
+    (tmp_path / "text.txt").write_text("\n".join(texts) + "\n\n")
+    (tmp_path / "text.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    engine = VLMEngine(vlm_config(tiny_vlm_path, tmp_path, "vlm.ptx_coef=0.1", f"vlm.ptx_files=[{tmp_path / 'text.txt'}]"))
+    policy = engine.policy
+    nll, tokens = 0.0, 0
+    for text in texts:
+        ids = torch.tensor([policy.tokenizer(text, add_special_tokens=False)["input_ids"] + [policy.eos_id]])
+        with torch.no_grad():
+            logits = policy.model(input_ids=ids, use_cache=False).logits[0, :-1].float()
+        logits[:, policy.suppressed_ids] = float("-inf")
+        logp = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])
+        nll, tokens = nll - float(logp.sum()), tokens + ids.shape[1] - 1
+    logp, mask = policy.text_logprobs(texts)
+    assert float(-(logp * mask).sum() / mask.sum()) == pytest.approx(nll / tokens, rel=1e-5)
+    assert mask.sum() == tokens and mask[1].sum() < mask[0].sum()  # the shorter text's padding is left out
+    draws = engine._ptx_loss(8, step=1, call=0)
+    assert draws.requires_grad and torch.isfinite(draws)
+    rows_txt = qa_files.open_ptx_files((str(tmp_path / "text.txt"),), "prompt")
+    rows_jsonl = qa_files.open_ptx_files((str(tmp_path / "text.jsonl"),), "prompt")
+    assert [r["text"] for r in rows_txt] == [r["text"] for r in rows_jsonl] == texts
+    with pytest.raises(qa_files.DatasetError, match=r"vlm\.ptx_files mixes plain text"):
+        qa_files.open_ptx_files((str(tmp_path / "text.txt"), str(ptx_file)), "prompt")

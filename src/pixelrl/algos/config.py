@@ -39,12 +39,20 @@ TRAINER_TYPE_ALIASES = {"policy_gradient": "transition", "direct_preference": "f
 
 
 @dataclass
-class AlgorithmConfig:
+class TrainerTypeConfig:
+    """What every trainer's `algorithm:` section holds: which trainer runs."""
+
     # How the update sees a sample. transition: re-scores the sampler's SDE transitions
     # (Flow-GRPO family); forward_process: re-noises the clean sample at drawn timesteps
     # (Diffusion-DPO, DiffusionNFT, AWM, DGPO). vlm_ppo: the vision-language trainer. The names before
     # 2026-11, policy_gradient and direct_preference, still load (TRAINER_TYPE_ALIASES).
     trainer_type: str = "transition"
+
+
+@dataclass
+class AlgorithmConfig(TrainerTypeConfig):
+    """The diffusion trainers' `algorithm:` section: advantages, filters, rollout correction."""
+
     adv_estimator: str = "grpo"
     norm_adv_by_std_in_grpo: bool = True
     global_std: bool = True  # std of the whole batch (Flow-GRPO) or of each group (DanceGRPO, MixGRPO)

@@ -4,9 +4,10 @@ pixelrl.algos, `reward:` in pixelrl.rewards, `data:` in pixelrl.data, `actor:` i
 plus the run's own sections: `trainer:` (the run folder, its schedule, its workers and mode,
 read by the trainers, the workers and the CLI alike) and `val_kwargs:`.
 
-A trainer with sections of its own (the vision-language trainer's `vlm:`) registers a subclass
-of `PixelRLConfig` as its schema (`pixelrl.config.validation.SEPARATE_TRAINERS`), so the diffusion
-trainers' configs do not carry it.
+A trainer with a loop of its own (the vision-language trainer) registers its own schema
+(`SEPARATE_TRAINERS`): the sections every trainer shares, each holding only the fields that
+trainer reads (`RunConfig`, `DataFilesConfig`, ... the bases of the diffusion sections), plus its
+own (`vlm:`). A diffusion field in such a config is refused by name, and the reverse.
 
 Leaf names follow verl / verl-omni where the meaning is the same (`rollout.n`,
 `actor.ppo_mini_batch_size`, `diffusion_loss.clip_ratio`, ...).
@@ -55,12 +56,13 @@ class ValKwargs:
 
 
 @dataclass
-class TrainerConfig:
+class RunConfig:
+    """What every trainer's `trainer:` section holds: the run folder, its schedule and its workers."""
+
     project_name: str = "pixelrl"
     experiment_name: str = "default"
     default_local_dir: str = "runs"  # the run folder is <default_local_dir>/<project>/<experiment>
-    total_epochs: int = 1
-    total_training_steps: int = 0  # 0 = len(train loader) x total_epochs
+    total_training_steps: int = 0
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])  # + tensorboard, wandb
     save_freq: int = 0  # 0 = only at the last step; -1 = never
     test_freq: int = 0  # 0 = only at the last step; -1 = never
@@ -78,27 +80,11 @@ class TrainerConfig:
     # evaluates it): a key of the validation row, e.g. val-aux/overall/shapes_strict/mean@4, the
     # mean over data sources. "" = off. Guards a long run against drifting past its peak.
     best_metric: str = ""
-    rollout_data_dir: str = ""  # dump each step's rollouts (JSONL + images) here when set
-    validation_data_dir: str = ""  # dump validation generations here when set ("" = <run>/validation)
-    log_image_grid_every: int = 0  # write a sample grid every N steps (0 = at validation only)
     backend: str = "ray"  # ray | local (one in-process worker, no Ray: for debugging)
     n_workers: int = 1  # actor workers over all nodes (one per GPU; on CPU each takes num_cpus_per_worker cores)
     num_cpus_per_worker: int = 1
     strategy: str = "ddp"  # ddp | fsdp2
     ray_address: str = ""  # "" = $RAY_ADDRESS or a local cluster; "auto" joins a running one
-    # sync: batch i is sampled with the weights after step i - 1. one_step_off: with those after
-    # step i - 2, so sampling batch i + 1 overlaps training on batch i. async: after step
-    # i - 1 - max_staleness. The schedule is fixed, so async runs are reproducible and resume exactly.
-    mode: str = "sync"
-    max_staleness: int = 2  # async only: how many steps older than on-policy a batch's weights are
-    # per-device peak for perf/mfu, in TFLOP/s (e.g. 989 for an H100's dense bf16); 0 = measure a
-    # matmul peak on each actor worker at start-up, in the model's dtype
-    peak_tflops: float = 0.0
-    # GB per worker that the `auto` sizes (actor.ppo_micro_batch_size, model.gradient_checkpointing,
-    # rollout.micro_batch_size) are chosen to fit at start-up, fastest first (what `pixelrl plan`
-    # prints); 0 = the GPU's memory (the RAM on a CPU). With no size `auto`, > 0 chooses all three
-    # and (several workers) trainer.strategy: a recipe written for other cards fitted to these
-    fit_to_memory_gb: float = 0.0
     # > 0: run this step under torch.profiler on every actor worker and write <run>/profile/
     # step_<N>_rank_<R>.txt (device time by kernel category and worker phase) and .json.gz (a
     # Chrome trace); 0 = off. Profiling slows the step it watches: its timing row is not the run's
@@ -116,13 +102,10 @@ class TrainerConfig:
         check_choice("trainer.strategy", self.strategy, ("ddp", "fsdp2"))
         self._check_backend()
         self._check_best_metric()
-        check_choice("trainer.mode", self.mode, ("sync", "one_step_off", "async"))
-        check_number("trainer.max_staleness", self.max_staleness, allow_zero=True)
         check_number("trainer.n_workers", self.n_workers)
         check_number("trainer.num_cpus_per_worker", self.num_cpus_per_worker)
-        for name in ("time_budget_s", "peak_tflops", "fit_to_memory_gb", "profile_step", "total_training_steps"):
+        for name in ("time_budget_s", "profile_step", "total_training_steps"):
             check_number(f"trainer.{name}", getattr(self, name), allow_zero=True)
-        check_number("trainer.total_epochs", self.total_epochs)
         for logger in self.logger:
             check_choice("trainer.logger", logger, ("console", "jsonl", "tensorboard", "wandb"))
         if self.resume_mode not in ("auto", "disable") and not Path(self.resume_mode).is_dir():
@@ -131,9 +114,6 @@ class TrainerConfig:
         # every folder the run writes into can be made and written, checked before any worker
         # starts (a bad one would otherwise surface at the first checkpoint, after the work it was to keep)
         check_output_dir(self.default_local_dir, "trainer.default_local_dir")
-        for name in ("rollout_data_dir", "validation_data_dir"):
-            if getattr(self, name):
-                check_output_dir(getattr(self, name), f"trainer.{name}")
 
     def _check_backend(self) -> None:
         """The local backend runs one worker in this process: a larger trainer.n_workers would be
@@ -162,6 +142,44 @@ class TrainerConfig:
 
 
 @dataclass
+class TrainerConfig(RunConfig):
+    """The diffusion trainers' `trainer:` section: the run's, plus sampling ahead, dumps and grids,
+    MFU and the memory fit."""
+
+    total_training_steps: int = 0  # 0 = len(train loader) x total_epochs
+    total_epochs: int = 1
+    rollout_data_dir: str = ""  # dump each step's rollouts (JSONL + images) here when set
+    validation_data_dir: str = ""  # dump validation generations here when set ("" = <run>/validation)
+    log_image_grid_every: int = 0  # write a sample grid every N steps (0 = at validation only)
+    # sync: batch i is sampled with the weights after step i - 1. one_step_off: with those after
+    # step i - 2, so sampling batch i + 1 overlaps training on batch i. async: after step
+    # i - 1 - max_staleness. The schedule is fixed, so async runs are reproducible and resume exactly.
+    mode: str = "sync"
+    max_staleness: int = 2  # async only: how many steps older than on-policy a batch's weights are
+    # per-device peak for perf/mfu, in TFLOP/s (e.g. 989 for an H100's dense bf16); 0 = measure a
+    # matmul peak on each actor worker at start-up, in the model's dtype
+    peak_tflops: float = 0.0
+    # GB per worker that the `auto` sizes (actor.ppo_micro_batch_size, model.gradient_checkpointing,
+    # rollout.micro_batch_size) are chosen to fit at start-up, fastest first (what `pixelrl plan`
+    # prints); 0 = the GPU's memory (the RAM on a CPU). With no size `auto`, > 0 chooses all three
+    # and (several workers) trainer.strategy: a recipe written for other cards fitted to these
+    fit_to_memory_gb: float = 0.0
+
+    def check(self) -> None:
+        from pixelrl.core.paths import check_output_dir
+
+        super().check()
+        check_choice("trainer.mode", self.mode, ("sync", "one_step_off", "async"))
+        check_number("trainer.max_staleness", self.max_staleness, allow_zero=True)
+        for name in ("peak_tflops", "fit_to_memory_gb", "log_image_grid_every"):
+            check_number(f"trainer.{name}", getattr(self, name), allow_zero=True)
+        check_number("trainer.total_epochs", self.total_epochs)
+        for name in ("rollout_data_dir", "validation_data_dir"):
+            if getattr(self, name):
+                check_output_dir(getattr(self, name), f"trainer.{name}")
+
+
+@dataclass
 class PixelRLConfig(EngineConfig):
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -183,10 +201,14 @@ def validation_guidance(cfg: PixelRLConfig) -> float:
 class SeparateTrainer:
     """A trainer with its own loop, sections and config checks, registered by its package (the
     vision-language trainer): `schema` is its config class (PixelRLConfig plus its sections),
-    `check(cfg)` raises a ConfigError, `trainer_class()` imports and returns the trainer."""
+    `check(cfg)` raises a ConfigError, `trainer_class()` imports and returns the trainer,
+    `upgrade_saved(layer)` rewrites a saved config of an earlier schema in place (None: none),
+    `diffusion_field_hints` says what to use instead of a diffusion field, where there is something."""
     schema: type
     check: Callable[[PixelRLConfig], None]
     trainer_class: Callable[[], type]
+    upgrade_saved: Callable | None = None
+    diffusion_field_hints: dict = field(default_factory=dict)
 
 
 SEPARATE_TRAINERS: Registry = Registry("trainer type", "algorithm.trainer_type")
@@ -240,9 +262,58 @@ def merge_config(config_name: str | None = None, overrides: list[str] | tuple = 
     for section, owner in _sections_of_other_trainers(layers, schema).items():
         raise ConfigError(section, "<section>", f"configures algorithm.trainer_type={owner}, not {trainer_type}: "
                           "set that trainer type, or remove the section")
-    cfg = build_config(schema, layers)
+    try:
+        cfg = build_config(schema, layers)
+    except ConfigError as err:
+        if schema is not PixelRLConfig and _is_diffusion_field(err.field):
+            value = _layered(layers, err.field)
+            # a whole section (val_kwargs: {...}) is named by its first key; a field stays itself
+            name, value = _first_leaf(err.field, value) if "." not in err.field else (err.field, value)
+            hint = SEPARATE_TRAINERS.get(trainer_type).diffusion_field_hints.get(name, "remove it")
+            raise ConfigError(name, value, f"is read by the diffusion trainers only; algorithm.trainer_type="
+                              f"{trainer_type} has its own schema without it: {hint}") from None
+        raise
     cfg.algorithm.trainer_type = trainer_type
     return cfg
+
+
+def _is_diffusion_field(dotted: str) -> bool:
+    """Whether `dotted` (section.key...) names a field of the diffusion trainers' schema."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.select(OmegaConf.structured(PixelRLConfig), dotted, default="<absent>") != "<absent>"
+
+
+def _layered(layers: list, dotted: str):
+    from omegaconf import OmegaConf
+
+    from pixelrl.core.config_io import layered_value
+
+    value = layered_value(layers, dotted, None)
+    return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+
+
+def _first_leaf(dotted: str, value) -> tuple[str, object]:
+    """The first field set under the section `dotted`, with its value."""
+    while isinstance(value, dict) and value:
+        key, value = next(iter(value.items()))
+        dotted = f"{dotted}.{key}"
+    return dotted, value
+
+
+def _drop_fields_not_in(node, schema: type) -> None:
+    """Remove from a saved config layer every key the schema lacks (a run saved while its
+    trainer's schema carried every diffusion field)."""
+    from dataclasses import fields, is_dataclass
+    from typing import get_type_hints
+
+    hints = get_type_hints(schema)
+    names = {f.name for f in fields(schema)}
+    for key in [k for k in node.keys() if k not in names]:
+        node.pop(key)
+    for f in fields(schema):
+        if f.name in node and is_dataclass(hints[f.name]) and hasattr(node[f.name], "keys"):
+            _drop_fields_not_in(node[f.name], hints[f.name])
 
 
 def from_yaml_text(text: str) -> PixelRLConfig:
@@ -255,6 +326,11 @@ def from_yaml_text(text: str) -> PixelRLConfig:
     schema = schema_for(trainer_type)
     for section in _sections_of_other_trainers([layer], schema):
         layer.pop(section)
+    if schema is not PixelRLConfig:  # validated when saved: what the schema no longer holds was never read
+        upgrade = SEPARATE_TRAINERS.get(trainer_type).upgrade_saved
+        if upgrade is not None:
+            upgrade(layer)
+        _drop_fields_not_in(layer, schema)
     cfg = build_config(schema, [layer])
     cfg.algorithm.trainer_type = trainer_type
     return cfg

@@ -27,10 +27,6 @@ def load_config(config_name: str | None = None, overrides: list[str] | tuple = (
     cfg = compose_config(config_name, overrides)
     validate(cfg)
     _check_gpus_here(cfg)  # a run's, on this machine; not a plan's for other GPUs (`validate`)
-    if cfg.trainer.fit_to_memory_gb and cfg.algorithm.trainer_type not in DIFFUSION_TRAINERS:
-        raise ConfigError("trainer.fit_to_memory_gb", cfg.trainer.fit_to_memory_gb, "the memory plan sizes the "
-                          "diffusion trainers' denoiser calls; the vision-language trainer takes "
-                          "actor.ppo_micro_batch_size as written: remove trainer.fit_to_memory_gb")
     if cfg.algorithm.trainer_type in DIFFUSION_TRAINERS:
         from pixelrl.config.auto_size import auto_fields, fit_to_memory
 
@@ -225,12 +221,17 @@ def check_lr_schedule(cfg: PixelRLConfig, frozen_steps: int = 0) -> None:
 
     a, t = cfg.actor, cfg.trainer
     actor_steps = actor_optimizer_steps(cfg, frozen_steps)
-    if a.lr_schedule == "cosine" and actor_steps <= a.warmup_steps:
+    if a.warmup_ratio and actor_steps <= 0:
+        raise ConfigError("actor.warmup_ratio", a.warmup_ratio, "is a share of the run's optimizer steps, which "
+                          "trainer.total_training_steps = 0 leaves uncounted: set the run's length in steps, or "
+                          "use actor.warmup_steps")
+    warmup = a.warmup_steps_of(actor_steps)
+    if a.lr_schedule == "cosine" and actor_steps <= warmup:
         raise ConfigError("trainer.total_training_steps", t.total_training_steps,
                           f"a cosine lr decays over the actor's optimizer steps ({actor_steps} in this run: "
                           f"{optimizer_steps_per_rollout(cfg)} per training step"
                           + (f", none in the {frozen_steps} of vlm.freezing_actor_steps" if frozen_steps else "")
-                          + f"), which must outnumber actor.warmup_steps ({a.warmup_steps}): train longer")
+                          + f"), which must outnumber the warm-up's ({warmup}): train longer")
 
 
 def _check_whole_groups(cfg: PixelRLConfig) -> None:

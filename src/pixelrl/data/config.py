@@ -8,21 +8,32 @@ from pixelrl.core.errors import ConfigError, check_number
 
 
 @dataclass
-class DataConfig:
+class DataFilesConfig:
+    """What every trainer's `data:` section holds: row files, and how many rows a step takes."""
+
     train_files: list[str] = field(default_factory=list)  # jsonl / parquet / txt
     val_files: list[str] = field(default_factory=list)
-    prompts: list[str] = field(default_factory=list)  # inline prompts, used when no train file is given
     prompt_key: str = "prompt"
     train_batch_size: int = 8  # prompts per step (each repeated rollout.n times)
-    # {data_source: k}: every training row of that source appears k times per epoch (unlisted
-    # sources once; 0 leaves a source out), to train more on what the model is weakest at
-    source_weights: dict = field(default_factory=dict)
-    val_batch_size: int = 0  # prompts per validation generation call; 0 = the whole set at once
     shuffle: bool = True
     seed: int = 1
 
     def check(self) -> None:
         check_number("data.train_batch_size", self.train_batch_size)
+
+
+@dataclass
+class DataConfig(DataFilesConfig):
+    """The diffusion trainers' `data:` section: prompt files or inline prompts, weighted by source."""
+
+    prompts: list[str] = field(default_factory=list)  # inline prompts, used when no train file is given
+    # {data_source: k}: every training row of that source appears k times per epoch (unlisted
+    # sources once; 0 leaves a source out), to train more on what the model is weakest at
+    source_weights: dict = field(default_factory=dict)
+    val_batch_size: int = 0  # prompts per validation generation call; 0 = the whole set at once
+
+    def check(self) -> None:
+        super().check()
         check_number("data.val_batch_size", self.val_batch_size, allow_zero=True)  # 0 = the whole set at once
         if not self.train_files and self.prompts and any(not str(p).strip() for p in self.prompts):
             raise ConfigError("data.prompts", list(self.prompts), "an inline prompt is empty or blank: give each "

@@ -51,7 +51,7 @@ class Learner:
     def from_actor_config(cls, params_fn, acfg, total_steps: int = 0) -> "Learner":
         """`total_steps`: the optimizer steps of the whole run (what a cosine schedule decays over)."""
         return cls(params_fn, lr=acfg.lr, betas=tuple(acfg.betas), weight_decay=acfg.weight_decay,
-                   eps=acfg.adam_eps, warmup_steps=acfg.warmup_steps, max_grad_norm=acfg.max_grad_norm,
+                   eps=acfg.adam_eps, warmup_steps=acfg.warmup_steps_of(total_steps), max_grad_norm=acfg.max_grad_norm,
                    max_consecutive_nonfinite=acfg.max_consecutive_nonfinite, schedule=acfg.lr_schedule,
                    total_steps=total_steps, min_lr_ratio=acfg.min_lr_ratio)
 

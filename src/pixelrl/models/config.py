@@ -8,16 +8,26 @@ from pixelrl.core.errors import AUTO, ConfigError, check_choice, check_number
 
 
 @dataclass
-class ModelConfig:
-    path: str = ""  # local diffusers pipeline folder
+class ModelFolderConfig:
+    """What every trainer's `model:` section holds: a local model folder, where it runs, and the
+    adapter trained on it."""
+
+    path: str = ""  # local model folder
     type: str = "sd3"
     device: str = "cpu"
-    dtype: str = "float32"  # denoiser compute dtype; scheduler / log-prob math is always float32
-    max_sequence_length: int = 256  # T5 tokens (or zero tokens when the folder has no T5)
-    num_frames: int = 1  # frames per sample: 1 for image families; video families (wan) 4k + 1, e.g. 33 or 81
-    lora_rank: int = 32  # 0 = full fine-tuning of the denoiser
+    dtype: str = "float32"  # compute dtype; log-prob math is always float32
+    lora_rank: int = 32  # 0 = full fine-tuning
     lora_alpha: float = 64.0
     lora_target_modules: list[str] | None = None  # None = the adapter's defaults
+
+
+@dataclass
+class ModelConfig(ModelFolderConfig):
+    """The diffusion trainers' `model:` section: a diffusers pipeline folder, its text length and
+    frames, the adapter's initialisation, and how the denoiser runs."""
+
+    max_sequence_length: int = 256  # T5 tokens (or zero tokens when the folder has no T5)
+    num_frames: int = 1  # frames per sample: 1 for image families; video families (wan) 4k + 1, e.g. 33 or 81
     lora_init: str = "gaussian"  # gaussian | default (peft's kaiming A, zero B) | pissa | olora | orthogonal
     gradient_checkpointing: bool | str = False  # auto: on only where the step fits, or runs faster, with it
     # torch.compile each of the denoiser's repeated blocks (sampling, reference and training):

@@ -10,20 +10,14 @@ from pixelrl.core.errors import ConfigError, check_choice, check_number
 
 
 @dataclass
-class RewardConfig:
+class RewardFunctionsConfig:
+    """What every trainer's `reward:` section holds: the weighted reward functions."""
+
     # Each entry: {name: <registered reward>, weight: float, options: {...}}.
     functions: list[dict] = field(default_factory=lambda: [{"name": "jpeg_compressibility", "weight": 1.0}])
-    placement: str = "colocated"  # colocated (shares the actor's resources) | pool (its own resources)
-    num_workers: int = 1
-    num_cpus: float = 1.0  # per reward worker when placement = pool
-    num_gpus: float = 0.0  # per reward worker when placement = pool: a reward model's own GPU (Ray clusters)
-    # A scorer that fails (raises, times out, returns non-finite scores): `stop` the run, or
-    # `skip` the step (no update, `reward/error` = 1 in its row) until max_consecutive_errors in a row
-    on_error: str = "stop"
-    max_consecutive_errors: int = 3
     # the most seconds one reward function may take for one call (a step's or a validation's
-    # images), in the process that scores: past it the call fails like a reward that raised
-    # (on_error decides); 0 = no deadline. The call's thread is left to finish on its own.
+    # samples), in the process that scores: past it the call fails like a reward that raised
+    # (the diffusion trainers' on_error decides); 0 = no deadline. The call's thread is left to finish on its own.
     timeout_s: float = 900.0
 
     def check(self) -> None:
@@ -35,6 +29,21 @@ class RewardConfig:
             raise ConfigError("reward.functions[].weight", [spec.get("weight", 1.0) for spec in self.functions],
                               "every training reward is weighted 0, so every advantage is 0 and nothing trains: "
                               "give at least one reward a non-zero weight")
+
+
+@dataclass
+class RewardConfig(RewardFunctionsConfig):
+    """The diffusion trainers' `reward:` section: the functions, where they run, and what a
+    failing one does to the run."""
+
+    placement: str = "colocated"  # colocated (shares the actor's resources) | pool (its own resources)
+    num_workers: int = 1
+    num_cpus: float = 1.0  # per reward worker when placement = pool
+    num_gpus: float = 0.0  # per reward worker when placement = pool: a reward model's own GPU (Ray clusters)
+    # A scorer that fails (raises, times out, returns non-finite scores): `stop` the run, or
+    # `skip` the step (no update, `reward/error` = 1 in its row) until max_consecutive_errors in a row
+    on_error: str = "stop"
+    max_consecutive_errors: int = 3
 
     def check_resources(self) -> None:
         """Where the scorers run (the diffusion trainers' reward pool)."""

@@ -9,9 +9,17 @@ from pixelrl.core.errors import ConfigError, check_choice, check_number, check_s
 
 
 @dataclass
-class RolloutConfig:
-    n: int = 8  # images per prompt (the group size)
+class GroupSamplingConfig:
+    """What every trainer's `rollout:` section holds: samples per prompt and the sampling seed."""
+
+    n: int = 8  # samples per prompt (the group size)
     seed: int = 42  # per-step rollout seed = seed + global_step - 1
+
+
+@dataclass
+class RolloutConfig(GroupSamplingConfig):
+    """The diffusion trainers' `rollout:` section."""
+
     num_steps: int = 10
     # scheduler: the model's diffusers scheduler; linspace_shift: DanceGRPO / MixGRPO's own grid
     sigma_schedule: str = "scheduler"

@@ -307,6 +307,7 @@ def load_rollouts(folder: Path) -> list:
 # value would load them into a different model or a different data order without a word.
 RESUME_FIXED = ("algorithm.trainer_type", "model.type", "model.path", "model.lora_rank", "model.lora_alpha",
                 "model.lora_target_modules", "data.train_batch_size", "data.seed", "data.shuffle", "rollout.n")
+ADAPTER_ONLY = ("model.lora_alpha", "model.lora_target_modules")
 # May change on resume on purpose (a reward curriculum), but never unannounced: a warning names it.
 RESUME_ANNOUNCED = ("reward.functions",)
 
@@ -333,7 +334,10 @@ def check_resume_config(folder: Path, config_yaml: str) -> list[str]:
         if before != now:
             warnings.append(f"warning: resuming {folder.name} with `{field}` = {now!r}; it was trained with "
                             f"{before!r} (the rewards logged from here on are not comparable with the earlier ones)")
+    trains_adapter = value(saved, "model.lora_rank") or value(current, "model.lora_rank")
     for field in RESUME_FIXED:
+        if field in ADAPTER_ONLY and not trains_adapter:  # full fine-tuning both times: no adapter to differ
+            continue
         before, now = value(saved, field), value(current, field)
         if field == "model.path":
             before, now = (str(Path(v).expanduser().resolve()) if v and ":" not in str(v) else v for v in (before, now))

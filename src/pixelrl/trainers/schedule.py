@@ -3,7 +3,7 @@ decided here once, for every trainer (the diffusion controller and the VLM train
 
 from __future__ import annotations
 
-from pixelrl.config.sections import TrainerConfig
+from pixelrl.config.sections import RunConfig
 
 
 def every(freq: int, step: int, last: int | bool) -> bool:
@@ -29,7 +29,7 @@ class Schedule:
     with its seconds; it says whether the step is the last (the final step, or
     `trainer.time_budget_s` of summed step time used)."""
 
-    def __init__(self, trainer: TrainerConfig, total: int):
+    def __init__(self, trainer: RunConfig, total: int):
         self.t, self.total = trainer, total
         self.train_seconds = 0.0  # summed step time of this process
         self.out_of_time = False

@@ -9,7 +9,7 @@ answer rewards and the `files` question task in the lower registries, as a user'
 
 from pixelrl.config.sections import SEPARATE_TRAINERS, SeparateTrainer
 from pixelrl.vlm import answers, qa_tasks, reward_model  # noqa: F401  (register the rewards and the task)
-from pixelrl.vlm.config import VLMRunConfig, validate_vlm
+from pixelrl.vlm.config import DIFFUSION_FIELD_HINTS, VLMRunConfig, upgrade_saved_config, validate_vlm
 
 
 def _trainer_class():
@@ -19,4 +19,5 @@ def _trainer_class():
 
 
 SEPARATE_TRAINERS.register("vlm_ppo")(
-    SeparateTrainer(schema=VLMRunConfig, check=validate_vlm, trainer_class=_trainer_class))
+    SeparateTrainer(schema=VLMRunConfig, check=validate_vlm, trainer_class=_trainer_class,
+                    upgrade_saved=upgrade_saved_config, diffusion_field_hints=DIFFUSION_FIELD_HINTS))

@@ -6,8 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pixelrl.config.sections import PixelRLConfig
-from pixelrl.core.errors import AUTO, ConfigError, check_choice, check_number
+from pixelrl.algos.config import TrainerTypeConfig
+from pixelrl.config.sections import RunConfig
+from pixelrl.core.errors import ConfigError, check_choice, check_number
+from pixelrl.data.config import DataFilesConfig
+from pixelrl.engine.config import UpdateConfig
+from pixelrl.models.config import ModelFolderConfig
+from pixelrl.rewards.config import RewardFunctionsConfig
+from pixelrl.sampling.config import GroupSamplingConfig
 
 
 @dataclass
@@ -48,13 +54,17 @@ class VLMConfig:
     # sequences, as verl and LightRFT do (their samplers are other engines). false: reuse those the
     # sampler computed with the same weights (equal within float reordering, one forward less)
     recompute_old_logp: bool = True
-    # > 0: a supervised loss (mean NLL of the answer) on rows of its own pretraining / SFT set,
-    # ptx_files (.jsonl / .parquet with image, question and answer, as vlm.task=files), as LightRFT
+    # > 0: a supervised loss on rows of its own pretraining / SFT set, ptx_files, as LightRFT's
+    # ptx_coef: plain text (.txt lines, or .jsonl / .parquet rows with `text`; every token is a
+    # target, its pretrain mode) or (image, question, answer) rows as vlm.task=files (the answer is)
     ptx_coef: float = 0.0
     ptx_files: list = field(default_factory=list)
     ema_decay: float = 0.0  # > 0: keep an EMA of the actor (0.992 in LightRFT), saved with checkpoints
     validate_ema: bool = False  # validation scores the EMA actor (the model LightRFT keeps) instead of the actor
-    critic_lr: float = 1e-4
+    critic_lr: float = 9e-6  # LightRFT's critic_learning_rate; the critic follows actor.*'s schedule
+    # the vision tower keeps its weights, as LightRFT's GRPO scripts freeze it (--freeze_prefix);
+    # false trains it too (full fine-tuning; a LoRA adapter sits on the language model only)
+    freeze_vision_tower: bool = True
     value_clip: float | None = 0.2
     freezing_actor_steps: int = 0  # critic warm-up: only the critic trains for this many steps
     val_items: int = 300  # held-out items scored (greedy) at validation
@@ -72,8 +82,9 @@ class VLMConfig:
         check_choice("vlm.kl_estimator", self.kl_estimator, KL_ESTIMATORS)
         if self.ptx_coef > 0 and not self.ptx_files:
             raise ConfigError("vlm.ptx_files", [], "vlm.ptx_coef > 0 trains a supervised loss on a pretraining / SFT "
-                              "set of its own: list .jsonl or .parquet files of (image, question, answer) rows (the "
-                              "layout of vlm.task=files), or set vlm.ptx_coef=0")
+                              "set of its own: list plain-text files (.txt lines, or .jsonl / .parquet rows with `text`) or "
+                              "files of (image, question, answer) rows (the layout of vlm.task=files), or set "
+                              "vlm.ptx_coef=0")
         if self.ptx_files and self.ptx_coef == 0:
             raise ConfigError("vlm.ptx_files", list(self.ptx_files), "nothing reads these files while vlm.ptx_coef=0: "
                               "set vlm.ptx_coef > 0 (LightRFT's ptx_coef) or remove them")
@@ -112,9 +123,73 @@ class VLMConfig:
 
 
 @dataclass
-class VLMRunConfig(PixelRLConfig):
-    """A vision-language run's config: the shared sections plus `vlm:`."""
+class VLMModelConfig(ModelFolderConfig):
+    """`model:` of a vision-language run: a local Qwen2-VL folder. LightRFT's defaults: full
+    fine-tuning; a LoRA adapter (lora_rank > 0) on every linear layer of the language model with
+    alpha 16."""
+
+    type: str = "qwen_vl"
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_target_modules: list[str] | None = None  # None = every linear layer of the language model
+
+
+@dataclass
+class VLMActorConfig(UpdateConfig):
+    """`actor:` of a vision-language run, with LightRFT's optimizer defaults: Adam betas (0.9,
+    0.95), a cosine to 0.1 lr after a warm-up of 3% of the run (its cosine_with_min_lr)."""
+
+    betas: tuple[float, float] = (0.9, 0.95)
+    lr_schedule: str = "cosine"
+    min_lr_ratio: float = 0.1
+    warmup_ratio: float = 0.03
+
+
+@dataclass
+class VLMRunConfig:
+    """A vision-language run's config: only the sections and fields its trainer reads (a
+    diffusion trainer's field here is refused by name when the config loads)."""
+
+    model: VLMModelConfig = field(default_factory=VLMModelConfig)
+    rollout: GroupSamplingConfig = field(default_factory=GroupSamplingConfig)
+    actor: VLMActorConfig = field(default_factory=VLMActorConfig)
+    algorithm: TrainerTypeConfig = field(default_factory=lambda: TrainerTypeConfig(trainer_type="vlm_ppo"))
+    reward: RewardFunctionsConfig = field(default_factory=RewardFunctionsConfig)
+    data: DataFilesConfig = field(default_factory=DataFilesConfig)
+    trainer: RunConfig = field(default_factory=RunConfig)
     vlm: VLMConfig = field(default_factory=VLMConfig)
+    seed: int = 0  # seeds LoRA init, the critic head, mini-batch shuffling and ptx rows
+    plugins: list = field(default_factory=list)  # modules or .py files imported first (your own rewards)
+
+
+# what a vision-language run uses where a diffusion config has these fields
+DIFFUSION_FIELD_HINTS = {
+    "actor.ema_decay": "a vision-language run keeps its EMA actor with vlm.ema_decay (and vlm.validate_ema)",
+    "val_kwargs.rewards": "the vision-language trainer validates by held-out answer accuracy (vlm.val_items): "
+                          "remove it",
+    "trainer.fit_to_memory_gb": "the vision-language trainer takes actor.ppo_micro_batch_size as written: remove it",
+    "reward.placement": "the vision-language trainer scores answers on its actor workers: remove it",
+    "trainer.mode": "the vision-language trainer samples on its actor workers, on-policy (sync): remove it",
+    "diffusion_loss.kl_coef": "a vision-language run's KL is vlm.kl_coef (vlm.kl_estimator, vlm.kl_target)",
+}
+
+# What a vision-language run did before its schema held only what it reads (2026-11-28), where
+# today's defaults (LightRFT's) differ: a checkpoint saved then resumes and exports as it trained.
+SAVED_BEFORE_OWN_SCHEMA = {"actor.warmup_ratio": 0.0, "vlm.freeze_vision_tower": False}
+
+
+def upgrade_saved_config(layer) -> None:
+    """A saved config written while a vision-language config carried every diffusion field (it
+    has `diffusion_loss:`): the settings it trained with where a default has changed since."""
+    from omegaconf import OmegaConf
+
+    if "diffusion_loss" not in layer:
+        return
+    for key, value in SAVED_BEFORE_OWN_SCHEMA.items():
+        if OmegaConf.select(layer, key) is None:
+            OmegaConf.update(layer, key, value, merge=True)
+    if OmegaConf.select(layer, "model.lora_rank", default=0) and OmegaConf.select(layer, "model.lora_target_modules") is None:
+        OmegaConf.update(layer, "model.lora_target_modules", ["q_proj", "k_proj", "v_proj", "o_proj"], merge=True)
 
 
 def validate_vlm(cfg: VLMRunConfig) -> None:
@@ -132,50 +207,22 @@ def validate_vlm(cfg: VLMRunConfig) -> None:
                               "(config.json, *.safetensors, tokenizer files, preprocessor_config.json)")
     v.check()
     a.check()
-    if a.ppo_micro_batch_size == AUTO:
-        raise ConfigError("actor.ppo_micro_batch_size", AUTO, "the memory plan sizes the diffusion trainers' "
-                          "denoiser calls; the vision-language trainer takes a number of sequences per micro-batch")
     d.check()
     t.check()
     cfg.reward.check()
     if v.task == "files" and not d.train_files:
         raise ConfigError("data.train_files", [], "vlm.task=files reads its questions from data.train_files: list "
                           ".jsonl or .parquet files with a question, `answer` and `image` per row")
-    if v.task != "files" and (d.train_files or d.val_files or d.prompts):
-        field = "data.train_files" if d.train_files else "data.val_files" if d.val_files else "data.prompts"
+    if v.task != "files" and (d.train_files or d.val_files):
+        field = "data.train_files" if d.train_files else "data.val_files"
         raise ConfigError(field, list(getattr(d, field.split(".")[1])), f"vlm.task={v.task} draws its questions "
                           "from the built-in task: remove it, or set vlm.task=files to train on these files")
-    if d.source_weights:
-        raise ConfigError("data.source_weights", dict(d.source_weights), "weights the diffusion trainers' prompt "
-                          "rows; a vision-language run reads its questions as they are: remove it")
-    if m.compile:
-        raise ConfigError("model.compile", m.compile, "compiles a diffusion denoiser; the vision-language trainer "
-                          "runs its policy eagerly: remove it")
-    if cfg.val_kwargs.rewards:
-        raise ConfigError("val_kwargs.rewards", list(cfg.val_kwargs.rewards), "gold rewards judge validation images; "
-                          "the vision-language trainer validates by held-out answer accuracy: remove it")
-    if cfg.reward.placement != "colocated" or cfg.reward.num_gpus:
-        field = "reward.placement" if cfg.reward.placement != "colocated" else "reward.num_gpus"
-        raise ConfigError(field, cfg.reward.placement if field == "reward.placement" else cfg.reward.num_gpus,
-                          "the vision-language trainer scores answers on its actor workers (string rewards are "
-                          "cheap): leave reward.placement=colocated and reward.num_gpus=0")
-    if cfg.reward.on_error != "stop":
-        raise ConfigError("reward.on_error", cfg.reward.on_error, "the vision-language trainer's rewards are string "
-                          "checks on its actors, which stop the run when they fail: leave reward.on_error=stop")
-    if t.mode != "sync" or r.n_workers:
-        raise ConfigError("trainer.mode" if t.mode != "sync" else "rollout.n_workers",
-                          t.mode if t.mode != "sync" else r.n_workers,
-                          "the vision-language trainer samples on its actor workers, on-policy: use trainer.mode=sync "
-                          "and rollout.n_workers=0")
     for field, value in (("data.train_batch_size", d.train_batch_size), ("vlm.val_items", v.val_items)):
         if value % t.n_workers:
             raise ConfigError(field, value, f"each of the trainer.n_workers={t.n_workers} workers takes an equal "
                               f"share of the questions: use a multiple of {t.n_workers}")
     check_number("rollout.n", r.n)
     check_number("trainer.total_training_steps", t.total_training_steps)  # the loop counts steps, not epochs
-    if a.ema_decay:
-        raise ConfigError("actor.ema_decay", a.ema_decay, "is the diffusion trainers' EMA: a vision-language "
-                          "run keeps its EMA actor with vlm.ema_decay (and vlm.validate_ema)")
     if v.estimator in SEQUENCE_ESTIMATORS and r.n < 2:
         raise ConfigError("rollout.n", r.n, f"vlm.estimator={v.estimator} compares samples of one prompt: "
                           "use rollout.n >= 2")

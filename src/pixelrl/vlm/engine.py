@@ -61,11 +61,13 @@ class VLMEngine:
         torch.manual_seed(cfg.seed)
         self.reference_module = None
         if cfg.model.lora_rank > 0:
-            targets = cfg.model.lora_target_modules or ("q_proj", "k_proj", "v_proj", "o_proj")
-            self.policy.add_lora(rank=cfg.model.lora_rank, alpha=cfg.model.lora_alpha, targets=targets)
+            self.policy.add_lora(rank=cfg.model.lora_rank, alpha=cfg.model.lora_alpha,
+                                 targets=cfg.model.lora_target_modules)
         else:
             self.policy.keep_float32_master_weights()
             self.policy.model.requires_grad_(True)
+            if v.freeze_vision_tower:
+                self.policy.vision_tower().requires_grad_(False)
             if v.kl_coef > 0:  # full fine-tuning: the reference is a frozen copy of the start, never stepped
                 self.reference_module = copy.deepcopy(self.policy.model).to(self.policy.dtype).requires_grad_(False).eval()
         self.trainable = [p for p in self.policy.model.parameters() if p.requires_grad]
@@ -74,14 +76,16 @@ class VLMEngine:
         self.critic = None
         if v.estimator == "gae":
             self.critic = ValueModel(self.policy)
-            self.critic_learner = Learner(lambda: list(self.critic.parameters()), lr=v.critic_lr,
-                                          betas=tuple(cfg.actor.betas), weight_decay=cfg.actor.weight_decay,
-                                          eps=cfg.actor.adam_eps, warmup_steps=cfg.actor.warmup_steps,
-                                          max_grad_norm=cfg.actor.max_grad_norm)
+            # actor.*'s optimizer and schedule at the critic's lr (LightRFT's critic: its own lr,
+            # the same scheduler); the critic also trains through vlm.freezing_actor_steps
+            self.critic_learner = Learner.from_actor_config(lambda: list(self.critic.parameters()),
+                                                            replace(cfg.actor, lr=v.critic_lr),
+                                                            total_steps=actor_optimizer_steps(cfg))
         self.ema = [p.detach().clone() for p in self.trainable] if v.ema_decay > 0 else None
         self.kl_ctl = (T.AdaptiveKLController(v.kl_coef, v.kl_target, v.kl_horizon) if v.kl_target
                        else T.FixedKLController(v.kl_coef))
-        self._round_kl: tuple[float, int] | None = None  # measured while making experience, applied after training
+        # (the controller's input or None for the update's KL, the round's samples), applied after training
+        self._round_kl: tuple[float | None, int] | None = None
         self.reward = WeightedReward.from_functions(cfg.reward.functions, cfg.reward.timeout_s)
         self.data_parallel_size = 1  # ranks sharing each optimizer step (set by enable_data_parallel)
         self._ptx_rows = None  # vlm.ptx_files' rows, read at the first ptx loss
@@ -207,11 +211,13 @@ class VLMEngine:
         if kl is not None:
             metrics["actor/kl"] = float(T.masked_mean(kl, mask, dim=-1).mean())
             metrics["actor/kl_coef"] = self.kl_ctl.value
-            # the KL and sample count of all ranks (the controllers stay equal), applied after this
-            # round's update as LightRFT does, so the round trains with the coefficient it sampled under
-            kl_sum, count = all_reduce_sum(torch.tensor([metrics["actor/kl"] * len(batch), float(len(batch))],
-                                                        dtype=torch.float64)).tolist()
-            self._round_kl = (kl_sum / count if self.data_parallel_size > 1 else metrics["actor/kl"], int(count))
+            # The adaptive controller's input, of all ranks (the controllers stay equal), applied
+            # after this round's update as LightRFT does, so the round trains with the coefficient it
+            # sampled under. KL in the reward: the round's KL per response token (LightRFT's
+            # length-weighted mean of the sequences'); KL as a loss: what the update measured (train_on).
+            kl_sum, tokens, count = all_reduce_sum(torch.tensor(
+                [float((kl * mask).sum()), float(mask.sum()), float(len(batch))], dtype=torch.float64)).tolist()
+            self._round_kl = (kl_sum / max(tokens, 1.0) if v.kl_in_reward else None, int(count))
         if values is not None:
             metrics["critic/explained_variance"] = T.explained_variance(values, returns, mask)
         exp = Experience(batch, old_logp, adv, T.entropy_mask(entropy, mask, v.entropy_mask_ratio), ref_logp,
@@ -260,7 +266,9 @@ class VLMEngine:
                             m["entropy_bonus"] = bonus.detach()
                         if sub.ref_logp is not None and not v.kl_in_reward:
                             kl = T.kl_estimate(logp, sub.ref_logp, sub.batch.response_mask, v.kl_estimator)
-                            loss = loss + self.kl_ctl.value * T.masked_mean(kl, sub.batch.response_mask, dim=-1).mean()
+                            kl = T.masked_mean(kl, sub.batch.response_mask, dim=-1).mean()
+                            loss = loss + self.kl_ctl.value * kl
+                            sums.setdefault("actor/train_kl", []).append(kept_on_device(kl.detach()))
                         (loss * weight).backward()
                         actor_total = actor_total + kept_on_device(loss) * weight
                         for k, val in m.items():
@@ -290,26 +298,33 @@ class VLMEngine:
                     sums.setdefault("critic/value_loss", []).append(critic_total)
         metrics = {k: float(sum(x)) / len(x) for k, x in sums.items()}
         if self._round_kl is not None:  # the adaptive KL controller, once per rollout round
-            self.kl_ctl.update(*self._round_kl)
+            measured, count = self._round_kl
+            if measured is None and "actor/train_kl" in metrics:  # the training-time KL, averaged over ranks
+                measured = all_reduce_sum(torch.tensor([metrics["actor/train_kl"]], dtype=torch.float64)).item()
+                measured /= self.data_parallel_size
+            if measured is not None:  # None: a critic warm-up round trained no actor, measured no KL
+                self.kl_ctl.update(measured, count)
             self._round_kl = None
         metrics["actor/lr"] = self.actor_learner.current_lr
         metrics["actor/trained"] = float(train_actor)
         return metrics
 
     def _ptx_loss(self, count: int, step: int, call: int) -> torch.Tensor:
-        """Supervised loss on `count` rows of vlm.ptx_files (image and question, then the answer),
-        drawn with replacement from (seed, step, rank, call): a resumed run draws the same rows."""
+        """Supervised loss on `count` rows of vlm.ptx_files, drawn with replacement from (seed,
+        step, rank, call), so a resumed run draws the same rows: over every token of plain text
+        (LightRFT's pretrain mode), or over the answer after image and question."""
         import torch.distributed as dist
 
         from pixelrl.vlm import qa_files
 
         if self._ptx_rows is None:  # checked on the driver before any worker started (vlm/config.py)
-            self._ptx_rows = qa_files.open_qa_files(tuple(self.cfg.vlm.ptx_files), self.cfg.data.prompt_key,
-                                                    "vlm.ptx_files")
+            self._ptx_rows = qa_files.open_ptx_files(tuple(self.cfg.vlm.ptx_files), self.cfg.data.prompt_key)
         rank = dist.get_rank() if dist.is_initialized() else 0
         gen = torch.Generator().manual_seed(derive_seed(self.cfg.seed * 1_000_003 + step, f"ptx/{rank}/{call}"))
-        items = [qa_files.load_item(self._ptx_rows[i])
-                 for i in torch.randint(len(self._ptx_rows), (count,), generator=gen).tolist()]
+        rows = [self._ptx_rows[i] for i in torch.randint(len(self._ptx_rows), (count,), generator=gen).tolist()]
+        if "text" in rows[0]:
+            return T.ptx_loss(*self.policy.text_logprobs([row["text"] for row in rows]))
+        items = [qa_files.load_item(row) for row in rows]
         prompts = self.policy.prompts([it["image"] for it in items], [it["question"] for it in items])
         target = self.policy.with_responses(prompts, [str(it["answer"]) for it in items])
         return T.ptx_loss(self.policy.token_logprobs(target, temperature=1.0), target.response_mask)

@@ -54,6 +54,51 @@ def read_qa_file(path: str | Path, question_key: str = "prompt", field: str = "d
     return rows
 
 
+def read_text_file(path: str | Path, field: str) -> list[dict] | None:
+    """Rows of plain pretraining text ({text, file, row}): a .txt file (one document per non-empty
+    line), or .jsonl / .parquet rows with a non-empty `text` and no `image`; None for a file of
+    (image, question, answer) rows."""
+    from pixelrl.core.assets import resolve
+
+    path = Path(resolve(str(path), field))
+    if not path.is_file():
+        raise DatasetError(f"file `{path}` does not exist: check {field}")
+    if path.suffix.lower() == ".txt":
+        rows = [{"text": line.strip(), "file": str(path), "row": number}
+                for number, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), start=1)
+                if line.strip()]
+    else:
+        records = read_records(path, "text", kinds=".jsonl, .parquet or .txt")
+        first = next(records, None)
+        if first is None or "text" not in first[1] or "image" in first[1]:
+            return None
+        rows = []
+        for number, record in [first, *records]:
+            text = record.get("text")
+            if not isinstance(text, str) or not text.strip():
+                raise _row_error(path, number, f"`text` must be a non-empty string (a plain-text file's rows), "
+                                 f"got {text!r}")
+            rows.append({"text": text, "file": str(path), "row": number})
+    if not rows:
+        raise DatasetError(f"file `{path}` has no rows: check {field}")
+    return rows
+
+
+@functools.lru_cache(maxsize=4)
+def open_ptx_files(files: tuple[str, ...], question_key: str) -> tuple[dict, ...]:
+    """vlm.ptx_files' rows, checked once per process: all plain text (LightRFT's pretrain mode:
+    every token is a target) or all (image, question, answer) rows (the answer is the target)."""
+    field = "vlm.ptx_files"
+    texts = [read_text_file(f, field) for f in files]
+    if all(rows is not None for rows in texts):
+        return tuple(row for rows in texts for row in rows)
+    if any(rows is not None for rows in texts):
+        kinds = {str(f): "plain text" if rows is not None else "questions" for f, rows in zip(files, texts)}
+        raise DatasetError(f"{field} mixes plain text and (image, question, answer) files {kinds}: a ptx set is one "
+                           "kind (train the other in a separate run, or convert it)")
+    return open_qa_files(files, question_key, field)
+
+
 @functools.lru_cache(maxsize=4)
 def open_qa_files(files: tuple[str, ...], question_key: str, field: str) -> tuple[dict, ...]:
     """The rows of every file, checked once per process (each worker draws its own items)."""

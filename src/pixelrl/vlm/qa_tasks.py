@@ -59,7 +59,7 @@ def check_task_data(cfg: PixelRLConfig) -> None:
     from pixelrl.vlm import qa_files
 
     if cfg.vlm.ptx_files:  # the supervised set of vlm.ptx_coef: every row checked now
-        qa_files.open_qa_files(tuple(str(f) for f in cfg.vlm.ptx_files), cfg.data.prompt_key, "vlm.ptx_files")
+        qa_files.open_ptx_files(tuple(str(f) for f in cfg.vlm.ptx_files), cfg.data.prompt_key)
     if cfg.vlm.task != "files":
         return
     task_rows(cfg, "train")

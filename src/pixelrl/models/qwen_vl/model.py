@@ -296,13 +296,37 @@ class QwenVLModel:
                                                batch.responses, batch.response_mask, temperature, with_entropy)
         return (logp, entropy) if with_entropy else logp
 
+    def text_logprobs(self, texts: list[str], module: nn.Module | None = None):
+        """Log-probs [B, L - 1] of every token of each plain text (ended by EOS) after the first,
+        given the ones before it, no image and no chat template, and their mask (0 on padding):
+        a language-model loss over all of a pretraining text, as LightRFT's pretrain mode."""
+        ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"] + [self.eos_id] for t in texts]
+        width = max(len(x) for x in ids)
+        input_ids = torch.full((len(ids), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros(len(ids), width, dtype=torch.long)
+        for i, x in enumerate(ids):
+            input_ids[i, :len(x)], attention[i, :len(x)] = torch.tensor(x), 1
+        input_ids, attention = input_ids.to(self.device), attention.to(self.device)
+        with self.compute_precision():
+            logits = (module or self.model)(input_ids=input_ids, attention_mask=attention, use_cache=False).logits
+        mask = attention[:, 1:].float()
+        logp, _ = self._logp_and_entropy(logits[:, :-1], input_ids[:, 1:], mask, 1.0, with_entropy=False)
+        return logp, mask
+
     # --- LoRA ----------------------------------------------------------------------------
-    def add_lora(self, *, rank: int, alpha: float, targets=("q_proj", "k_proj", "v_proj", "o_proj")) -> None:
-        """Freeze the base weights and attach a trainable LoRA adapter to the language model."""
+    def vision_tower(self) -> nn.Module:
+        return self.model.model.visual
+
+    def add_lora(self, *, rank: int, alpha: float, targets=None) -> None:
+        """Freeze the base weights and attach a trainable LoRA adapter to the language model:
+        on the linear layers named `targets` (q_proj, ...), or on every one of them (None, as
+        LightRFT's target_modules all-linear). The vision tower keeps its weights."""
         from peft import LoraConfig
 
         self.model.requires_grad_(False)
-        # Only the language model's projections: the vision tower keeps its weights.
+        if targets is None:
+            targets = sorted({name.rsplit(".", 1)[-1] for name, module in self.model.model.language_model.named_modules()
+                              if isinstance(module, nn.Linear)})
         pattern = r".*language_model.*\.(" + "|".join(targets) + r")$"
         self.model.add_adapter(LoraConfig(r=rank, lora_alpha=alpha, target_modules=pattern), adapter_name="default")
         self.model.set_adapter("default")
