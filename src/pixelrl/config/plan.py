@@ -213,7 +213,9 @@ def step_work(cfg: PixelRLConfig, gpus: int) -> Work:
         window = r.sde_window_size or r.num_steps - 1
         substeps = max(1, int(window * a.timestep_fraction)) if a.permute_timesteps \
             else min(window, max(1, int(r.num_steps * a.timestep_fraction)))
-        per_substep, passes, samples = branches, int(cfg.diffusion_loss.kl_coef > 0), images
+        # no-grad replays of the stored steps: the reference (KL) and a distillation teacher
+        passes = int(cfg.diffusion_loss.kl_coef > 0) + int("teacher_means" in loss.batch_keys)
+        per_substep, samples = branches, images
     else:  # forward process: no guidance in training, as the references
         bound = loss.bind(cfg.diffusion_loss)
         substeps = getattr(bound, "num_timesteps", 1)
@@ -335,7 +337,7 @@ def lora_parameters(cfg: PixelRLConfig, shape: Shape) -> float:
 # errors about things on the user's machine (folders, files) rather than the recipe: a plan made
 # elsewhere (a paper config naming /models/...) notes them and goes on
 MACHINE_FIELDS = ("model.path", "reward.functions", "data.train_files", "data.val_files", "trainer.default_local_dir",
-                  "vlm.ptx_files")
+                  "vlm.ptx_files", "diffusion_loss.params.teacher")
 
 
 def check_recipe(cfg: PixelRLConfig) -> str:

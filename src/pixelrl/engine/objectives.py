@@ -130,7 +130,7 @@ class TransitionObjective:
             "noise_std": out.noise_std,
         }
         for batch_key, step_key in (("old_means", "old_mean"), ("ref_means", "ref_mean"),
-                                    ("is_weights", "is_weights")):
+                                    ("teacher_means", "teacher_mean"), ("is_weights", "is_weights")):
             if batch_key in micro:
                 inputs[step_key] = micro[batch_key][rows, step].to(device)
         if "step_mask" in micro:  # a rejected step weighs 0; a kept one trained / kept of the mini-batch

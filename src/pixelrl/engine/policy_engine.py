@@ -17,17 +17,19 @@ from pixelrl.engine.flops import FlopMeter, matmul_peak_flops, peak_memory_gb
 from pixelrl.engine.learner import Learner, kept_on_device
 from pixelrl.engine.objectives import OBJECTIVE_CLASSES, side_by_side, step_groups, whole_group_order
 from pixelrl.engine.weights_ema import WeightsEMA
+from pixelrl.engine.checkpoint import teacher_adapter_folder
 from pixelrl.core.batch import Batch
 from pixelrl.engine.config import EngineConfig, actor_optimizer_steps
 from pixelrl.core.errors import ConfigError
 from pixelrl.models.base import DiffusionModel
 from pixelrl.algos.forward_process import old_policy_decay, rollout_policy
-from pixelrl.models.lora import adapter_active, adapters_disabled, add_adapter_copy, add_lora, blend_adapter
+from pixelrl.models.lora import (adapter_active, adapters_disabled, add_adapter_copy, add_adapter_from_folder, add_lora,
+                                 blend_adapter)
 from pixelrl.sampling.rollout import SamplingSettings, rollout, step_with_log_prob
 from pixelrl.sampling.schedule import schedule_sigmas
 from pixelrl.sampling.windows import Window, full_window
 
-POLICIES = ("current", "old", "reference", "ema")
+POLICIES = ("current", "old", "reference", "ema", "teacher")
 
 
 class PolicyEngine:
@@ -72,6 +74,11 @@ class PolicyEngine:
                 # full fine-tuning keeps a frozen copy as the reference, taken now: a copy taken at
                 # its first use would hold a resumed checkpoint's weights, not the base model's
                 self._frozen_reference = self._reference_copy()
+        # on-policy distillation's teacher: a frozen LoRA read from its folder, or (`base`) the
+        # model with its adapters off, as the reference
+        self.teacher_folder = teacher_adapter_folder(self.loss_options) if "teacher_mean" in self.loss.step_keys else None
+        if self.teacher_folder is not None:
+            add_adapter_from_folder(model.transformer, "teacher", self.teacher_folder)
         if mcfg.gradient_checkpointing:
             model.transformer.enable_gradient_checkpointing()
         if not model.trainable_parameters():
@@ -194,7 +201,8 @@ class PolicyEngine:
         one, else the current weights (in a colocated engine the old policy of a transition loss
         is the current one before this step's update); `reference` is the base model: LoRA
         adapters disabled, or the frozen copy kept for full fine-tuning; `ema` is the EMA of the
-        trained weights (actor.ema_decay), or the current weights when the engine keeps none.
+        trained weights (actor.ema_decay), or the current weights when the engine keeps none;
+        `teacher` is on-policy distillation's frozen teacher adapter, or the reference for `base`.
         """
         if which not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {which!r}")
@@ -215,10 +223,13 @@ class PolicyEngine:
         if which == "old" and self.has_old_adapter:
             with adapter_active(self.model.transformer, "old"):
                 yield
+        elif which == "teacher" and self.teacher_folder is not None:
+            with adapter_active(self.model.transformer, "teacher"):
+                yield
         elif which == "ema" and self.weights_ema is not None:
             with self.weights_ema.swapped_in():
                 yield
-        elif which != "reference":
+        elif which not in ("reference", "teacher"):
             yield
         elif self.use_lora:
             with adapters_disabled(self.model.transformer):
@@ -252,8 +263,9 @@ class PolicyEngine:
     @torch.no_grad()
     def score(self, batch: Batch, policy: str = "current") -> Batch:
         """Log-probs [B, W] and step means [B, W, *latent] of the stored transitions under
-        `policy`: a Batch with `ref_log_probs` / `ref_means` for the reference policy and
-        `old_log_probs` / `old_means` otherwise (the decoupled re-score of the old policy)."""
+        `policy`: a Batch with `ref_log_probs` / `ref_means` for the reference policy,
+        `teacher_log_probs` / `teacher_means` for a distillation teacher, and `old_log_probs` /
+        `old_means` otherwise (the decoupled re-score of the old policy)."""
         require_keys(f"score({policy})", ("latents", "sigmas", "sigmas_next", "prompts"), batch.keys())
         settings = SamplingSettings(**batch.info["sampling"])
         self.model.transformer.eval()
@@ -268,7 +280,7 @@ class PolicyEngine:
                     mu.extend(out.mean.cpu().split(len(micro)))
                 log_probs.append(torch.stack(lp, 1))
                 means.append(torch.stack(mu, 1))
-        prefix = "ref" if policy == "reference" else "old"
+        prefix = {"reference": "ref", "teacher": "teacher"}.get(policy, "old")
         return Batch({f"{prefix}_log_probs": torch.cat(log_probs), f"{prefix}_means": torch.cat(means)})
 
     @torch.no_grad()

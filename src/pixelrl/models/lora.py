@@ -82,6 +82,20 @@ def add_adapter_copy(transformer: nn.Module, new_name: str, source: str = "defau
     activate_adapter(transformer, source)
 
 
+def add_adapter_from_folder(transformer: nn.Module, new_name: str, folder, restore: str = "default") -> None:
+    """A frozen adapter `new_name` read from a diffusers LoRA folder (pytorch_lora_weights.safetensors,
+    its LoraConfig in the file's metadata, as `save_lora` writes it); `restore` stays the active,
+    trainable adapter."""
+    import warnings
+
+    with warnings.catch_warnings():  # peft warns about a second adapter: here that is the point
+        warnings.filterwarnings("ignore", message=".*multiple adapters.*")
+        transformer.load_lora_adapter(str(folder), adapter_name=new_name, prefix="transformer",
+                                      weight_name="pytorch_lora_weights.safetensors", use_safetensors=True)
+    float32_adapters(transformer)
+    activate_adapter(transformer, restore)
+
+
 def activate_adapter(transformer: nn.Module, name: str) -> None:
     """Make `name` the only active adapter; its LoRA weights (only) are trainable when `name`
     is the training adapter, every other parameter stays frozen."""

@@ -202,6 +202,9 @@ def train_on_transitions(actor, rollout: Rollout, cfg, num_workers: int = 1, act
     if cfg.diffusion_loss.kl_coef > 0:
         with timer.phase("ref"):
             train.update(actor.score(train, "reference"))
+    if "teacher_means" in LOSSES.get(cfg.diffusion_loss.name).batch_keys:  # on-policy distillation
+        with timer.phase("teacher"):
+            train.update(actor.score(train, "teacher"))
     with timer.phase("update_actor"):
         actor_metrics = actor.update(train)
 
