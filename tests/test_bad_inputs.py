@@ -126,7 +126,7 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
      [*SHAPES, "diffusion_loss.name=distill_kl"], "algorithm.drop_zero_advantage"),
     ("a distillation teacher folder without a LoRA in it",
      [*SHAPES, "diffusion_loss.name=distill_kl", "algorithm.drop_zero_advantage=false",
-      "diffusion_loss.params.teacher={tmp}"], "diffusion_loss.params.teacher"),
+      "diffusion_loss.teacher={tmp}"], "diffusion_loss.teacher"),
     ("a diffusion loss's KL on a vision-language run (it was silently ignored)",
      [*VLM, "diffusion_loss.kl_coef=0.5"], "config field `diffusion_loss.kl_coef` = 0.5: is read by the diffusion"),
     ("a denoising step count on a vision-language run", [*VLM, "rollout.num_steps=4"], "`rollout.num_steps` = 4"),

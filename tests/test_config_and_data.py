@@ -34,10 +34,10 @@ def test_every_bundled_config_loads_and_validates(tmp_path):
             except ConfigError as err:  # a config for a real checkpoint names a folder this machine lacks
                 if "options.path" in str(err):  # ... a reward model's folder: a rule reward stands in
                     overrides = [*overrides, "reward.functions=[{name: jpeg_compressibility, weight: 1.0}]"]
-                elif "diffusion_loss.params.teacher" in str(err):  # ... a teacher LoRA's: an empty file stands in
+                elif "diffusion_loss.teacher" in str(err):  # ... a teacher LoRA's: an empty file stands in
                     (tmp_path / "teacher").mkdir(exist_ok=True)
                     (tmp_path / "teacher" / "pytorch_lora_weights.safetensors").write_bytes(b"")
-                    overrides = [*overrides, f"diffusion_loss.params.teacher={tmp_path / 'teacher'}"]
+                    overrides = [*overrides, f"diffusion_loss.teacher={tmp_path / 'teacher'}"]
                 else:
                     assert "`model.path`" in str(err) and "does not exist" in str(err), str(err)
                 load_config(name, [*overrides, f"model.path={tmp_path}"])

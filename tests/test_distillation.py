@@ -23,7 +23,9 @@ def test_distill_kl_by_hand(variance):
     """L = mean_B(mean_dims((mu - mu_t)^2) / (2 var)), var = (sigma_t sqrt(-dt))^2 (the step's
     sampled variance, Flow-Factory) or sigma_t^2 (verl-omni); dL/dmu = (mu - mu_t) / (B D var)."""
     loss_spec = get_loss("distill_kl")
-    options = loss_spec.bind(type("L", (), {"params": {"variance": variance}})())
+    from pixelrl.algos.config import DiffusionLossConfig
+
+    options = loss_spec.bind(DiffusionLossConfig(name="distill_kl", distill_variance=variance))
     step = _step()
     loss, metrics = loss_spec(step, options)
     loss_value = float(loss.detach())
@@ -40,7 +42,7 @@ def test_distill_kl_by_hand(variance):
     step = _step(1)
     step["step_mask"] = torch.tensor([1.5, 0.0, 1.5])
     loss, metrics = loss_spec(step, options)
-    per = [float(((step["mean"][i] - step["teacher_mean"][i]) ** 2).mean()) for i in range(3)]
+    per = [float(((step["mean"][i].detach() - step["teacher_mean"][i]) ** 2).mean()) for i in range(3)]
     var = (step["noise_std"] if variance == "transition" else step["std_dev_t"]).reshape(3) ** 2
     per = [p / (2 * float(v)) for p, v in zip(per, var)]
     assert float(loss.detach()) == pytest.approx((per[0] + per[2]) / 2, rel=1e-6)
@@ -61,34 +63,75 @@ def _teacher_folder(engine, folder, scale=0.3, seed=7):
     return state
 
 
-def test_the_teacher_lora_replays_the_students_states_frozen(tiny_sd3_path, tmp_path, make_engine):
-    """A teacher read from a LoRA folder scores the student's stored transitions exactly as an
-    engine whose own adapter holds those weights; it stays frozen, out of the trained parameters,
-    and the student's adapter stays the active one. teacher=base scores as the reference."""
+def _holding(engine, state):
+    """`engine` computing with the adapter weights `state` (peft names)."""
     from pixelrl.engine.checkpoint import peft_key
 
-    holder, _ = make_engine(tiny_sd3_path)
-    state = _teacher_folder(holder, tmp_path / "teacher")
-    with torch.no_grad():  # the holder now computes with the teacher's weights
-        for name, param in holder.model.transformer.named_parameters():
+    with torch.no_grad():
+        for name, param in engine.model.transformer.named_parameters():
             if param.requires_grad:
                 param.copy_(state[peft_key(name)])
-    batch = holder.rollout(["a red circle", "two blue squares"], [1, 2])
-    expected = holder.score(batch, "current")["old_means"]
+    return engine
 
-    student, _ = make_engine(tiny_sd3_path, diffusion_loss__name="distill_kl",
-                             diffusion_loss__params={"teacher": str(tmp_path / "teacher")},
-                             algorithm__drop_zero_advantage=False)
+
+def test_teacher_loras_replay_the_students_states_frozen_by_data_source(tiny_sd3_path, tmp_path, make_engine):
+    """Teachers read from LoRA folders score the student's stored transitions exactly as engines
+    whose own adapter holds those weights, each row under its data_source's teacher ("*" for the
+    rest); they stay frozen, out of the trained parameters, and the student's adapter stays the
+    active one. teacher=base scores as the reference."""
+    holder, _ = make_engine(tiny_sd3_path)
+    red = _teacher_folder(holder, tmp_path / "red_teacher", seed=7)
+    other = _teacher_folder(holder, tmp_path / "other_teacher", seed=8)
+    batch = holder.rollout(["a red circle", "two blue squares", "a red star"], [1, 2, 3])
+    batch["data_sources"] = ["red", "blue", "red"]
+    expected_red = _holding(holder, red).score(batch, "current")["old_means"]
+    expected_other = _holding(holder, other).score(batch, "current")["old_means"]
+
+    student, _ = make_engine(tiny_sd3_path, diffusion_loss__name="distill_kl", algorithm__drop_zero_advantage=False,
+                             diffusion_loss__teacher={"red": str(tmp_path / "red_teacher"),
+                                                      "*": str(tmp_path / "other_teacher")})
     teacher = student.score(batch, "teacher")["teacher_means"]
-    assert torch.allclose(teacher, expected, atol=1e-5)
-    assert not torch.allclose(student.score(batch, "current")["old_means"], expected, atol=1e-3)
+    assert torch.allclose(teacher[[0, 2]], expected_red[[0, 2]], atol=1e-5)
+    assert torch.allclose(teacher[1], expected_other[1], atol=1e-5)
+    assert not torch.allclose(teacher[1], expected_red[1], atol=1e-3)
+    assert not torch.allclose(student.score(batch, "current")["old_means"], teacher, atol=1e-3)
     trained = {id(p) for p in student.model.trainable_parameters()}
-    teacher_params = [p for n, p in student.model.transformer.named_parameters() if ".teacher." in n]
-    assert teacher_params and not any(p.requires_grad or id(p) in trained for p in teacher_params)
+    teacher_params = [p for n, p in student.model.transformer.named_parameters() if ".teacher_" in n]
+    assert len(teacher_params) == 2 * len(trained)  # two teachers' adapters, as large as the student's
+    assert not any(p.requires_grad or id(p) in trained for p in teacher_params)
     assert student.model.transformer.active_adapters() == ["default"]
 
     base, _ = make_engine(tiny_sd3_path, diffusion_loss__name="distill_kl", algorithm__drop_zero_advantage=False)
     assert torch.equal(base.score(batch, "teacher")["teacher_means"], base.score(batch, "reference")["ref_means"])
+
+
+def test_the_distillation_term_sits_beside_flow_grpo(tiny_sd3_path, tmp_path, make_engine):
+    """distill_coef x distill_kl added to the policy loss: a sub-step's loss is Flow-GRPO's plus
+    coef times the KL distill_kl computes, on the same batch and (identically seeded) weights."""
+    from pixelrl.algos import get_loss
+    from pixelrl.algos.config import DiffusionLossConfig
+
+    holder, _ = make_engine(tiny_sd3_path)
+    _teacher_folder(holder, tmp_path / "teacher")
+    losses, batch = {}, None
+    for coef in (0.5, 0.0):
+        engine, _ = make_engine(tiny_sd3_path, diffusion_loss__teacher=str(tmp_path / "teacher"),
+                                diffusion_loss__distill_coef=coef)
+        if batch is None:
+            batch = engine.rollout(["a red circle", "two blue squares"], [1, 2])
+            batch["advantages"] = torch.tensor([1.0, -1.0, 0.5, -0.5] * 2)[:len(batch)]
+            batch.update(engine.score(batch, "teacher"))
+        ctx = engine.objective.context(batch)
+        losses[coef] = engine.objective.substeps_loss(batch, [0], ctx)
+    (plain, plain_metrics), (with_term, metrics) = losses[0.0], losses[0.5]
+    assert "distill_kl" not in plain_metrics and float(metrics["distill_kl"]) > 0
+    distill = get_loss("distill_kl")
+    out = engine.step_outputs(batch, torch.zeros(len(batch), dtype=torch.long), ctx.settings)
+    step = {"mean": out.mean, "std_dev_t": out.std_dev_t, "noise_std": out.noise_std}
+    step["teacher_mean"] = batch["teacher_means"][:, 0]
+    expected, _ = distill(step, distill.bind(DiffusionLossConfig(name="distill_kl")))
+    assert float(metrics["distill_kl"]) == pytest.approx(float(expected.detach()), rel=1e-5)
+    assert float(with_term.detach()) == pytest.approx(float(plain.detach()) + 0.5 * float(expected.detach()), rel=1e-5)
 
 
 @pytest.mark.learning
@@ -99,7 +142,9 @@ def test_on_policy_distillation_pulls_the_student_onto_its_teacher(tiny_sd3_path
     holder, _ = make_engine(tiny_sd3_path)
     _teacher_folder(holder, tmp_path / "teacher", scale=0.5)
     code, run = train_cli(tmp_path, tiny_sd3_path, "diffusion_loss.name=distill_kl",
-                          f"diffusion_loss.params.teacher={tmp_path / 'teacher'}",
+                          # by data_source: flow_grpo_tiny's inline prompts are `inline`, the rest would get
+                          # the base, which the student starts at (a KL of 0: the rows' sources must travel)
+                          f"diffusion_loss.teacher={{inline: {tmp_path / 'teacher'}}}",
                           "algorithm.drop_zero_advantage=false", "trainer.total_training_steps=12",
                           "trainer.backend=local", "trainer.logger=[jsonl]", "actor.lr=3e-2")
     assert code == 0
@@ -116,13 +161,15 @@ def test_distillation_config_errors_name_the_field(tiny_sd3_path, tmp_path, make
     _teacher_folder(holder, tmp_path / "teacher")
     base = ["--", f"model.path={tiny_sd3_path}", "diffusion_loss.name=distill_kl", "algorithm.drop_zero_advantage=false",
             f"trainer.default_local_dir={tmp_path}"][1:]
-    load_config("flow_grpo_tiny", [*base, f"diffusion_loss.params.teacher={tmp_path / 'teacher'}"])
+    load_config("flow_grpo_tiny", [*base, f"diffusion_loss.teacher={tmp_path / 'teacher'}"])
     for overrides, field in (
             (["algorithm.drop_zero_advantage=true"], "algorithm.drop_zero_advantage"),
-            ([f"diffusion_loss.params.teacher={tmp_path}"], "diffusion_loss.params.teacher"),  # no LoRA file
-            ([f"diffusion_loss.params.teacher={tmp_path / 'teacher'}", "model.lora_rank=0"],
-             "diffusion_loss.params.teacher"),
-            (["diffusion_loss.params.variance=exact"], "diffusion_loss.params.variance")):
+            ([f"diffusion_loss.teacher={tmp_path}"], "diffusion_loss.teacher"),  # no LoRA file
+            ([f"diffusion_loss.teacher={tmp_path / 'teacher'}", "model.lora_rank=0"],
+             "diffusion_loss.teacher"),
+            (["diffusion_loss.distill_variance=exact"], "diffusion_loss.distill_variance"),
+            (["diffusion_loss.distill_coef=0.1"], "diffusion_loss.distill_coef"),  # distill_kl is the whole loss
+            (["diffusion_loss.teacher={red: ''}"], "diffusion_loss.teacher.red")):
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
             load_config("flow_grpo_tiny", [*base, *overrides])
 
@@ -139,20 +186,18 @@ def test_a_checkpoint_teacher_is_its_ema_adapter_and_must_share_the_base(tmp_pat
     for inner in ("actor/adapter", "actor/ema_adapter"):
         (step / inner).mkdir(parents=True)
         (step / inner / LORA_FILE).write_bytes(b"")
-    assert teacher_adapter_folder(SimpleNamespace(teacher=str(step))) == step / "actor" / "ema_adapter"
+    assert teacher_adapter_folder(str(step)) == step / "actor" / "ema_adapter"
     (step / "actor" / "ema_adapter" / LORA_FILE).unlink()
-    assert teacher_adapter_folder(SimpleNamespace(teacher=str(step))) == step / "actor" / "adapter"
-    assert teacher_adapter_folder(SimpleNamespace(teacher="base")) is None
+    assert teacher_adapter_folder(str(step)) == step / "actor" / "adapter"
+    assert teacher_adapter_folder("base") is None
     (step / "config.yaml").write_text(f"model:\n  path: {tmp_path / 'other_base'}\n")
     (tmp_path / "other_base").mkdir()
     (tmp_path / "this_base").mkdir()
-    cfg = SimpleNamespace(diffusion_loss=SimpleNamespace(name="distill_kl"),
-                          algorithm=SimpleNamespace(drop_zero_advantage=False),
-                          model=SimpleNamespace(lora_rank=8, path=str(tmp_path / "this_base")))
-    with pytest.raises(ConfigError, match=r"diffusion_loss\.params\.teacher.*other_base"):
-        _check_teacher(cfg, SimpleNamespace(teacher=str(step)))
+    cfg = SimpleNamespace(model=SimpleNamespace(lora_rank=8, path=str(tmp_path / "this_base")))
+    with pytest.raises(ConfigError, match=r"diffusion_loss\.teacher.*other_base"):
+        _check_teacher(cfg, "diffusion_loss.teacher", str(step))
     cfg.model.path = str(tmp_path / "other_base")
-    _check_teacher(cfg, SimpleNamespace(teacher=str(step)))
+    _check_teacher(cfg, "diffusion_loss.teacher", str(step))
 
 
 def test_resuming_with_another_teacher_is_refused(tmp_path):
@@ -160,10 +205,10 @@ def test_resuming_with_another_teacher_is_refused(tmp_path):
 
     folder = tmp_path / "global_step_2"
     folder.mkdir()
-    (folder / "config.yaml").write_text("diffusion_loss:\n  params:\n    teacher: /runs/a/global_step_9\n")
-    assert check_resume_config(folder, "diffusion_loss:\n  params:\n    teacher: /runs/a/global_step_9\n") == []
-    with pytest.raises(ConfigError, match=r"diffusion_loss\.params\.teacher"):
-        check_resume_config(folder, "diffusion_loss:\n  params:\n    teacher: base\n")
+    (folder / "config.yaml").write_text("diffusion_loss:\n  teacher: /runs/a/global_step_9\n")
+    assert check_resume_config(folder, "diffusion_loss:\n  teacher: /runs/a/global_step_9\n") == []
+    with pytest.raises(ConfigError, match=r"diffusion_loss\.teacher"):
+        check_resume_config(folder, "diffusion_loss:\n  teacher: base\n")
 
 
 def test_the_plan_counts_the_teachers_replay():
@@ -175,3 +220,10 @@ def test_the_plan_counts_the_teachers_replay():
     opd = compose_config("opd_sd35")
     assert (opd.diffusion_loss.kl_coef, step_work(opd, 8).no_grad_passes) == (0.0, 1)
     assert step_work(compose_config("flow_grpo_fast_sd35"), 8).no_grad_passes == 0
+
+
+def test_the_distillation_term_is_refused_beside_a_forward_process_loss(tmp_path):
+    from pixelrl.config import load_config
+
+    with pytest.raises(ConfigError, match=r"diffusion_loss\.distill_coef.*beside transition losses"):
+        load_config("shapes_nft", ["diffusion_loss.distill_coef=0.1", f"trainer.default_local_dir={tmp_path}"])

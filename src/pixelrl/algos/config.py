@@ -16,6 +16,15 @@ class DiffusionLossConfig:
     adv_clip_max: float = 5.0
     kl_coef: float = 0.0  # beta of the KL to the reference policy
     kl_type: str = "reference"  # reference | exact
+    # On-policy distillation toward a frozen teacher (docs/algorithms/opd.md), read by the
+    # `distill_kl` loss, or with distill_coef > 0 as a term beside another transition loss:
+    # `base` (the model with its adapters off), a folder holding a LoRA of the base, or
+    # {data_source: either, "*": the rest} to route each prompt's samples to its dataset's teacher
+    teacher: Any = "base"
+    # transition: divide by the variance the step samples with (the true KL, Flow-Factory);
+    # scheduler: by the scheduler's sigma_t^2 (verl-omni)
+    distill_variance: str = "transition"
+    distill_coef: float = 0.0  # > 0: + coef x distill_kl beside a transition loss (verl-omni's distill_loss_coef)
     # Options of the chosen loss only (its params dataclass in pixelrl.algos), e.g. flow_dppo: {tau: 1e-5}
     params: dict = field(default_factory=dict)
 
@@ -31,7 +40,18 @@ class DiffusionLossConfig:
         check_number("diffusion_loss.adv_clip_max", self.adv_clip_max, allow_inf=True)
         check_number("diffusion_loss.kl_coef", self.kl_coef, allow_zero=True)
         check_choice("diffusion_loss.kl_type", self.kl_type, KL_TYPES)
+        self._check_distillation()
         return bound
+
+    def _check_distillation(self) -> None:
+        from pixelrl.algos.distillation import DISTILL_VARIANCES, teacher_routes
+
+        check_choice("diffusion_loss.distill_variance", self.distill_variance, DISTILL_VARIANCES)
+        check_number("diffusion_loss.distill_coef", self.distill_coef, allow_zero=True)
+        teacher_routes(self.teacher)  # a string or a mapping of strings, each named
+        if self.distill_coef > 0 and self.name == "distill_kl":
+            raise ConfigError("diffusion_loss.distill_coef", self.distill_coef, "distill_kl is the whole loss already: "
+                              "set distill_coef=0, or name the policy loss it is to sit beside (e.g. flow_grpo)")
 
 
 # algorithm.trainer_type's names before 2026-11 -> the current ones (configs using them still run)

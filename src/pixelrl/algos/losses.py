@@ -28,7 +28,7 @@ LOSSES: Registry = Registry("loss", "diffusion_loss.name")
 REFERENCE_STEP_KEYS = frozenset({"v_ref", "ref_err_chosen", "ref_err_rejected"})
 OBJECTIVES = ("transition", "forward_process")
 # Fields of `diffusion_loss` every transition loss reads (the rest of a loss's options are its params).
-SHARED_FIELDS = ("clip_ratio", "adv_clip_max", "kl_coef", "kl_type")
+SHARED_FIELDS = ("clip_ratio", "adv_clip_max", "kl_coef", "kl_type", "teacher", "distill_variance", "distill_coef")
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,11 @@ class LossSpec:
         """Whether training under `options` needs the reference policy: the KL term, or a step key
         of the loss that a reference forward computes."""
         return options.kl_coef > 0 or bool(REFERENCE_STEP_KEYS.intersection(self.step_keys_needed(options)))
+
+    def reads_teacher(self, options) -> bool:
+        """Whether training under `options` replays each step under a distillation teacher: the
+        loss reads its means (distill_kl), or a distill_coef term sits beside it."""
+        return "teacher_mean" in self.step_keys or getattr(options, "distill_coef", 0) > 0
 
     def __call__(self, step: dict, cfg) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         require_keys(f"loss `{self.name}`", self.step_keys, step.keys())

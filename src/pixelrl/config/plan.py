@@ -214,7 +214,7 @@ def step_work(cfg: PixelRLConfig, gpus: int) -> Work:
         substeps = max(1, int(window * a.timestep_fraction)) if a.permute_timesteps \
             else min(window, max(1, int(r.num_steps * a.timestep_fraction)))
         # no-grad replays of the stored steps: the reference (KL) and a distillation teacher
-        passes = int(cfg.diffusion_loss.kl_coef > 0) + int("teacher_means" in loss.batch_keys)
+        passes = int(cfg.diffusion_loss.kl_coef > 0) + int(loss.reads_teacher(loss.bind(cfg.diffusion_loss)))
         per_substep, samples = branches, images
     else:  # forward process: no guidance in training, as the references
         bound = loss.bind(cfg.diffusion_loss)
@@ -337,7 +337,7 @@ def lora_parameters(cfg: PixelRLConfig, shape: Shape) -> float:
 # errors about things on the user's machine (folders, files) rather than the recipe: a plan made
 # elsewhere (a paper config naming /models/...) notes them and goes on
 MACHINE_FIELDS = ("model.path", "reward.functions", "data.train_files", "data.val_files", "trainer.default_local_dir",
-                  "vlm.ptx_files", "diffusion_loss.params.teacher")
+                  "vlm.ptx_files", "diffusion_loss.teacher")
 
 
 def check_recipe(cfg: PixelRLConfig) -> str:

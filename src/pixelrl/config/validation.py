@@ -150,8 +150,8 @@ def _check_loss_against_run(cfg: PixelRLConfig, bound) -> None:
         raise ConfigError("diffusion_loss.params.rollout_policy", "old", "the old policy is a second LoRA adapter, "
                           "which full fine-tuning (model.lora_rank=0) does not keep: sample with "
                           "rollout_policy=current or train a LoRA")
-    if "teacher_mean" in loss.step_keys:
-        _check_teacher(cfg, bound)
+    if loss.reads_teacher(bound):
+        _check_teachers(cfg, loss)
     estimator = ADVANTAGE_ESTIMATORS.get(cfg.algorithm.adv_estimator)
     reads_advantages = loss.objective == "forward_process" or "advantages" in loss.step_keys
     if getattr(estimator, "needs_groups", False) and r.n < 2 and reads_advantages:
@@ -159,25 +159,35 @@ def _check_loss_against_run(cfg: PixelRLConfig, bound) -> None:
                           "one prompt: use rollout.n >= 2 (the paper uses 24 for SD3.5)")
 
 
-def _check_teacher(cfg: PixelRLConfig, bound) -> None:
-    """On-policy distillation trains every sample toward its teacher, a LoRA of this very base
-    (or the base itself) that the folder named holds."""
+def _check_teachers(cfg: PixelRLConfig, loss) -> None:
+    """On-policy distillation pulls samples toward teachers, each a LoRA of this very base (or the
+    base itself) that the folder named holds; the whole loss trains every sample."""
+    from pixelrl.algos.distillation import teacher_routes
+
+    if loss.objective != "transition":
+        raise ConfigError("diffusion_loss.distill_coef", cfg.diffusion_loss.distill_coef, "the distillation term "
+                          "replays stored SDE transitions: it sits beside transition losses (flow_grpo, ...), not "
+                          f"`{loss.name}`: set distill_coef=0")
+    if "teacher_mean" in loss.step_keys and cfg.algorithm.drop_zero_advantage:
+        raise ConfigError("algorithm.drop_zero_advantage", True, f"{loss.name} trains every sample toward the "
+                          "teacher (no reward or advantage enters its loss): set algorithm.drop_zero_advantage=false")
+    routed = hasattr(cfg.diffusion_loss.teacher, "keys")
+    for source, spec in teacher_routes(cfg.diffusion_loss.teacher).items():
+        _check_teacher(cfg, f"diffusion_loss.teacher.{source}" if routed else "diffusion_loss.teacher", spec)
+
+
+def _check_teacher(cfg: PixelRLConfig, field: str, spec: str) -> None:
     from pixelrl.engine.checkpoint import LORA_FILE, teacher_adapter_folder
 
-    name = cfg.diffusion_loss.name
-    if cfg.algorithm.drop_zero_advantage:
-        raise ConfigError("algorithm.drop_zero_advantage", True, f"{name} trains every sample toward the teacher "
-                          "(no reward or advantage enters its loss): set algorithm.drop_zero_advantage=false")
-    folder = teacher_adapter_folder(bound)
+    folder = teacher_adapter_folder(spec)
     if folder is None:
         return
-    field = "diffusion_loss.params.teacher"
     if cfg.model.lora_rank == 0:
-        raise ConfigError(field, bound.teacher, "a teacher LoRA sits on the base model beside the student's adapter; "
-                          "full fine-tuning (model.lora_rank=0) moves that base: train the student as a LoRA, or "
-                          "distil from teacher=base")
+        raise ConfigError(field, spec, "a teacher LoRA sits on the base model beside the student's adapter; full "
+                          "fine-tuning (model.lora_rank=0) moves that base: train the student as a LoRA, or distil "
+                          "from teacher=base")
     if not (folder / LORA_FILE).is_file():
-        raise ConfigError(field, bound.teacher, f"no {LORA_FILE} there (nor in a checkpoint's actor/ema_adapter or "
+        raise ConfigError(field, spec, f"no {LORA_FILE} there (nor in a checkpoint's actor/ema_adapter or "
                           "actor/adapter): name an RL run's global_step_N folder, a `pixelrl export --adapter-only` "
                           "folder, or any diffusers LoRA folder of this model family")
     saved = next((p / "config.yaml" for p in folder.parents if (p / "config.yaml").is_file()
@@ -189,9 +199,9 @@ def _check_teacher(cfg: PixelRLConfig, bound) -> None:
 
         base = OmegaConf.select(OmegaConf.load(saved), "model.path")
         if base is not None and Path(resolve(str(base))).resolve() != Path(resolve(str(cfg.model.path))).resolve():
-            raise ConfigError(field, bound.teacher, f"that checkpoint's adapter was trained on model.path={base}, "
-                              f"this run's base is {cfg.model.path}: a teacher LoRA applies to the base it was "
-                              "trained on; point model.path at that base")
+            raise ConfigError(field, spec, f"that checkpoint's adapter was trained on model.path={base}, this run's "
+                              f"base is {cfg.model.path}: a teacher LoRA applies to the base it was trained on; "
+                              "point model.path at that base")
 
 
 def _check_offline_data(cfg: PixelRLConfig) -> None:

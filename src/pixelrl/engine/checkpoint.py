@@ -39,17 +39,17 @@ def _set_optimizer_state(engine, state: dict) -> None:
 LORA_FILE = "pytorch_lora_weights.safetensors"  # a LoRA in the family's diffusers layout
 
 
-def teacher_adapter_folder(loss_options) -> Path | None:
-    """The folder of on-policy distillation's teacher LoRA (`diffusion_loss.params.teacher`), or
-    None for the base model: a checkpoint (global_step_N) gives its actor's EMA adapter when it
+def teacher_adapter_folder(spec: str) -> Path | None:
+    """The folder of an on-policy distillation teacher's LoRA (a `diffusion_loss.teacher` entry),
+    or None for the base model: a checkpoint (global_step_N) gives its actor's EMA adapter when it
     kept one (the weights its validation scored), else its actor's adapter; any other folder is
     taken as it is (checked at start-up to hold the LoRA file)."""
     from pixelrl.algos.distillation import BASE_TEACHER
     from pixelrl.core.assets import resolve
 
-    if loss_options.teacher == BASE_TEACHER:
+    if spec == BASE_TEACHER:
         return None
-    folder = Path(resolve(str(loss_options.teacher), "diffusion_loss.params.teacher"))
+    folder = Path(resolve(str(spec), "diffusion_loss.teacher"))
     for inner in ("actor/ema_adapter", "actor/adapter"):
         if (folder / inner / LORA_FILE).is_file():
             return folder / inner

@@ -26,6 +26,7 @@ import torch
 
 from pixelrl.algos.forward_process import (SHARED_TIMESTEP_SAMPLERS, draw_timesteps, flow_matching_error,
                                            rollout_policy)
+from pixelrl.algos.distillation import distill_term
 from pixelrl.algos.kl import KL_BATCH_KEYS, step_kl_to_reference
 from pixelrl.algos.losses import REFERENCE_STEP_KEYS, kept_mean, require_keys
 from pixelrl.core.batch import Batch
@@ -149,6 +150,9 @@ class TransitionObjective:
             kl, kl_metrics = step_kl_to_reference(inputs, lcfg.kl_type)
             loss = loss + lcfg.kl_coef * kl
             metrics.update(kl_metrics)
+        if lcfg.distill_coef > 0:  # on-policy distillation beside the policy loss
+            term, metrics["distill_kl"] = distill_term(inputs, lcfg.distill_variance)
+            loss = loss + lcfg.distill_coef * term
         # How far the training forward is from the rollout's log-prob (same weights when on-policy).
         if ctx.on_policy:
             metrics["rollout_logp_abs_diff"] = kept_mean((out.log_prob.detach() - rollout_lp).abs(),

@@ -22,6 +22,7 @@ from pixelrl.core.batch import Batch
 from pixelrl.engine.config import EngineConfig, actor_optimizer_steps
 from pixelrl.core.errors import ConfigError
 from pixelrl.models.base import DiffusionModel
+from pixelrl.algos.distillation import teacher_routes
 from pixelrl.algos.forward_process import old_policy_decay, rollout_policy
 from pixelrl.models.lora import (adapter_active, adapters_disabled, add_adapter_copy, add_adapter_from_folder, add_lora,
                                  blend_adapter)
@@ -29,7 +30,7 @@ from pixelrl.sampling.rollout import SamplingSettings, rollout, step_with_log_pr
 from pixelrl.sampling.schedule import schedule_sigmas
 from pixelrl.sampling.windows import Window, full_window
 
-POLICIES = ("current", "old", "reference", "ema", "teacher")
+POLICIES = ("current", "old", "reference", "ema")
 
 
 class PolicyEngine:
@@ -74,11 +75,17 @@ class PolicyEngine:
                 # full fine-tuning keeps a frozen copy as the reference, taken now: a copy taken at
                 # its first use would hold a resumed checkpoint's weights, not the base model's
                 self._frozen_reference = self._reference_copy()
-        # on-policy distillation's teacher: a frozen LoRA read from its folder, or (`base`) the
-        # model with its adapters off, as the reference
-        self.teacher_folder = teacher_adapter_folder(self.loss_options) if "teacher_mean" in self.loss.step_keys else None
-        if self.teacher_folder is not None:
-            add_adapter_from_folder(model.transformer, "teacher", self.teacher_folder)
+        # on-policy distillation's teachers, by data_source: each a frozen LoRA read from its
+        # folder (adapter teacher_<i>), or None for `base` (the model with its adapters off)
+        self.teacher_of_source: dict[str, str | None] = {}
+        if self.loss.reads_teacher(self.loss_options):
+            adapters: dict = {}
+            for source, spec in teacher_routes(self.loss_options.teacher).items():
+                folder = teacher_adapter_folder(spec)
+                if folder is not None and folder not in adapters:
+                    adapters[folder] = f"teacher_{len(adapters)}"
+                    add_adapter_from_folder(model.transformer, adapters[folder], folder)
+                self.teacher_of_source[source] = adapters.get(folder)
         if mcfg.gradient_checkpointing:
             model.transformer.enable_gradient_checkpointing()
         if not model.trainable_parameters():
@@ -202,9 +209,9 @@ class PolicyEngine:
         is the current one before this step's update); `reference` is the base model: LoRA
         adapters disabled, or the frozen copy kept for full fine-tuning; `ema` is the EMA of the
         trained weights (actor.ema_decay), or the current weights when the engine keeps none;
-        `teacher` is on-policy distillation's frozen teacher adapter, or the reference for `base`.
+        `teacher_<i>` is an on-policy distillation teacher's frozen adapter.
         """
-        if which not in POLICIES:
+        if which not in POLICIES and which not in self.teacher_of_source.values():
             raise ValueError(f"policy must be one of {POLICIES}, got {which!r}")
         outer, self._computing = self._computing, which
         try:
@@ -223,13 +230,13 @@ class PolicyEngine:
         if which == "old" and self.has_old_adapter:
             with adapter_active(self.model.transformer, "old"):
                 yield
-        elif which == "teacher" and self.teacher_folder is not None:
-            with adapter_active(self.model.transformer, "teacher"):
+        elif which.startswith("teacher_"):
+            with adapter_active(self.model.transformer, which):
                 yield
         elif which == "ema" and self.weights_ema is not None:
             with self.weights_ema.swapped_in():
                 yield
-        elif which not in ("reference", "teacher"):
+        elif which != "reference":
             yield
         elif self.use_lora:
             with adapters_disabled(self.model.transformer):
@@ -269,19 +276,46 @@ class PolicyEngine:
         require_keys(f"score({policy})", ("latents", "sigmas", "sigmas_next", "prompts"), batch.keys())
         settings = SamplingSettings(**batch.info["sampling"])
         self.model.transformer.eval()
-        log_probs, means = [], []
+        if policy == "teacher":
+            return self._score_by_teacher(batch, settings)
         with self.policy(policy):
-            for micro in batch.split(max(1, self.cfg.actor.ppo_micro_batch_size)):
-                lp, mu = [], []
-                for steps in step_groups(micro["sigmas"].shape[1], self.cfg.actor.window_steps_per_forward):
-                    wide, step = side_by_side(micro, [torch.full((len(micro),), s) for s in steps])
-                    out = self.step_outputs(wide, step, settings)
-                    lp.extend(out.log_prob.cpu().split(len(micro)))  # back to one chunk per step
-                    mu.extend(out.mean.cpu().split(len(micro)))
-                log_probs.append(torch.stack(lp, 1))
-                means.append(torch.stack(mu, 1))
-        prefix = {"reference": "ref", "teacher": "teacher"}.get(policy, "old")
-        return Batch({f"{prefix}_log_probs": torch.cat(log_probs), f"{prefix}_means": torch.cat(means)})
+            log_probs, means = self._replay(batch, settings)
+        prefix = "ref" if policy == "reference" else "old"
+        return Batch({f"{prefix}_log_probs": log_probs, f"{prefix}_means": means})
+
+    def _replay(self, batch: Batch, settings: SamplingSettings) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs [B, W] and step means of every stored step under the weights in use."""
+        log_probs, means = [], []
+        for micro in batch.split(max(1, self.cfg.actor.ppo_micro_batch_size)):
+            lp, mu = [], []
+            for steps in step_groups(micro["sigmas"].shape[1], self.cfg.actor.window_steps_per_forward):
+                wide, step = side_by_side(micro, [torch.full((len(micro),), s) for s in steps])
+                out = self.step_outputs(wide, step, settings)
+                lp.extend(out.log_prob.cpu().split(len(micro)))  # back to one chunk per step
+                mu.extend(out.mean.cpu().split(len(micro)))
+            log_probs.append(torch.stack(lp, 1))
+            means.append(torch.stack(mu, 1))
+        return torch.cat(log_probs), torch.cat(means)
+
+    def _score_by_teacher(self, batch: Batch, settings: SamplingSettings) -> Batch:
+        """Each row replayed under its data_source's teacher (`*`'s for a source not named, and
+        for a batch without sources); the base teacher is the reference."""
+        routes = self.teacher_of_source
+        if not routes:
+            raise ValueError("this engine has no distillation teacher: its loss is not distill_kl and "
+                             "diffusion_loss.distill_coef is 0")
+        sources = batch["data_sources"] if "data_sources" in batch else ["*"] * len(batch)
+        teachers = [routes.get(source, routes["*"]) for source in sources]
+        log_probs = means = None
+        for teacher in dict.fromkeys(teachers):
+            rows = torch.tensor([i for i, t in enumerate(teachers) if t == teacher])
+            with self.policy(teacher or "reference"):
+                lp, mu = self._replay(batch.select(rows), settings)
+            if log_probs is None:
+                log_probs = lp.new_zeros((len(batch), *lp.shape[1:]))
+                means = mu.new_zeros((len(batch), *mu.shape[1:]))
+            log_probs[rows], means[rows] = lp, mu
+        return Batch({"teacher_log_probs": log_probs, "teacher_means": means})
 
     @torch.no_grad()
     def encode(self, batch: Batch) -> Batch:

@@ -292,7 +292,8 @@ class DiffusionTrainer:
                         rollout = ahead.rollout_for(step, total)
                     else:
                         rows = next_rows()
-                        rollout = make_rollout(self.actor, self.rewards, rows["prompts"], rows["metadata"], step, cfg)
+                        rollout = make_rollout(self.actor, self.rewards, rows["prompts"], rows["metadata"], step, cfg,
+                                               data_sources=rows["data_sources"])
                 except RewardError as err:
                     reward_errors.failed(step, err)  # raises unless the step is to be skipped
                     rollout = None

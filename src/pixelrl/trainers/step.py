@@ -40,10 +40,13 @@ def step_seed(rollout_seed: int, global_step: int) -> int:
     return rollout_seed + global_step - 1
 
 
-def expand_prompts(prompts: list[str], metadata: list[dict], n: int, seed: int, uids=None) -> Batch:
-    """Give each prompt a uid, repeat it n times (groups stay contiguous), seed each sample."""
+def expand_prompts(prompts: list[str], metadata: list[dict], n: int, seed: int, uids=None,
+                   data_sources: list[str] | None = None) -> Batch:
+    """Give each prompt a uid, repeat it n times (groups stay contiguous), seed each sample; with
+    `data_sources`, each sample keeps its row's (a distillation teacher is chosen by it)."""
     uids = uids or [uuid.uuid4().hex for _ in prompts]
-    base = Batch(values={"prompts": list(prompts), "metadata": list(metadata), "uids": list(uids)})
+    base = Batch(values={"prompts": list(prompts), "metadata": list(metadata), "uids": list(uids),
+                         **({"data_sources": list(data_sources)} if data_sources is not None else {})})
     batch = base.repeat_interleave(n)
     batch["seeds"] = [seed * SEED_STRIDE + i for i in range(len(batch))]
     return batch
@@ -114,13 +117,14 @@ def sampling_policy(cfg) -> str:
     return rollout_policy(LOSSES.get(cfg.diffusion_loss.name).bind(cfg.diffusion_loss))
 
 
-def plan_rollout(prompts: list[str], metadata: list[dict], global_step: int, cfg, uids=None) -> tuple[Batch, Window]:
+def plan_rollout(prompts: list[str], metadata: list[dict], global_step: int, cfg, uids=None,
+                 data_sources: list[str] | None = None) -> tuple[Batch, Window]:
     """What step `global_step` samples: prompts with uids repeated n times, per-sample seeds (and
     DanceGRPO's shared group noise seeds), and the SDE window. A deterministic sampler
     (noise_level 0) or a multistep solver stores no transition, so its window is empty."""
     r = cfg.rollout
     seed = step_seed(r.seed, global_step)
-    request = expand_prompts(prompts, metadata, r.n, seed, uids)
+    request = expand_prompts(prompts, metadata, r.n, seed, uids, data_sources)
     if r.same_noise_per_group:
         request["noise_seeds"] = group_noise_seeds(request["seeds"], r.n)
     if not stores_transitions(r.noise_level, r.solver):
@@ -132,7 +136,7 @@ def plan_rollout(prompts: list[str], metadata: list[dict], global_step: int, cfg
 def finish_rollout(step: int, request: Batch, window: Window, batch: Batch, scores: dict, cfg,
                    seconds: dict[str, float], weights_step: int) -> Rollout:
     """Attach the request's metadata and uids and the rewards to a sampled batch; advantages."""
-    batch.update(Batch(values={"metadata": request["metadata"], "uids": request["uids"]}))
+    batch.update(Batch(values={key: request[key] for key in ("metadata", "uids", "data_sources") if key in request}))
     start = time.perf_counter()
     batch["rewards"] = scores["overall"]
     batch["advantages"] = aggregate_advantages(scores, batch["uids"], cfg)
@@ -141,10 +145,10 @@ def finish_rollout(step: int, request: Batch, window: Window, batch: Batch, scor
 
 
 def make_rollout(actor, reward_fn, prompts: list[str], metadata: list[dict], global_step: int, cfg,
-                 uids=None) -> Rollout:
+                 uids=None, data_sources: list[str] | None = None) -> Rollout:
     """The synchronous producer: sample with the actor's current weights, score, advantages."""
     timer = PhaseTimer()
-    request, window = plan_rollout(prompts, metadata, global_step, cfg, uids)
+    request, window = plan_rollout(prompts, metadata, global_step, cfg, uids, data_sources)
     with timer.phase("gen"):
         batch = actor.rollout(request["prompts"], request["seeds"], window=window,
                               noise_seeds=request.get("noise_seeds"), policy=sampling_policy(cfg))
@@ -202,7 +206,8 @@ def train_on_transitions(actor, rollout: Rollout, cfg, num_workers: int = 1, act
     if cfg.diffusion_loss.kl_coef > 0:
         with timer.phase("ref"):
             train.update(actor.score(train, "reference"))
-    if "teacher_means" in LOSSES.get(cfg.diffusion_loss.name).batch_keys:  # on-policy distillation
+    loss = LOSSES.get(cfg.diffusion_loss.name)
+    if loss.reads_teacher(loss.bind(cfg.diffusion_loss)):  # on-policy distillation
         with timer.phase("teacher"):
             train.update(actor.score(train, "teacher"))
     with timer.phase("update_actor"):
