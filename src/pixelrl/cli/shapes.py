@@ -39,10 +39,12 @@ def cmd_eval(args) -> int:
     items = evaluation_items(args.split, per_category=args.per_category or 64, seed=args.seed)
     baseline = _read_baseline(args.baseline, items) if args.baseline else None  # before the model loads
     model = load_for_eval(args.model, args.checkpoint)
-    result = evaluate_geneval(model, items, num_steps=args.steps, guidance_scale=args.cfg)
+    sampling = sampling_options(args, model)
+    if baseline is not None:
+        _check_baseline_sampling(args.baseline, baseline, sampling)
+    result = evaluate_geneval(model, items, **sampling)
     result["diversity"] = diversity(result.pop("images"), items)
-    result.update(split=args.split, num_steps=args.steps, guidance_scale=args.cfg,
-                  model=args.checkpoint or args.model or "builtin:shapes")
+    result.update(split=args.split, **sampling, model=args.checkpoint or args.model or "builtin:shapes")
     for score in ("strict", "exact"):
         result[f"{score}_interval"] = bootstrap_overall(result["items"], score)
         print(format_table(result, Path(result["model"]).name, score))
@@ -66,6 +68,51 @@ def cmd_eval(args) -> int:
         result["paired"] = {"baseline": args.baseline, "strict_gain_interval": report["strict_gain_interval"],
                             "exact_gain_interval": report["exact_gain_interval"]}
     return _write_result(result, args.out)
+
+
+FOLDER_STEPS, FOLDER_GUIDANCE = 10, 4.0  # a model folder's defaults (the shipped model card's figures)
+
+
+def sampling_options(args, model) -> dict:
+    """How `generate` and `eval` sample: --resolution, --steps and --cfg when given; else, for a
+    --checkpoint, what its run validated with (rollout.resolution, val_kwargs.num_steps, the
+    validation guidance, rollout.negative_prompt); else the model's own size (its pipeline's
+    default) with 10 steps and guidance 4.0. Prints one line saying what it uses and whence."""
+    from pixelrl.core.errors import ConfigError
+
+    if args.checkpoint:
+        from pixelrl.config.sections import from_yaml_text, validation_guidance
+
+        run = from_yaml_text((Path(args.checkpoint) / "config.yaml").read_text())
+        given = {"resolution": run.rollout.resolution, "num_steps": run.val_kwargs.num_steps,
+                 "guidance_scale": validation_guidance(run)}
+        source = "the checkpoint's run validated with"
+        negative = run.rollout.negative_prompt
+    else:
+        given = {"resolution": model.default_resolution(), "num_steps": FOLDER_STEPS, "guidance_scale": FOLDER_GUIDANCE}
+        source = "the model folder's defaults"
+        negative = ""
+    flags = {"resolution": args.resolution, "num_steps": args.steps, "guidance_scale": args.cfg}
+    chosen = {key: given[key] if flags[key] is None else flags[key] for key in flags}
+    if chosen["resolution"] is None:
+        raise ConfigError("--resolution", None, "this model's pipeline has no single default size (a video "
+                          "family): pass --resolution")
+    overridden = [flag for flag, key in (("--resolution", "resolution"), ("--steps", "num_steps"),
+                                         ("--cfg", "guidance_scale")) if flags[key] is not None]
+    print(f"sampling at {chosen['resolution']} px, {chosen['num_steps']} steps, guidance {chosen['guidance_scale']:g}"
+          f" ({source}" + (f"; {', '.join(overridden)} as given" if overridden else "") + ")")
+    return {**chosen, "negative_prompt": negative}
+
+
+def _check_baseline_sampling(path: str, baseline: dict, sampling: dict) -> None:
+    """Paired gains compare like with like: the baseline sampled as this evaluation does."""
+    from pixelrl.core.errors import ConfigError
+
+    for key, flag in (("num_steps", "--steps"), ("guidance_scale", "--cfg"), ("resolution", "--resolution")):
+        if key in baseline and baseline[key] != sampling[key]:
+            raise ConfigError("--baseline", path, f"it was sampled with {key} = {baseline[key]}, this evaluation "
+                              f"samples with {sampling[key]}: pass {flag} {baseline[key]}, or evaluate the baseline "
+                              "again as this model samples")
 
 
 def _read_baseline(path: str, items: list[dict]) -> dict:
@@ -114,7 +161,8 @@ def _eval_text(args) -> int:
     model_path = args.model or (None if args.checkpoint else "builtin:shapes_text")
     model = load_for_eval(model_path, args.checkpoint)
     items = shapes_text.evaluation_items(args.split, per_word=args.per_category, seed=args.seed)
-    result = evaluate_text(model, items, num_steps=args.steps, guidance_scale=args.cfg)
+    sampling = sampling_options(args, model)
+    result = evaluate_text(model, items, **sampling)
     result.pop("images")
     name = Path(args.checkpoint).name if args.checkpoint else model_path
     cells = []
@@ -124,7 +172,7 @@ def _eval_text(args) -> int:
     print("| model | ocr | exactly readable |\n|---|---|---|\n" + f"| {name} | " + " | ".join(cells) + " |")
     print(f"{len(items)} images ({len(items) // len(shapes_text.WORDS)} per word, {args.split} split); "
           "[a, b]: 95% bootstrap interval over items")
-    result.update(split=args.split, num_steps=args.steps, guidance_scale=args.cfg, model=name)
+    result.update(split=args.split, **sampling, model=name)
     return _write_result(result, args.out)
 
 
@@ -137,8 +185,8 @@ def cmd_generate(args) -> int:
 
     check_output_file(args.out, "--out", image_suffixes())
     model = load_for_eval(args.model, args.checkpoint)
-    images = generate(model, [args.prompt] * args.n, list(range(args.seed, args.seed + args.n)),
-                      num_steps=args.steps, guidance_scale=args.cfg)
+    sampling = sampling_options(args, model)
+    images = generate(model, [args.prompt] * args.n, list(range(args.seed, args.seed + args.n)), **sampling)
     grid = image_grid(images.numpy(), ncols=min(8, args.n), scale=4)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(grid).save(args.out)
@@ -208,8 +256,13 @@ def add_parsers(sub) -> None:
         p.add_argument("--model", default=None,
                        help="pipeline folder (default: builtin:shapes, with --task text builtin:shapes_text)")
         p.add_argument("--checkpoint", default=None, help="a global_step_N folder of a training run")
-        p.add_argument("--steps", type=positive_int, default=10)
-        p.add_argument("--cfg", type=non_negative_float, default=4.0, help="guidance scale")
+        p.add_argument("--resolution", type=positive_int, default=None,
+                       help="image side in pixels (default: what the checkpoint's run validated at, else the "
+                            "model's own size)")
+        p.add_argument("--steps", type=positive_int, default=None,
+                       help=f"denoising steps (default: the checkpoint's validation steps, else {FOLDER_STEPS})")
+        p.add_argument("--cfg", type=non_negative_float, default=None,
+                       help=f"guidance scale (default: the checkpoint's validation guidance, else {FOLDER_GUIDANCE:g})")
         p.add_argument("--seed", type=non_negative_int, default=0)
         if name == "eval":
             p.add_argument("--split", default="test", choices=["train", "val", "test"])

@@ -183,6 +183,13 @@ class DiffusionModel(ABC):
         """Image tokens the denoiser sees at this resolution (resolution-dependent shifting)."""
         raise NotImplementedError(f"{type(self).__name__} does not define image_seq_len")
 
+    def default_resolution(self) -> int | None:
+        """The image side the family's diffusers pipeline samples at when given none (its
+        `default_sample_size` latents x the VAE's scale); None when the pipeline has no single one."""
+        size = getattr(getattr(self, "pipeline", None), "default_sample_size", None)
+        scale = getattr(self, "vae_scale", None)
+        return int(size) * int(scale) if size and scale else None
+
     def sigmas(self, num_steps: int, height: int, width: int) -> torch.Tensor:
         """The N + 1 sigmas the family's own scheduler uses at this resolution."""
         seq_len = self.image_seq_len(height, width) if getattr(self.scheduler.config, "use_dynamic_shifting",

@@ -373,6 +373,7 @@ def load_for_eval(model_path: str | None = None, checkpoint: str | None = None):
             raise ConfigError("--checkpoint", str(checkpoint), f"{where}: give a global_step_N folder of a training "
                               "run (RUN/checkpoints/global_step_N, holding config.yaml and actor/)")
     cfg = from_yaml_text((folder / "config.yaml").read_text())
+    cfg.diffusion_loss.teacher = "base"  # the student alone: evaluation replays no distillation teacher
     _check_same_base(cfg.model.path, model_path)
     model = load_configured_model(cfg.model, model_path)
     engine = PolicyEngine(model, cfg)
