@@ -5,9 +5,9 @@ BIN := $(VENV)/bin
 
 .PHONY: demo test bench clean
 
-$(BIN)/pixelrl: pyproject.toml
+$(BIN)/pixelrl: pyproject.toml requirements/cpu.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test,ocr]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -c requirements/cpu.txt -e '.[test,ocr]'
 	touch $(BIN)/pixelrl
 
 demo: $(BIN)/pixelrl
