@@ -268,7 +268,9 @@ def test_diffusion_nft_moves_the_reward_on_each_family(request, family):
 @pytest.mark.parametrize("family", ["flux", "wan"])
 def test_generate_from_a_model_folder_picks_its_family_and_defaults(request, tmp_path, family):
     """`pixelrl generate --model DIR` reads the family from the folder's model_index.json and loads it
-    with that family's defaults (FLUX needs T5 tokens; Wan samples videos, shown by a frame)."""
+    with that family's defaults (FLUX needs T5 tokens; Wan samples videos, shown by a frame). The
+    size is the flag's here: a tiny folder's pipeline default is its family's (FLUX: 128 latents x
+    the tiny VAE's 2 = 256 px), and Wan's pipeline has no single one."""
     from PIL import Image
 
     from pixelrl.cli import main
@@ -276,5 +278,5 @@ def test_generate_from_a_model_folder_picks_its_family_and_defaults(request, tmp
     out = tmp_path / "grid.png"
     path = request.getfixturevalue(FAMILIES[family][0])
     assert main(["generate", "--model", str(path), "--prompt", "a cat", "--n", "2", "--steps", "2",
-                 "--out", str(out)]) == 0
+                 "--resolution", "32", "--out", str(out)]) == 0
     assert Image.open(out).size[0] == 2 * 32 * 4  # two 32 px samples side by side at scale 4
