@@ -225,7 +225,12 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
                                                     "trainer.test_freq=10", "data.val_files=[]"],
      "trainer.best_metric"),
     # names and combinations
-    ("misspelled key", [*SHAPES, "actor.lrr=1e-4"], "actor.lrr"),
+    ("misspelled key", [*SHAPES, "actor.lrr=1e-4"], "did you mean `lr`?"),
+    ("a config file path that does not exist", ["train", "--config-name", "{tmp}/my_recipe.yaml"],
+     "that YAML file does not exist"),
+    ("a run name that is a path (it would put the run outside default_local_dir)",
+     [*SHAPES, "trainer.experiment_name=/elsewhere/run"], "trainer.experiment_name"),
+    ("a model path that is a file", [*SHAPES, "model.path={file}"], "is a file, not a folder"),
     ("unknown strategy", [*SHAPES, "trainer.strategy=zero3"], "trainer.strategy"),
     ("unknown backend", [*SHAPES, "trainer.backend=slurm"], "trainer.backend"),
     ("unknown training mode", [*SHAPES, "trainer.mode=fast"], "trainer.mode"),

@@ -37,6 +37,20 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def cmd_config(args) -> int:
+    """The resolved config as YAML (defaults, the config chain and the overrides merged), then
+    whether it validates on this machine: one error naming the field, as `train` would stop."""
+    from pixelrl.config.validation import compose_config, validate
+    from pixelrl.core.config_io import saved_yaml
+
+    cfg = compose_config(args.config_name, args.overrides)
+    print(saved_yaml(cfg), end="")
+    validate(cfg)  # a ConfigError here is printed by main() with exit code 2
+    print(f"# valid on this machine: pixelrl train --config-name {args.config_name or '<defaults>'} "
+          + " ".join(args.overrides))
+    return 0
+
+
 def cmd_plot(args) -> int:
     from pixelrl.core.errors import ConfigError
     from pixelrl.trainers.tracking import plot_metrics
@@ -178,6 +192,11 @@ def add_parsers(sub) -> None:
     train.add_argument("--config-name", default=None, help="a config in configs/ or a YAML path")
     train.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rollout.n=8")
     train.set_defaults(func=cmd_train)
+    config = sub.add_parser("config", help="print the resolved config (defaults, config and overrides merged) and "
+                            "check it, without starting a run")
+    config.add_argument("--config-name", default=None, help="a config in configs/ or a YAML path")
+    config.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rollout.n=8")
+    config.set_defaults(func=cmd_config)
     plan = sub.add_parser("plan", help="fit a recipe to your GPUs: micro-batches and checkpointing from an estimate "
                           "of memory and step time, the algorithm's batch sizes kept")
     plan.add_argument("--config-name", default=None, help="a config in configs/ or a YAML path")

@@ -99,6 +99,12 @@ class RunConfig:
             if value < -1:
                 raise ConfigError(f"trainer.{name}", value, "steps between saves / validations: a positive number, "
                                   "0 (only at the last step) or -1 (never)")
+        for name in ("project_name", "experiment_name"):  # one folder each, inside default_local_dir
+            value = getattr(self, name)
+            if not value or value in (".", "..") or "/" in value or "\\" in value:
+                raise ConfigError(f"trainer.{name}", value, "one folder name (no slashes): the run folder is "
+                                  "<trainer.default_local_dir>/<project_name>/<experiment_name>; set "
+                                  "trainer.default_local_dir to put it elsewhere")
         check_choice("trainer.strategy", self.strategy, ("ddp", "fsdp2"))
         self._check_backend()
         self._check_best_metric()

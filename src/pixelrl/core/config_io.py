@@ -24,6 +24,10 @@ def config_path(name: str) -> Path:
     bundled = CONFIG_DIR / (name if name.endswith(".yaml") else f"{name}.yaml")
     if bundled.is_file():
         return bundled
+    if candidate.suffix in (".yaml", ".yml") or len(candidate.parts) > 1:  # meant as a file
+        where = "is a folder" if candidate.is_dir() else "does not exist"
+        raise ConfigError("--config-name", name, f"that YAML file {where} (relative to {Path.cwd()}): check the "
+                          "path, or name a bundled config (`pixelrl config --config-name NAME` shows one)")
     known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
     raise ConfigError("--config-name", name, f"no such config; use a YAML path or one of {known}")
 
@@ -148,11 +152,21 @@ def build_config(schema: type, layers: list):
             parent = field.rsplit(".", 1)[0] if "." in field else ""
             node = OmegaConf.select(structured, parent) if parent else structured
             known = sorted(node.keys()) if hasattr(node, "keys") else []
-            raise ConfigError(field, None, f"unknown key; known keys here: {known}") from None
+            raise ConfigError(field, layered_value(layers, field, None),
+                              f"unknown key{_did_you_mean(field.rsplit('.', 1)[-1], known)}; known keys here: "
+                              f"{known}") from None
         raise ConfigError(field, getattr(err, "value", None), first_line) from None
     # the run's workers get these values; files and trackers get the interpolation text (saved_yaml)
     cfg._from_environment = from_environment
     return cfg
+
+
+def _did_you_mean(key: str, known: list[str]) -> str:
+    """`, did you mean `lr`?` for a key one or two edits from a known one (else "")."""
+    import difflib
+
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+    return f", did you mean `{close[0]}`?" if close else ""
 
 
 def layered_value(layers: list, key: str, default):

@@ -77,8 +77,10 @@ class ModelConfig(ModelFolderConfig):
         from pixelrl.models.loader import check_model_type, declared_options
 
         if not Path(resolve(str(self.path))).is_dir():
-            raise ConfigError("model.path", self.path, "the folder does not exist: set model.path to a local diffusers "
-                              "pipeline folder (or builtin:shapes; `pixelrl build-tiny DIR` makes a tiny random one)")
+            what = "is a file, not a folder" if Path(resolve(str(self.path))).is_file() else "the folder does not exist"
+            raise ConfigError("model.path", self.path, f"{what}: set model.path to a local diffusers pipeline folder "
+                              "(the one holding model_index.json; or builtin:shapes; `pixelrl build-tiny DIR` makes a "
+                              "tiny random one)")
         check_model_type(self.type, self.path)
         for option, value in declared_options(self.path).items():
             if getattr(self, option) != value:
