@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pixelrl: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("pixelrl: interrupted; the last complete checkpoint is intact", file=sys.stderr)
+        print("pixelrl: interrupted", file=sys.stderr)  # `train` says what its run folder kept
         return 130
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -15,7 +16,14 @@ def cmd_train(args) -> int:
     from pixelrl.trainers.restarts import fit_with_restarts
 
     cfg = load_config(args.config_name, args.overrides)
-    result = fit_with_restarts(cfg)
+    try:
+        result = fit_with_restarts(cfg)
+    except KeyboardInterrupt:
+        from pixelrl.trainers.run_folder import interruption_summary, run_dir_of
+
+        print(f"pixelrl: interrupted; {interruption_summary(run_dir_of(cfg), cfg.trainer.save_freq)}",
+              file=sys.stderr)
+        return 130
     history = result["history"]
     if not history:
         print("done: no steps left to train (the latest checkpoint is at trainer.total_training_steps)")

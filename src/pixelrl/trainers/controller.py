@@ -33,7 +33,8 @@ from pixelrl.trainers.ahead import AheadProducer
 from pixelrl.trainers.checkpointing import (BestCheckpoint, check_resume_config, find_resume_folder, load_rollouts,
                                            load_trainer_state, save_checkpoint)
 from pixelrl.trainers.forward_process import offline_preference_step, train_on_forward_process
-from pixelrl.trainers.run_folder import RunFolderLock, refuse_fresh_start_over_checkpoints, run_dir_of, with_run_folder
+from pixelrl.trainers.run_folder import (RunFolderLock, refuse_fresh_start_over_checkpoints, run_dir_of,
+                                         start_over_notice, with_run_folder)
 from pixelrl.trainers.schedule import Schedule, validation_or_error
 from pixelrl.trainers.step import make_rollout, train_on_transitions
 from pixelrl.trainers.tracking import Tracker, image_grid
@@ -231,6 +232,8 @@ class DiffusionTrainer:
                 if self.best is not None:
                     self.best.restore(resume)
                 self.console(f"resumed from {resume} (global step {start_step})")
+            elif notice := start_over_notice(self.run_dir):  # an earlier run's rows, no checkpoint
+                self.console(notice)
             from omegaconf import OmegaConf
 
             tracker = Tracker(t.logger, self.run_dir, t.project_name, t.experiment_name,

@@ -80,3 +80,42 @@ def refuse_fresh_start_over_checkpoints(ckpt_root: Path, resume_mode: str) -> No
                           f"({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}), which a fresh start would "
                           "overwrite: resume it (resume_mode=auto), give this run another trainer.experiment_name, "
                           "or delete that folder first")
+
+
+def _logged_steps(run_dir: Path) -> int:
+    """The last training step the run folder's metrics.jsonl records (0 without one)."""
+    from pixelrl.trainers.tracking import read_metric_rows
+
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        return 0
+    return max((int(row.get("step", 0)) for row in read_metric_rows(metrics)), default=0)
+
+
+def start_over_notice(run_dir: Path) -> str | None:
+    """What a run that finds no checkpoint to resume says when an earlier run left rows in its
+    folder: it starts at step 1, and those rows are replaced (None: nothing to say)."""
+    steps = _logged_steps(run_dir)
+    if not steps:
+        return None
+    return (f"no checkpoint to resume in {run_dir / 'checkpoints'}: starting over at step 1; the earlier run's "
+            f"metrics (to step {steps}) are replaced as these steps train again")
+
+
+def interruption_summary(run_dir: Path, save_freq: int) -> str:
+    """What an interrupted run keeps: the checkpoint a restart resumes from and the steps it will
+    train again, or that no checkpoint exists and every step trained is lost."""
+    from pixelrl.trainers.checkpointing import find_resume_folder
+
+    steps = _logged_steps(run_dir)
+    try:
+        latest = find_resume_folder(run_dir / "checkpoints", "auto")
+    except ConfigError:
+        latest = None
+    if latest is None:
+        when = {0: "saves only at the last step", -1: "never saves"}.get(save_freq, f"saves every {save_freq} steps")
+        return (f"no checkpoint was written (trainer.save_freq={save_freq} {when}): the {steps} step(s) trained are "
+                "lost, and a restart starts over at step 1")
+    kept = int(latest.name.rsplit("_", 1)[-1])
+    again = f"; steps {kept + 1}..{steps} will train again" if steps > kept else ""
+    return f"the latest checkpoint is {latest} (step {kept} of the {steps} trained): a restart resumes there{again}"

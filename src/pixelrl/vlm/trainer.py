@@ -18,7 +18,8 @@ from pixelrl.vlm.qa_tasks import check_task_data, question_types
 from pixelrl.vlm.pretrain import summarise_correctness
 from pixelrl.trainers.checkpointing import (BestCheckpoint, check_resume_config, find_resume_folder, load_trainer_state,
                                            save_checkpoint)
-from pixelrl.trainers.run_folder import RunFolderLock, refuse_fresh_start_over_checkpoints, run_dir_of, with_run_folder
+from pixelrl.trainers.run_folder import (RunFolderLock, refuse_fresh_start_over_checkpoints, run_dir_of,
+                                         start_over_notice, with_run_folder)
 from pixelrl.trainers.schedule import Schedule, validation_or_error
 from pixelrl.trainers.tracking import Tracker
 
@@ -86,6 +87,8 @@ class VLMPPOTrainer:
                 if self.best is not None:
                     self.best.restore(resume)
                 self.console(f"resumed from {resume} (global step {start_step})")
+            elif notice := start_over_notice(self.run_dir):  # an earlier run's rows, no checkpoint
+                self.console(notice)
             result = self._loop(start_step, total)
             if t.backend == "local":
                 result["engine"] = self.actor.workers[0].engine
