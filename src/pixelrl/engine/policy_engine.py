@@ -306,11 +306,19 @@ class PolicyEngine:
                              "diffusion_loss.distill_coef is 0")
         sources = batch["data_sources"] if "data_sources" in batch else ["*"] * len(batch)
         teachers = [routes.get(source, routes["*"]) for source in sources]
+        # under FSDP2 every rank must run the same forwards (each all-gathers the weights), while
+        # ranks hold rows of different sources: there each teacher replays every row
+        every_row = self.data_parallel_size > 1 and self.cfg.trainer.strategy == "fsdp2"
         log_probs = means = None
-        for teacher in dict.fromkeys(teachers):
-            rows = torch.tensor([i for i, t in enumerate(teachers) if t == teacher])
-            with self.policy(teacher or "reference"):
-                lp, mu = self._replay(batch.select(rows), settings)
+        for teacher in dict.fromkeys(routes.values() if every_row else teachers):
+            rows = torch.tensor([i for i, t in enumerate(teachers) if t == teacher], dtype=torch.long)
+            if every_row:
+                with self.policy(teacher or "reference"):
+                    lp, mu = self._replay(batch, settings)
+                lp, mu = lp[rows], mu[rows]
+            else:
+                with self.policy(teacher or "reference"):
+                    lp, mu = self._replay(batch.select(rows), settings)
             if log_probs is None:
                 log_probs = lp.new_zeros((len(batch), *lp.shape[1:]))
                 means = mu.new_zeros((len(batch), *mu.shape[1:]))
