@@ -97,14 +97,23 @@ class RewardServer:
                  header_timeout_s: float = 10.0):
         check_server_settings(host, token, max_request_mb, token_env)
         self.name, self.limits = reward, limits
-        self.reward_fn = get_reward(reward, **dict(options or {}))
         self.max_request_bytes = int(max_request_mb * 1024 * 1024)
         self.expected_auth = f"Bearer {token}".encode() if token else None
         self.requests_scored = 0
         self._score_lock = threading.Lock()
-        self._httpd = _CappedHTTPServer((host, port), _handler_class(self, read_timeout_s, header_timeout_s),
-                                        max_connections)
+        # the port first: a port in use is refused before a reward model spends minutes loading
+        try:
+            self._httpd = _CappedHTTPServer((host, port), _handler_class(self, read_timeout_s, header_timeout_s),
+                                            max_connections)
+        except OSError as err:
+            raise ConfigError("--port", port, f"cannot listen on {host}:{port} ({err.strerror or err}): another "
+                              "server holds it; pick a free port, or 0 for any") from None
         self._thread: threading.Thread | None = None
+        try:
+            self.reward_fn = get_reward(reward, **dict(options or {}))
+        except BaseException:
+            self._httpd.server_close()
+            raise
 
     @property
     def url(self) -> str:
