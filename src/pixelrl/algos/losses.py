@@ -26,7 +26,8 @@ from pixelrl.sampling.sde import mean_over_dims
 LOSSES: Registry = Registry("loss", "diffusion_loss.name")
 # step keys computed by a forward of the reference policy (AWM's and NFT's v_ref, Diffusion-DPO's errors)
 REFERENCE_STEP_KEYS = frozenset({"v_ref", "ref_err_chosen", "ref_err_rejected"})
-OBJECTIVES = ("transition", "forward_process")
+# the diffusion method families: algorithm.trainer_type names one, and its losses name it as their objective
+OBJECTIVES = ("transition", "forward_process", "distribution_matching")
 # Fields of `diffusion_loss` every transition loss reads (the rest of a loss's options are its params).
 SHARED_FIELDS = ("clip_ratio", "adv_clip_max", "kl_coef", "kl_type", "teacher", "distill_variance", "distill_coef")
 
@@ -62,9 +63,10 @@ class LossSpec:
         return options.kl_coef > 0 or bool(REFERENCE_STEP_KEYS.intersection(self.step_keys_needed(options)))
 
     def reads_teacher(self, options) -> bool:
-        """Whether training under `options` replays each step under a distillation teacher: the
-        loss reads its means (distill_kl), or a distill_coef term sits beside it."""
-        return "teacher_mean" in self.step_keys or getattr(options, "distill_coef", 0) > 0
+        """Whether training under `options` reads a distillation teacher: the loss reads its means
+        (distill_kl), a distill_coef term sits beside it, or the loss matches its scores (DMD2)."""
+        return (self.objective == "distribution_matching" or "teacher_mean" in self.step_keys
+                or getattr(options, "distill_coef", 0) > 0)
 
     def __call__(self, step: dict, cfg) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         require_keys(f"loss `{self.name}`", self.step_keys, step.keys())

@@ -29,8 +29,9 @@ def cmd_train(args) -> int:
         print("done: no steps left to train (the latest checkpoint is at trainer.total_training_steps)")
         return 0
     first, last = history[0], history[-1]
-    # offline DPO generates nothing during training: report its implicit accuracy instead
-    key = "critic/rewards/mean" if "critic/rewards/mean" in first else "actor/implicit_acc"
+    # offline DPO generates nothing during training: its implicit accuracy instead; DMD2 scores no
+    # training sample: its student loss
+    key = next(k for k in ("critic/rewards/mean", "actor/implicit_acc", "student/loss") if k in first)
     print(f"done: {len(history)} steps, {key} {first[key]:.4f} -> {last[key]:.4f}; run folder {result['run_dir']}")
     return 0
 

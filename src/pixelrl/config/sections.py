@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from pixelrl.algos.config import TRAINER_TYPE_ALIASES, AlgorithmConfig
+from pixelrl.algos.losses import OBJECTIVES
 from pixelrl.core.errors import ConfigError, check_choice, check_number
 from pixelrl.core.registry import Registry
 from pixelrl.data.config import DataConfig
@@ -219,8 +220,8 @@ class SeparateTrainer:
 
 SEPARATE_TRAINERS: Registry = Registry("trainer type", "algorithm.trainer_type")
 
-# the diffusion trainers' types, whose config is PixelRLConfig
-DIFFUSION_TRAINERS = ("transition", "forward_process")
+# the diffusion trainers' types, whose config is PixelRLConfig: the method families of the losses
+DIFFUSION_TRAINERS = OBJECTIVES
 
 
 def schema_for(trainer_type: str) -> type:

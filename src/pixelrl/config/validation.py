@@ -136,6 +136,8 @@ def _check_loss_against_run(cfg: PixelRLConfig, bound) -> None:
     if "v_old" in loss.step_keys_needed(bound) and m.lora_rank == 0:
         raise ConfigError("model.lora_rank", 0, f"{name} keeps the old policy as a second LoRA "
                           "adapter: use LoRA (model.lora_rank > 0)")
+    if wanted == "distribution_matching":
+        _check_distribution_matching(cfg)
     if wanted == "forward_process" and cfg.diffusion_loss.kl_coef > 0:
         raise ConfigError("diffusion_loss.kl_coef", cfg.diffusion_loss.kl_coef, "the KL coefficient belongs to "
                           "transition losses; forward-process losses set their reference term in diffusion_loss.params")
@@ -159,12 +161,33 @@ def _check_loss_against_run(cfg: PixelRLConfig, bound) -> None:
                           "one prompt: use rollout.n >= 2 (the paper uses 24 for SD3.5)")
 
 
+def _check_distribution_matching(cfg: PixelRLConfig) -> None:
+    """DMD2's student samples the shifted linspace grid deterministically, as two LoRA adapters
+    (student, fake score) on one base beside its teacher."""
+    r = cfg.rollout
+    if r.sigma_schedule != "linspace_shift":
+        raise ConfigError("rollout.sigma_schedule", r.sigma_schedule, "the DMD2 student samples a shifted linspace "
+                          "grid (verl-omni: rollout.sigma_schedule=linspace_shift, rollout.sigma_shift=3; 4 steps: "
+                          "[1, .9, .75, .5, 0]), and validation and `pixelrl generate` must sample the same one")
+    if r.noise_level != 0:
+        raise ConfigError("rollout.noise_level", r.noise_level, "the DMD2 student takes deterministic Euler steps: "
+                          "set rollout.noise_level=0")
+    if cfg.model.lora_rank == 0:
+        raise ConfigError("model.lora_rank", 0, "DMD2 trains the student and the fake score as two LoRA adapters on "
+                          "one base (the teacher is that base): set model.lora_rank > 0")
+    if cfg.diffusion_loss.kl_coef > 0:
+        raise ConfigError("diffusion_loss.kl_coef", cfg.diffusion_loss.kl_coef, "DMD2 has no reference KL term: set 0")
+    if cfg.trainer.strategy == "fsdp2" and cfg.trainer.n_workers > 1:
+        raise ConfigError("trainer.strategy", "fsdp2", "DMD2's two adapters switch per forward, which pixelrl has not "
+                          "validated under FSDP2's sharded parameters: use trainer.strategy=ddp")
+
+
 def _check_teachers(cfg: PixelRLConfig, loss) -> None:
     """On-policy distillation pulls samples toward teachers, each a LoRA of this very base (or the
     base itself) that the folder named holds; the whole loss trains every sample."""
     from pixelrl.algos.distillation import teacher_routes
 
-    if loss.objective != "transition":
+    if loss.objective == "forward_process":
         raise ConfigError("diffusion_loss.distill_coef", cfg.diffusion_loss.distill_coef, "the distillation term "
                           "replays stored SDE transitions: it sits beside transition losses (flow_grpo, ...), not "
                           f"`{loss.name}`: set distill_coef=0")

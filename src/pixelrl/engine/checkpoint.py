@@ -7,7 +7,9 @@ Layout of an engine folder (written by rank 0; every rank takes part in gatherin
     ema.safetensors            the EMA of the trainable tensors (actor.ema_decay > 0), by name
     ema_adapter/               that EMA as a LoRA in the family's diffusers layout (LoRA runs)
     optimizer.pt               full optimizer state (loaded with weights_only=True)
-    engine_state.json          lr scheduler state and counters
+    engine_state.json          lr scheduler state and counters (every trained role's)
+    roles/<role>/              each trained role besides the policy (DMD2's fake_score): its
+                               trainable.safetensors and optimizer.pt
 """
 
 from __future__ import annotations
@@ -74,6 +76,9 @@ def save_engine(engine, folder: str | Path, *, write: bool = True) -> None:
     ema = ({n: full_tensor(v) for n, v in zip(names, engine.weights_ema.values)}
            if engine.weights_ema is not None else None)
     optimizer = _optimizer_state(engine)
+    roles = {role: (full_trainable_state(engine.model.transformer, names),
+                    optimizer_state(engine.model.transformer, learner.optimizer), learner)
+             for role, (names, learner) in engine.other_roles().items()}
     if not write:
         return
     folder.mkdir(parents=True, exist_ok=True)
@@ -83,8 +88,15 @@ def save_engine(engine, folder: str | Path, *, write: bool = True) -> None:
     if ema is not None:
         _write_weights(engine, ema, folder / "ema.safetensors", folder / "ema_adapter")
     torch.save(optimizer, folder / "optimizer.pt")
+    for role, (weights_of_role, optimizer_of_role, _) in roles.items():
+        (folder / "roles" / role).mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in weights_of_role.items()},
+                  str(folder / "roles" / role / "trainable.safetensors"))
+        torch.save(optimizer_of_role, folder / "roles" / role / "optimizer.pt")
     state = {"lr_scheduler": engine.learner.lr_scheduler.state_dict(), "counters": engine.counters(),
-             "use_lora": engine.use_lora, "trainable_names": names}
+             "use_lora": engine.use_lora, "trainable_names": names,
+             "roles": {role: {"lr_scheduler": learner.lr_scheduler.state_dict()}
+                       for role, (_, _, learner) in roles.items()}}
     (folder / "engine_state.json").write_text(json.dumps(state, indent=1))
 
 
@@ -103,6 +115,8 @@ def load_engine(engine, folder: str | Path) -> None:
         needed.append("old_adapter.safetensors")
     if engine.weights_ema is not None:
         needed.append("ema.safetensors")
+    for role in engine.other_roles():
+        needed += [f"roles/{role}/trainable.safetensors", f"roles/{role}/optimizer.pt"]
     missing = [n for n in needed if not (folder / n).is_file()]
     if missing:
         if missing == ["ema.safetensors"]:
@@ -124,6 +138,13 @@ def load_engine(engine, folder: str | Path) -> None:
     read_checkpoint_file(folder / "optimizer.pt", lambda path: _set_optimizer_state(
         engine, torch.load(path, weights_only=True, map_location="cpu")))
     engine.learner.lr_scheduler.load_state_dict(state["lr_scheduler"])
+    for role, (_, learner) in engine.other_roles().items():
+        own = folder / "roles" / role
+        read_checkpoint_file(own / "trainable.safetensors",
+                             lambda path: load_trainable_state(engine.model.transformer, load_file(str(path))))
+        read_checkpoint_file(own / "optimizer.pt", lambda path: set_optimizer_state(
+            engine.model.transformer, learner.optimizer, torch.load(path, weights_only=True, map_location="cpu")))
+        learner.lr_scheduler.load_state_dict(state["roles"][role]["lr_scheduler"])
     engine.set_counters(state["counters"])
 
 

@@ -122,12 +122,21 @@ def mini_batches_per_epoch(cfg) -> int:
     return images // (cfg.actor.ppo_mini_batch_size or images)
 
 
-def optimizer_steps_per_rollout(cfg) -> int:
-    """Optimizer steps taken on one rollout batch (the reference update schedule)."""
+def optimizer_steps_per_rollout(cfg, role: str = "student") -> int:
+    """Optimizer steps taken on one rollout batch (the reference update schedule); for a method of
+    several trained roles (DMD2), `role`'s attempts per training step."""
+    from pixelrl.algos.losses import LOSSES
+
+    loss = LOSSES.get(cfg.diffusion_loss.name) if hasattr(cfg, "diffusion_loss") else None
+    if loss is not None and loss.objective == "distribution_matching":
+        from pixelrl.algos.distribution_matching import update_cycle
+
+        return update_cycle(loss.bind(cfg.diffusion_loss)).count(role)
     return cfg.actor.ppo_epochs * mini_batches_per_epoch(cfg)
 
 
-def actor_optimizer_steps(cfg, frozen_steps: int = 0) -> int:
-    """Optimizer steps the actor takes over the whole run (what a cosine lr decays over), when the
-    first `frozen_steps` training steps update no actor (the vision-language critic warm-up)."""
-    return optimizer_steps_per_rollout(cfg) * (cfg.trainer.total_training_steps - frozen_steps)
+def actor_optimizer_steps(cfg, frozen_steps: int = 0, role: str = "student") -> int:
+    """Optimizer steps the actor (or another trained `role`) takes over the whole run (what a
+    cosine lr decays over), when the first `frozen_steps` training steps update no actor (the
+    vision-language critic warm-up)."""
+    return optimizer_steps_per_rollout(cfg, role) * (cfg.trainer.total_training_steps - frozen_steps)

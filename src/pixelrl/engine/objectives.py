@@ -76,11 +76,35 @@ class UpdateContext:
     kept_scale: float = 1.0
 
 
-class TransitionObjective:
-    name = "transition"
+class Objective:
+    """What every objective offers the engine. The policy is the engine's trained role; an
+    objective that trains more roles (DMD2's fake score) adds their adapters and learners and
+    names them for checkpoints. The single-network objectives keep these defaults."""
+
+    name = ""
 
     def __init__(self, engine):
         self.engine = engine
+
+    def add_adapters(self) -> None:
+        """Add the other trained roles' adapters (before data parallelism wraps the model)."""
+
+    def build_learners(self, trains: bool) -> None:
+        """Build the other trained roles' optimizers (after the policy's)."""
+
+    def extra_roles(self) -> dict:
+        """{role: (its parameter names, its Learner)} of the trained roles besides the policy."""
+        return {}
+
+    def role_counters(self) -> dict:
+        return {}
+
+    def set_role_counters(self, state: dict) -> None:
+        """Take `role_counters()` back from a checkpoint."""
+
+
+class TransitionObjective(Objective):
+    name = "transition"
 
     def check_batch(self, batch: Batch) -> None:
         e = self.engine
@@ -160,7 +184,7 @@ class TransitionObjective:
         return loss, metrics
 
 
-class ForwardProcessObjective:
+class ForwardProcessObjective(Objective):
     name = "forward_process"
 
     def __init__(self, engine):
@@ -298,4 +322,3 @@ class ForwardProcessObjective:
         return e.loss(inputs, e.loss_options)
 
 
-OBJECTIVE_CLASSES = {"transition": TransitionObjective, "forward_process": ForwardProcessObjective}

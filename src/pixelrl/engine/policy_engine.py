@@ -15,7 +15,9 @@ import torch
 from pixelrl.algos.losses import get_loss, require_keys
 from pixelrl.engine.flops import FlopMeter, matmul_peak_flops, peak_memory_gb
 from pixelrl.engine.learner import Learner, kept_on_device
-from pixelrl.engine.objectives import OBJECTIVE_CLASSES, side_by_side, step_groups, whole_group_order
+from pixelrl.engine.distribution_matching import DistributionMatchingObjective
+from pixelrl.engine.objectives import (ForwardProcessObjective, TransitionObjective, side_by_side, step_groups,
+                                       whole_group_order)
 from pixelrl.engine.weights_ema import WeightsEMA
 from pixelrl.engine.checkpoint import teacher_adapter_folder
 from pixelrl.core.batch import Batch
@@ -31,6 +33,9 @@ from pixelrl.sampling.schedule import schedule_sigmas
 from pixelrl.sampling.windows import Window, full_window
 
 POLICIES = ("current", "old", "reference", "ema")
+# a loss's objective (its method family) -> how the engine trains it
+OBJECTIVE_CLASSES = {cls.name: cls for cls in (TransitionObjective, ForwardProcessObjective,
+                                               DistributionMatchingObjective)}
 
 
 class PolicyEngine:
@@ -86,6 +91,7 @@ class PolicyEngine:
                     adapters[folder] = f"teacher_{len(adapters)}"
                     add_adapter_from_folder(model.transformer, adapters[folder], folder)
                 self.teacher_of_source[source] = adapters.get(folder)
+        self.objective.add_adapters()  # the other trained roles' (DMD2's fake score)
         if mcfg.gradient_checkpointing:
             model.transformer.enable_gradient_checkpointing()
         if not model.trainable_parameters():
@@ -118,6 +124,7 @@ class PolicyEngine:
         # the lr where it got to).
         self.learner = Learner.from_actor_config(model.trainable_parameters, cfg.actor,
                                                  total_steps=actor_optimizer_steps(cfg)) if trains else None
+        self.objective.build_learners(trains)
         # the EMA of the trained weights that validation scores and checkpoints carry (actor.ema_decay)
         self.weights_ema = (WeightsEMA(model.trainable_parameters(), cfg.actor.ema_decay, cfg.actor.ema_update_interval)
                             if trains and cfg.actor.ema_decay > 0 else None)
@@ -143,7 +150,8 @@ class PolicyEngine:
     def schedule(self, num_steps: int) -> torch.Tensor:
         """The N + 1 sigmas of `rollout.sigma_schedule` at the rollout resolution."""
         res = self.cfg.rollout.resolution
-        return schedule_sigmas(self.model, num_steps, self.cfg.rollout.sigma_schedule, res, res)
+        return schedule_sigmas(self.model, num_steps, self.cfg.rollout.sigma_schedule, res, res,
+                               self.cfg.rollout.sigma_shift)
 
     # ------------------------------------------------------------------ rollout
     @property
@@ -211,7 +219,7 @@ class PolicyEngine:
         trained weights (actor.ema_decay), or the current weights when the engine keeps none;
         `teacher_<i>` is an on-policy distillation teacher's frozen adapter.
         """
-        if which not in POLICIES and which not in self.teacher_of_source.values():
+        if which not in POLICIES and which not in self.teacher_of_source.values() and which not in self.other_roles():
             raise ValueError(f"policy must be one of {POLICIES}, got {which!r}")
         outer, self._computing = self._computing, which
         try:
@@ -219,6 +227,10 @@ class PolicyEngine:
                 yield
         finally:
             self._computing = outer
+
+    def other_roles(self) -> dict:
+        """The trained roles besides the policy (DMD2's fake score), each an adapter of its name."""
+        return self.objective.extra_roles()
 
     def _reference_copy(self) -> torch.nn.Module:
         """A frozen copy of the fully fine-tuned denoiser, in the compute dtype: it is never
@@ -230,7 +242,7 @@ class PolicyEngine:
         if which == "old" and self.has_old_adapter:
             with adapter_active(self.model.transformer, "old"):
                 yield
-        elif which.startswith("teacher_"):
+        elif which.startswith("teacher_") or which in self.other_roles():
             with adapter_active(self.model.transformer, which):
                 yield
         elif which == "ema" and self.weights_ema is not None:
@@ -359,12 +371,27 @@ class PolicyEngine:
 
     def counters(self) -> dict:
         return {"policy_version": self.policy_version, "update_calls": self.update_calls,
-                "nonfinite_in_a_row": self.learner.nonfinite_in_a_row if self.learner else 0}
+                "nonfinite_in_a_row": self.learner.nonfinite_in_a_row if self.learner else 0,
+                **({"roles": self.objective.role_counters()} if self.other_roles() and self.learner else {})}
 
     def set_counters(self, state: dict) -> None:
         self.policy_version = int(state["policy_version"])
         self.update_calls = int(state["update_calls"])
         self.learner.nonfinite_in_a_row = int(state["nonfinite_in_a_row"])
+        if "roles" in state:
+            self.objective.set_role_counters(state["roles"])
+
+    def learners(self) -> list[Learner]:
+        """Every trained role's optimizer side (the policy's first)."""
+        return [self.learner, *(learner for _, learner in self.other_roles().values() if learner is not None)]
+
+    def train_role(self, role: str, batch: Batch) -> dict[str, float]:
+        """One attempt of a multi-role method's `role` on the batch (DMD2: `student` or `fake_score`)."""
+        if self.learner is None:
+            raise RuntimeError("a rollout-only engine (trains=False) does not train")
+        if not hasattr(self.objective, "attempt"):
+            raise RuntimeError(f"loss `{self.loss.name}` trains one role: use `update`")
+        return self.objective.attempt(role, batch)
 
     def update(self, batch: Batch) -> dict[str, float]:
         """PPO-style update: inner epochs x mini-batches; each mini-batch accumulates gradients

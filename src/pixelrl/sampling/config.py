@@ -23,6 +23,9 @@ class RolloutConfig(GroupSamplingConfig):
     num_steps: int = 10
     # scheduler: the model's diffusers scheduler; linspace_shift: DanceGRPO / MixGRPO's own grid
     sigma_schedule: str = "scheduler"
+    # the shift of the linspace_shift and dpm_flow grids; 0: the family scheduler's (SD3: 3).
+    # DMD2's student grid is linspace_shift with shift 3 on every family (4 steps: [1, .9, .75, .5, 0])
+    sigma_shift: float = 0.0
     resolution: int = 512
     guidance_scale: float = 4.5
     negative_prompt: str = ""
@@ -59,6 +62,11 @@ class RolloutConfig(GroupSamplingConfig):
         check_choice("rollout.sigma_schedule", self.sigma_schedule, SIGMA_SCHEDULES)
         check_choice("rollout.sde_type", self.sde_type, [s for s in SDE_TYPES if s != "ode"])
         check_number("rollout.guidance_scale", self.guidance_scale, allow_zero=True)
+        check_number("rollout.sigma_shift", self.sigma_shift, allow_zero=True)
+        if self.sigma_shift and self.sigma_schedule == "scheduler":
+            raise ConfigError("rollout.sigma_shift", self.sigma_shift, "shifts the linspace_shift and dpm_flow grids; "
+                              "the family's scheduler applies its own shift: set rollout.sigma_schedule=linspace_shift "
+                              "or leave sigma_shift at 0")
         check_number("rollout.n_workers", self.n_workers, allow_zero=True)
         check_number("rollout.num_cpus_per_worker", self.num_cpus_per_worker)
         for name in ("n", "num_steps", "resolution"):

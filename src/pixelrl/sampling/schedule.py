@@ -38,15 +38,17 @@ def dpm_flow_sigmas(num_steps: int, shift: float) -> torch.Tensor:
     return scheduler.sigmas.to(torch.float32)
 
 
-def schedule_sigmas(model, num_steps: int, kind: str, height: int, width: int) -> torch.Tensor:
+def schedule_sigmas(model, num_steps: int, kind: str, height: int, width: int, shift: float = 0.0) -> torch.Tensor:
     """The N + 1 sigmas of the configured schedule (`rollout.sigma_schedule`) for `model` at this
-    resolution: its family's own (dynamic shift included) or the shifted linspace grid."""
+    resolution: its family's own (dynamic shift included) or a grid shifted by `shift`
+    (`rollout.sigma_shift`; 0: the family scheduler's shift)."""
     if kind == "scheduler":
         return model.sigmas(num_steps, height, width)
+    shift = shift or float(model.scheduler.config.get("shift", 1.0))
     if kind == "linspace_shift":
-        return linspace_shift_sigmas(num_steps, float(model.scheduler.config.get("shift", 1.0)))
+        return linspace_shift_sigmas(num_steps, shift)
     if kind == "dpm_flow":
-        return dpm_flow_sigmas(num_steps, float(model.scheduler.config.get("shift", 1.0)))
+        return dpm_flow_sigmas(num_steps, shift)
     from pixelrl.core.errors import ConfigError
 
     raise ConfigError("rollout.sigma_schedule", kind, f"choose one of {list(SIGMA_SCHEDULES)}")

@@ -307,7 +307,7 @@ def load_rollouts(folder: Path) -> list:
 # value would load them into a different model or a different data order without a word.
 RESUME_FIXED = ("algorithm.trainer_type", "model.type", "model.path", "model.lora_rank", "model.lora_alpha",
                 "model.lora_target_modules", "data.train_batch_size", "data.seed", "data.shuffle", "rollout.n",
-                "diffusion_loss.teacher")
+                "diffusion_loss.teacher", "diffusion_loss.params.cycle")
 ADAPTER_ONLY = ("model.lora_alpha", "model.lora_target_modules")
 # May change on resume on purpose (a reward curriculum), but never unannounced: a warning names it.
 RESUME_ANNOUNCED = ("reward.functions",)

@@ -1,9 +1,10 @@
-"""The controller, on Ray or in one process, for both trainer types.
+"""The controller, on Ray or in one process, for every diffusion trainer type.
 
 The controller only orchestrates: it takes prompts from the loader, runs the producer
 (`make_rollout`) and the consumer of `algorithm.trainer_type` (`train_on_transitions` for the Flow-GRPO
 family, `train_on_forward_process` for Diffusion-DPO, DiffusionNFT, AWM and DGPO) against the actor
-worker group and the reward group, and handles checkpoints, validation, dumps and tracking.
+worker group and the reward group, or, for DMD2 (`distribution_matching`), the update cycle of its
+trained roles without a producer; and handles checkpoints, validation, dumps and tracking.
 Workers compute.
 """
 
@@ -30,6 +31,7 @@ from pixelrl.sampling.rollout import SamplingSettings
 from pixelrl.sampling.windows import Window, full_window
 from pixelrl.core.errors import ConfigError, RewardError
 from pixelrl.trainers.ahead import AheadProducer
+from pixelrl.trainers.distribution_matching import train_distribution_matching
 from pixelrl.trainers.checkpointing import (BestCheckpoint, check_resume_config, find_resume_folder, load_rollouts,
                                            load_trainer_state, save_checkpoint)
 from pixelrl.trainers.forward_process import offline_preference_step, train_on_forward_process
@@ -39,7 +41,8 @@ from pixelrl.trainers.schedule import Schedule, validation_or_error
 from pixelrl.trainers.step import make_rollout, train_on_transitions
 from pixelrl.trainers.tracking import Tracker, image_grid
 
-# algorithm.trainer_type -> the consumer of the shared producer's rollouts
+# algorithm.trainer_type -> the consumer of the shared producer's rollouts (distribution_matching
+# has no producer: its consumer takes prompts itself)
 CONSUMERS = {"transition": train_on_transitions, "forward_process": train_on_forward_process}
 VAL_SEED_BASE = 1_000_000_007  # validation images use fixed seeds, so every validation is comparable
 
@@ -260,7 +263,7 @@ class DiffusionTrainer:
         from tqdm import tqdm
 
         cfg, t = self.cfg, self.cfg.trainer
-        consume = CONSUMERS[cfg.algorithm.trainer_type]
+        consume = CONSUMERS.get(cfg.algorithm.trainer_type)
         data_iter = iter(loader)
 
         def next_rows():
@@ -289,6 +292,9 @@ class DiffusionTrainer:
             step_start = time.time()
             if cfg.algorithm.sample_source == "offline":
                 batch, metrics = None, offline_preference_step(self.actor, next_rows(), cfg, self.actor.size)
+            elif consume is None:  # distribution matching: the cycle's attempts sample their own prompts
+                batch, metrics = None, train_distribution_matching(self.actor, next_rows, step, cfg, self.actor.size)
+                self.actor_version = int(metrics["actor/policy_version"])
             else:
                 try:
                     if ahead is not None:

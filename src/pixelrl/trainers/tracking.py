@@ -14,8 +14,9 @@ from PIL import Image, ImageDraw
 
 from pixelrl.core.errors import ConfigError
 
+ROLE_PREFIXES = ("student/", "fake_score/")
 CONSOLE_KEYS = ("critic/rewards/mean", "actor/pg_loss", "actor/kl", "actor/clipfrac", "actor/grad_norm",
-                "critic/explained_variance", "perf/throughput", "perf/mfu", "timing_s/step")
+                "critic/explained_variance", "student/loss", "fake_score/loss", "perf/throughput", "perf/mfu", "timing_s/step")
 
 
 def image_grid(images: np.ndarray, captions: list[str] | None = None, ncols: int = 8, scale: int = 2) -> np.ndarray:
@@ -83,7 +84,9 @@ class Tracker:
         if self._wandb is not None:
             self._wandb.log(clean, step=step)
         if "console" in self.loggers:
-            shown = [f"{k.split('/', 1)[-1]}={clean[k]:.4g}" for k in CONSOLE_KEYS if k in clean]
+            # a trained role's metrics keep their role (DMD2's student/loss and fake_score/loss)
+            shown = [f"{k if k.startswith(ROLE_PREFIXES) else k.split('/', 1)[-1]}={clean[k]:.4g}"
+                     for k in CONSOLE_KEYS if k in clean]
             shown += [f"{k}={v:.4g}" for k, v in clean.items() if k.startswith(("val-core/", "val/"))]
             self.console(f"step {step}: " + "  ".join(shown))
 

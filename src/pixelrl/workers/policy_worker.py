@@ -103,7 +103,8 @@ class PolicyWorker(RankProcess):
                                                parallelize=parallelize if self.world_size > 1 else None)
         self.engine.data_parallel_size = self.world_size
         if self.world_size > 1 and cfg.trainer.strategy != "fsdp2" and self.engine.learner is not None:
-            self.engine.learner.grad_sync = ddp_grad_sync
+            for learner in self.engine.learners():  # every trained role's gradients are averaged
+                learner.grad_sync = ddp_grad_sync
         return {"rank": self.rank, "pid": os.getpid(), "trainable": len(self.engine.trainable_names())}
 
     # --- the engine's verbs, with numpy transport -------------------------------------
@@ -133,6 +134,10 @@ class PolicyWorker(RankProcess):
     def update(self, payload: dict) -> dict:
         with naming_the_phase("update"):
             return self.engine.update(Batch.from_numpy(payload))
+
+    def train_role(self, payload: dict, role: str) -> dict:
+        with naming_the_phase(f"update of {role}"):
+            return self.engine.train_role(role, Batch.from_numpy(payload))
 
     def device(self):
         return self.engine.model.device

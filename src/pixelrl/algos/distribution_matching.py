@@ -1,0 +1,149 @@
+"""DMD2 (`algorithm.trainer_type: distribution_matching`, loss `dmd2`): distil a many-step model
+into an S-step student with two trained roles on one base, the `student` (the run's policy
+adapter) and a `fake_score` adapter that learns the student's own output distribution, against a
+frozen teacher (the base with its adapters off, or a teacher LoRA).
+
+Velocity convention v = noise - clean, x_s = (1 - s) x0 + s eps, x0_hat = x_s - s v.
+- The student samples S Euler steps of a shifted grid, the rollout's (`rollout.sigma_schedule:
+  linspace_shift`; S 4, `rollout.sigma_shift` 3: [1, .9, .75, .5, 0]), and
+  stops at an exit index k drawn uniformly in [0, S), the same for every rank: the steps before
+  k run without graph, and x_g is its x0 estimate at k (with graph).
+- A score sigma per sample: j uniform in [0, T), s = shift(j / T) clamped to [low, high]
+  (T = 0: s uniform in [low, high]); one eps; x_s = (1 - s) sg(x_g) + s eps for both scores.
+- The teacher's velocity is guided, v_neg + w (v_pos - v_neg), optionally rescaled per channel
+  vector to |v_pos| (`cfg_norm: layer_norm`); the fake score is conditional only.
+- Student loss (float32): Z = max(mean_nonbatch |x_g - x_real|, 1e-6),
+  g = nan_to_num((x_fake - x_real) / Z), L = 0.5 mean((x_g - sg(x_g - g))^2), whose gradient
+  with respect to x_g is g / numel.
+- Fake-score loss: flow matching on a detached student sample, mean((v_fake - (eps - x_g))^2).
+- The update cycle: `cycle` names each role's attempts per training step, in order; each attempt
+  samples fresh prompts and takes at most one optimizer step of that role.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from pixelrl.algos.losses import register_loss
+from pixelrl.core.errors import ConfigError
+from pixelrl.sampling.schedule import time_shift
+
+CFG_NORMS = ("none", "layer_norm")
+TRAINED_ROLES = ("student", "fake_score")
+# what a role section may change of the actor's optimizer settings
+ROLE_OPTIMIZER_FIELDS = ("lr", "betas", "weight_decay", "adam_eps", "max_grad_norm", "warmup_steps", "lr_schedule",
+                         "min_lr_ratio")
+
+
+@dataclass
+class DMD2Params:
+    # the shift of the score-sigma draws (verl-omni: 3; the student's grid is the rollout's,
+    # rollout.sigma_schedule=linspace_shift with rollout.sigma_shift)
+    shift: float = 3.0
+    # score sigmas: integer draws on a T-step grid (verl-omni, T 1000), or 0: uniform in the bounds
+    # (Flow-Factory)
+    score_timesteps: int = 1000
+    score_sigma_range: list = field(default_factory=lambda: [0.02, 0.98])
+    teacher_guidance: float = 4.0
+    cfg_norm: str = "layer_norm"  # verl-omni rescales the guided velocity; Flow-Factory: none
+    # the attempts of one training step, in order, each a role's (a list, so that an override
+    # replaces it whole): verl-omni's student then fake twice; the paper's and Flow-Factory's five
+    # fake updates then one of the student
+    cycle: list = field(default_factory=lambda: ["student", "fake_score", "fake_score"])
+    # the fake score's optimizer: these fields replace the actor's (actor.* is the student's)
+    fake_score: dict = field(default_factory=lambda: {"lr": 2.0e-5})
+
+    def __post_init__(self) -> None:
+        p = "diffusion_loss.params"
+        if not self.shift > 0:
+            raise ConfigError(f"{p}.shift", self.shift, "must be > 0 (verl-omni: 3)")
+        if isinstance(self.score_timesteps, bool) or not isinstance(self.score_timesteps, int) or self.score_timesteps < 0:
+            raise ConfigError(f"{p}.score_timesteps", self.score_timesteps, "a whole number >= 0 (1000: verl-omni's "
+                              "grid; 0: uniform in score_sigma_range)")
+        low_high = list(self.score_sigma_range)
+        if len(low_high) != 2 or not 0 < low_high[0] < low_high[1] < 1:
+            raise ConfigError(f"{p}.score_sigma_range", low_high, "[low, high] with 0 < low < high < 1 ([0.02, 0.98])")
+        if not self.teacher_guidance >= 1:
+            raise ConfigError(f"{p}.teacher_guidance", self.teacher_guidance, "must be >= 1 (1: no guidance)")
+        if self.cfg_norm not in CFG_NORMS:
+            raise ConfigError(f"{p}.cfg_norm", self.cfg_norm, f"choose one of {list(CFG_NORMS)}")
+        cycle = list(self.cycle)
+        if set(cycle) != set(TRAINED_ROLES):
+            raise ConfigError(f"{p}.cycle", cycle, f"the attempts of a training step in order, each one of "
+                              f"{list(TRAINED_ROLES)} and both present: [student, fake_score, fake_score] "
+                              "(verl-omni) or [fake_score, fake_score, fake_score, fake_score, fake_score, student] "
+                              "(the paper)")
+        unknown = sorted(set(dict(self.fake_score)) - set(ROLE_OPTIMIZER_FIELDS))
+        if unknown:
+            raise ConfigError(f"{p}.fake_score", dict(self.fake_score), f"{unknown} are not optimizer settings; "
+                              f"the fake score's section may set {list(ROLE_OPTIMIZER_FIELDS)} (the rest is actor.*)")
+
+
+def update_cycle(params: DMD2Params) -> list[str]:
+    """The roles' attempts of one training step, in order."""
+    return [str(role) for role in params.cycle]
+
+
+def draw_score_sigmas(n: int, generator: torch.Generator, *, timesteps: int, shift: float,
+                      low: float, high: float) -> torch.Tensor:
+    """[n] sigmas at which the teacher and the fake score judge the student's samples."""
+    if timesteps:
+        j = torch.randint(0, timesteps, (n,), generator=generator, dtype=torch.long)
+        return time_shift(j.double() / timesteps, shift).clamp(low, high).float()
+    return (low + (high - low) * torch.rand(n, generator=generator, dtype=torch.float64)).float()
+
+
+def channel_dim(latents: torch.Tensor) -> int:
+    """The channel axis of a latent batch: the last of packed tokens [B, L, C], else axis 1
+    ([B, C, H, W] images, [B, C, T, H, W] videos)."""
+    return -1 if latents.ndim == 3 else 1
+
+
+def guided_velocity(v_pos: torch.Tensor, v_neg: torch.Tensor | None, scale: float, cfg_norm: str) -> torch.Tensor:
+    """The teacher's guided velocity; `layer_norm` rescales each channel vector to the conditional
+    velocity's length, |v_pos| / max(|v_guided|, 1e-12)."""
+    if v_neg is None or scale == 1.0:
+        return v_pos
+    guided = v_neg + scale * (v_pos - v_neg)
+    if cfg_norm == "layer_norm":
+        dim = channel_dim(v_pos)
+        guided = guided * (v_pos.norm(dim=dim, keepdim=True) / guided.norm(dim=dim, keepdim=True).clamp_min(1e-12))
+    return guided
+
+
+def x0_from_velocity(x_s: torch.Tensor, sigma: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return x_s - _per_sample(sigma, x_s) * v
+
+
+def noised(x0: torch.Tensor, sigma: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+    s = _per_sample(sigma, x0)
+    return (1 - s) * x0 + s * eps
+
+
+def _per_sample(sigma: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return sigma.to(like).reshape(-1, *([1] * (like.ndim - 1)))
+
+
+def student_loss(x_g: torch.Tensor, x_real: torch.Tensor, x_fake: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """DMD2's generator loss and its metrics; gradient g / numel with respect to x_g."""
+    x_g = x_g.float()
+    detached = x_g.detach()
+    dims = tuple(range(1, x_g.ndim))
+    scale = (detached - x_real.float()).abs().mean(dims, keepdim=True).clamp_min(1e-6)
+    grad = torch.nan_to_num((x_fake.float() - x_real.float()) / scale)
+    loss = 0.5 * ((x_g - (detached - grad)) ** 2).mean()
+    return loss, {"dmd_grad_norm": grad.detach().flatten(1).norm(dim=1).mean(), "dmd_scale": scale.mean()}
+
+
+def fake_score_loss(v_fake: torch.Tensor, eps: torch.Tensor, x_g: torch.Tensor) -> torch.Tensor:
+    """Flow matching of the fake score on the (detached) student sample."""
+    return ((v_fake.float() - (eps.float() - x_g.detach().float())) ** 2).mean()
+
+
+@register_loss("dmd2", objective="distribution_matching", params=DMD2Params,
+               batch_keys=("prompts", "seeds"), step_keys=("x_g", "x_real", "x_fake"))
+def dmd2_loss(step: dict, cfg) -> tuple[torch.Tensor, dict]:
+    """The student's attempt (the fake score's is `fake_score_loss`)."""
+    return student_loss(step["x_g"], step["x_real"], step["x_fake"])

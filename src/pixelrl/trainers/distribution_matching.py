@@ -1,0 +1,53 @@
+"""The distribution-matching consumer (DMD2): one training step is one update cycle.
+
+There is no producer and no reward in the loop: each attempt of the cycle (`diffusion_loss.params.
+cycle`, e.g. [student, fake_score, fake_score]) takes fresh prompts from the loader, repeats each
+`rollout.n` times with seeds of its own, draws the student's exit step (one for every worker) and
+asks the workers to train that role on them. Rewards, when configured, score validation only.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import torch
+
+from pixelrl.algos.distribution_matching import update_cycle
+from pixelrl.algos.losses import LOSSES
+from pixelrl.core.seeding import derive_seed
+from pixelrl.trainers.step import PhaseTimer, expand_prompts, step_seed
+
+
+def attempt_request(rows: dict, step: int, attempt: int, cfg):
+    """The (prompt, seed) rows of attempt `attempt` of training step `step` and its exit step."""
+    cycle = update_cycle(LOSSES.get(cfg.diffusion_loss.name).bind(cfg.diffusion_loss))
+    seed = step_seed(cfg.rollout.seed, step) * len(cycle) + attempt  # distinct for every attempt of the run
+    request = expand_prompts(rows["prompts"], rows["metadata"], cfg.rollout.n, seed,
+                             data_sources=rows["data_sources"])
+    draw = torch.Generator().manual_seed(derive_seed(seed, "dmd2_exit_index"))
+    request.info["exit_index"] = int(torch.randint(0, cfg.rollout.num_steps, (1,), generator=draw))
+    return request
+
+
+def train_distribution_matching(actor, next_rows, step: int, cfg, num_workers: int = 1) -> dict[str, float]:
+    """Run training step `step`'s cycle of attempts; its metrics are each role's means over its
+    attempts (`student/...`, `fake_score/...`)."""
+    timer = PhaseTimer()
+    cycle = update_cycle(LOSSES.get(cfg.diffusion_loss.name).bind(cfg.diffusion_loss))
+    values: dict[str, list[float]] = defaultdict(list)
+    images = 0
+    for attempt, role in enumerate(cycle):
+        request = attempt_request(next_rows(), step, attempt, cfg)
+        images += len(request)
+        with timer.phase(role):
+            out = actor.call("train_role", request, role, gather="mean")
+        for key, value in out.items():
+            values[key].append(value)
+    metrics = {key: float(np.mean(v)) for key, v in values.items()}
+    # the student is the policy: its optimizer steps are the policy version the controller tracks
+    metrics["actor/policy_version"] = float(actor.call("counters", gather="first")["policy_version"])
+    metrics.update({f"timing_s/{name}": secs for name, secs in timer.seconds.items()})
+    metrics["timing_s/step"] = sum(timer.seconds.values())
+    metrics["perf/throughput"] = images / metrics["timing_s/step"] / num_workers  # student samples per second per worker
+    return metrics
