@@ -223,3 +223,20 @@ def test_dmd2_pulls_the_4_step_student_toward_the_teacher(tiny_pixel_path):
     student = distance_to_teacher("current")
     # relative closeness (1 - student / base): 0.18 on this machine's kernels
     assert_learned(0.0, 1 - student / base, 0.08, base, student)
+
+
+def test_two_ray_workers_under_fsdp2_train_both_roles_as_one_process_does(ray_cluster, tmp_path, tiny_pixel_path):
+    """Two adapters on one base sharded by FSDP2 over two workers: each role's gradients reach
+    only its own shards, and both roles end where one process ends (up to float reordering)."""
+    from safetensors.torch import load_file
+
+    steps = ["trainer.total_training_steps=2", "trainer.save_freq=2"]
+    assert _train(tmp_path / "one", tiny_pixel_path, *steps)[0] == 0
+    code, run = _train(tmp_path / "fsdp2", tiny_pixel_path, *steps, "trainer.backend=ray", "trainer.n_workers=2",
+                       "trainer.strategy=fsdp2")
+    assert code == 0
+    for name in ("trainable.safetensors", "roles/fake_score/trainable.safetensors"):
+        a = load_file(str(tmp_path / "one/pixelrl/dmd2_tiny/checkpoints/global_step_2/actor" / name))
+        b = load_file(str(run / "checkpoints/global_step_2/actor" / name))
+        assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a), name
+        assert any(float(a[k].abs().max()) > 0 for k in a if "lora_B" in k)  # trained, not the zero init

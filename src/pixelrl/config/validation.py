@@ -177,9 +177,6 @@ def _check_distribution_matching(cfg: PixelRLConfig) -> None:
                           "one base (the teacher is that base): set model.lora_rank > 0")
     if cfg.diffusion_loss.kl_coef > 0:
         raise ConfigError("diffusion_loss.kl_coef", cfg.diffusion_loss.kl_coef, "DMD2 has no reference KL term: set 0")
-    if cfg.trainer.strategy == "fsdp2" and cfg.trainer.n_workers > 1:
-        raise ConfigError("trainer.strategy", "fsdp2", "DMD2's two adapters switch per forward, which pixelrl has not "
-                          "validated under FSDP2's sharded parameters: use trainer.strategy=ddp")
 
 
 def _check_teachers(cfg: PixelRLConfig, loss) -> None:
