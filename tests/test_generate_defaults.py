@@ -38,14 +38,44 @@ def test_a_checkpoint_samples_as_its_run_validated(tmp_path, capsys):
     (tmp_path / "config.yaml").write_text(saved_yaml(cfg))
     args = Namespace(checkpoint=str(tmp_path), resolution=None, steps=None, cfg=None)
     assert sampling_options(args, model=None) == {"resolution": 48, "num_steps": 7, "guidance_scale": 3.0,
-                                                  "negative_prompt": "blurry"}
+                                                  "negative_prompt": "blurry", "sigma_schedule": "scheduler",
+                                                  "sigma_shift": 0.0}
     assert "sampling at 48 px, 7 steps, guidance 3 (the checkpoint's run validated with)" in capsys.readouterr().out
     cfg.val_kwargs.guidance_scale = 1.0
     (tmp_path / "config.yaml").write_text(saved_yaml(cfg))
     assert sampling_options(args, model=None)["guidance_scale"] == 1.0
     args.cfg, args.resolution = 2.5, 32
     assert sampling_options(args, model=None) == {"resolution": 32, "num_steps": 7, "guidance_scale": 2.5,
-                                                  "negative_prompt": "blurry"}
+                                                  "negative_prompt": "blurry", "sigma_schedule": "scheduler",
+                                                  "sigma_shift": 0.0}
+
+
+def test_an_exported_folder_samples_as_its_sampler_file_says(tmp_path, capsys):
+    """An export's pixelrl_sampler.json (a DMD2 student: 4 steps of the shifted grid, no guidance)
+    sets generate's defaults; flags still win; a damaged file is one error naming it."""
+    import json
+
+    from pixelrl.cli.shapes import sampling_options
+    from pixelrl.core.errors import ModelFolderError
+
+    class Folder:
+        def default_resolution(self):
+            return 64
+
+    (tmp_path / "pixelrl_sampler.json").write_text(json.dumps(
+        {"num_steps": 4, "guidance_scale": 1.0, "sigma_schedule": "linspace_shift", "sigma_shift": 3,
+         "negative_prompt": ""}))
+    args = Namespace(checkpoint=None, model=str(tmp_path), resolution=None, steps=None, cfg=None)
+    assert sampling_options(args, Folder()) == {"resolution": 64, "num_steps": 4, "guidance_scale": 1.0,
+                                                "negative_prompt": "", "sigma_schedule": "linspace_shift",
+                                                "sigma_shift": 3}
+    assert "4 steps on the linspace_shift grid (shift 3), guidance 1 (the folder's pixelrl_sampler.json)" in \
+        capsys.readouterr().out
+    args.steps = 2
+    assert sampling_options(args, Folder())["num_steps"] == 2
+    (tmp_path / "pixelrl_sampler.json").write_text('{"num_steps": "four"}')
+    with pytest.raises(ModelFolderError, match="pixelrl_sampler.json"):
+        sampling_options(args, Folder())
 
 
 def test_a_family_without_a_default_size_asks_for_one():

@@ -419,3 +419,23 @@ def test_auto_leaves_room_for_reward_models_on_the_same_card(tmp_path, capsys, m
     assert auto_size.reward_models_gb(unsized("ray")) == 0.0
     assert sizes(local) != sizes(auto_size.fit_to_memory(unsized("ray")))  # the whole 48 GB fits more
     assert "sized for 48.0 GB per worker (Stand-in GPU's memory)" in capsys.readouterr().err
+
+
+def test_a_dmd2_plan_counts_the_second_adapter_and_every_forward_of_its_cycle():
+    """dmd2_sd35 on 8 GPUs: a step is 6 attempts of 64 images per GPU, each one optimizer step and
+    one forward with gradient per image; without gradient, 1.5 student steps before the exit on
+    average, then the student's exit forward (fake attempts) or the guided teacher's two branches
+    and the fake score (student attempts). The weights and state hold two adapters' worth."""
+    from pixelrl.config.plan import TRAINABLE_STATE_BYTES, lora_parameters, resident_bytes
+
+    cfg = paper_config("dmd2_sd35", "trainer.strategy=ddp")
+    work = step_work(cfg, 8)
+    assert (work.trained_samples, work.substeps, work.optimizer_steps, work.sampled_images) == (64 * 6, 1, 6, 0)
+    assert work.no_grad_passes == pytest.approx((5 * (1.5 + 1) + (1.5 + 3)) / 6)
+    shape = model_shape(cfg)
+    one_adapter = dataclasses.replace(cfg, diffusion_loss=dataclasses.replace(cfg.diffusion_loss, name="flow_grpo",
+                                                                              params={}))
+    extra = resident_bytes(cfg, shape, 8) - resident_bytes(one_adapter, shape, 8)
+    assert extra == pytest.approx(lora_parameters(cfg, shape) * TRAINABLE_STATE_BYTES)
+    text = describe(cfg, plan_for(cfg, 8, 80.0), "dmd2_sd35")
+    assert "512 images per attempt" in text and "6 attempts per step" in text and "no-grad forwards" in text

@@ -88,10 +88,17 @@ def sampling_options(args, model) -> dict:
                  "guidance_scale": validation_guidance(run)}
         source = "the checkpoint's run validated with"
         negative = run.rollout.negative_prompt
+        grid = {"sigma_schedule": run.rollout.sigma_schedule, "sigma_shift": run.rollout.sigma_shift}
     else:
-        given = {"resolution": model.default_resolution(), "num_steps": FOLDER_STEPS, "guidance_scale": FOLDER_GUIDANCE}
-        source = "the model folder's defaults"
-        negative = ""
+        from pixelrl.core.assets import resolve
+        from pixelrl.models.export import SAMPLER_FILE, read_sampler
+
+        sampler = read_sampler(resolve(str(getattr(args, "model", None) or "builtin:shapes"))) or {}
+        given = {"resolution": model.default_resolution(), "num_steps": sampler.get("num_steps", FOLDER_STEPS),
+                 "guidance_scale": sampler.get("guidance_scale", FOLDER_GUIDANCE)}
+        source = f"the folder's {SAMPLER_FILE}" if sampler else "the model folder's defaults"
+        negative = sampler.get("negative_prompt", "")
+        grid = {"sigma_schedule": sampler.get("sigma_schedule", "scheduler"), "sigma_shift": sampler.get("sigma_shift", 0.0)}
     flags = {"resolution": args.resolution, "num_steps": args.steps, "guidance_scale": args.cfg}
     chosen = {key: given[key] if flags[key] is None else flags[key] for key in flags}
     if chosen["resolution"] is None:
@@ -99,9 +106,11 @@ def sampling_options(args, model) -> dict:
                           "family): pass --resolution")
     overridden = [flag for flag, key in (("--resolution", "resolution"), ("--steps", "num_steps"),
                                          ("--cfg", "guidance_scale")) if flags[key] is not None]
-    print(f"sampling at {chosen['resolution']} px, {chosen['num_steps']} steps, guidance {chosen['guidance_scale']:g}"
-          f" ({source}" + (f"; {', '.join(overridden)} as given" if overridden else "") + ")")
-    return {**chosen, "negative_prompt": negative}
+    on_grid = "" if grid["sigma_schedule"] == "scheduler" else \
+        f" on the {grid['sigma_schedule']} grid" + (f" (shift {grid['sigma_shift']:g})" if grid["sigma_shift"] else "")
+    print(f"sampling at {chosen['resolution']} px, {chosen['num_steps']} steps{on_grid}, guidance "
+          f"{chosen['guidance_scale']:g} ({source}" + (f"; {', '.join(overridden)} as given" if overridden else "") + ")")
+    return {**chosen, "negative_prompt": negative, **grid}
 
 
 def _check_baseline_sampling(path: str, baseline: dict, sampling: dict) -> None:

@@ -190,7 +190,7 @@ class Work:
     substeps: int  # per sample: trained window steps, or drawn timesteps
     rows_per_substep: int  # CFG branches (transition), the pair (Diffusion-DPO), else 1
     substeps_per_call: int  # actor.window_steps_per_forward (0 = all)
-    no_grad_passes: int  # forwards without gradient per trained sub-step: reference, old policy
+    no_grad_passes: float  # forwards without gradient per trained sub-step: reference, old policy, teacher
     epochs: int
     branches: int  # CFG branches while sampling
     optimizer_steps: int  # per rollout batch (epochs x mini-batches)
@@ -224,9 +224,35 @@ def step_work(cfg: PixelRLConfig, gpus: int) -> Work:
         per_substep = 2 if pairs else 1  # chosen and rejected side by side
         passes = int(bool(needed & REFERENCE_STEP_KEYS)) + int("v_old" in needed)
         samples = cfg.data.train_batch_size // gpus if pairs else images
+    if loss.objective == "distribution_matching":
+        return _distribution_matching_work(cfg, loss, images)
     sampled = images if cfg.algorithm.sample_source == "online" else 0
     return Work(sampled, r.num_steps, samples, substeps, per_substep, min(a.window_steps_per_forward or substeps,
                 substeps), passes, a.ppo_epochs, branches, optimizer_steps_per_rollout(cfg))
+
+
+def _distribution_matching_work(cfg: PixelRLConfig, loss, images: int) -> Work:
+    """DMD2's step, one cycle of attempts, each over a step's images: the student's Euler steps
+    before the exit (on average (S - 1) / 2, no gradient) and one forward with gradient (the
+    student's exit in a student attempt, the fake score's in a fake one); a student attempt also
+    runs the teacher (both guidance branches) and the fake score without gradient, a fake
+    attempt the student's exit forward. Nothing is decoded."""
+    from pixelrl.algos.distribution_matching import update_cycle
+    from pixelrl.models.loader import model_family
+
+    bound = loss.bind(cfg.diffusion_loss)
+    cycle = update_cycle(bound)
+    teacher = 2 if bound.teacher_guidance > 1 and model_family(cfg.model.type).uses_negative_prompt else 1
+    before_exit = (cfg.rollout.num_steps - 1) / 2
+    no_grad = sum(before_exit + (teacher + 1 if role == "student" else 1) for role in cycle) / len(cycle)
+    return Work(0, cfg.rollout.num_steps, images * len(cycle), 1, 1, 1, no_grad, 1, 1, len(cycle))
+
+
+def trained_roles(cfg: PixelRLConfig) -> int:
+    """Networks the run trains, each with its own adapter (or weights) and optimizer state."""
+    from pixelrl.algos.losses import LOSSES
+
+    return 2 if LOSSES.get(cfg.diffusion_loss.name).objective == "distribution_matching" else 1
 
 
 @dataclass(frozen=True)
@@ -268,7 +294,7 @@ def resident_bytes(cfg: PixelRLConfig, shape: Shape, gpus: int) -> float:
     width = DTYPE_BYTES.get(m.dtype, 4)
     shards = gpus if cfg.trainer.strategy == "fsdp2" else 1
     if m.lora_rank:
-        trainable = lora_parameters(cfg, shape)
+        trainable = lora_parameters(cfg, shape) * trained_roles(cfg)  # DMD2: the student's and the fake score's
         frozen = shape.denoiser_params * width / shards
     else:
         loss = LOSSES.get(cfg.diffusion_loss.name)
@@ -382,6 +408,8 @@ def _divisors(n: int, cap: int | None = None) -> list[int]:
 def _samples_per_optimizer_step(cfg: PixelRLConfig, gpus: int) -> int:
     if cfg.diffusion_loss.name == "diffusion_dpo":  # one pair per prompt
         return cfg.data.train_batch_size // (gpus * mini_batches_per_epoch(cfg))
+    if trained_roles(cfg) > 1:  # DMD2: an attempt's images, one optimizer step
+        return images_per_step(cfg) // gpus
     return (cfg.actor.ppo_mini_batch_size or images_per_step(cfg)) // gpus
 
 
@@ -499,23 +527,44 @@ def _loss_settings(cfg: PixelRLConfig) -> str:
     return f"{loss.name} ({params or 'its default params'})"
 
 
+def _attempts_per_step(cfg: PixelRLConfig) -> int:
+    """DMD2's attempts per training step (each over a step's images), else 1."""
+    if trained_roles(cfg) == 1:
+        return 1
+    from pixelrl.algos.distribution_matching import update_cycle
+
+    return len(update_cycle(LOSSES.get(cfg.diffusion_loss.name).bind(cfg.diffusion_loss)))
+
+
+def _schedule_kept(cfg: PixelRLConfig) -> str:
+    a, images = cfg.actor, images_per_step(cfg)
+    if trained_roles(cfg) > 1:
+        from pixelrl.algos.distribution_matching import update_cycle
+
+        cycle = update_cycle(LOSSES.get(cfg.diffusion_loss.name).bind(cfg.diffusion_loss))
+        return (f"{cfg.data.train_batch_size} prompts x {cfg.rollout.n} images = {images} images per attempt, one "
+                f"optimizer step each, {len(cycle)} attempts per step; student lr {a.lr:g}, {_loss_settings(cfg)}")
+    return (f"{cfg.data.train_batch_size} prompts x {cfg.rollout.n} images = {images} images per step, "
+            f"{a.ppo_mini_batch_size or images} per optimizer step, {optimizer_steps_per_rollout(cfg)} optimizer "
+            f"step(s) per rollout batch, lr {a.lr:g}, {_loss_settings(cfg)}")
+
+
 def describe(cfg: PixelRLConfig, plan: Plan, config_name: str | None = None) -> str:
     """The plan as text: what stays, what changes and why, the estimate, the command."""
-    e, s, a = plan.estimate, plan.shape, cfg.actor
-    images = images_per_step(cfg)
+    e, s = plan.estimate, plan.shape
+    images = images_per_step(cfg) * _attempts_per_step(cfg)
+    no_grad = ("no-grad forwards (the student's steps before its exit, the teacher, the fake score)"
+               if trained_roles(cfg) > 1 else "reference/old forwards")
     lines = [f"plan: {config_name or 'config'} on {plan.gpus} GPU(s) of {plan.gpu_memory_gb:g} GB, "
              f"{plan.peak_tflops:g} TFLOP/s dense bf16 peak each",
              f"model: {s.name}: denoiser {s.denoiser_params / 1e9:.2f}B, text encoders {s.encoder_params / 1e9:.2f}B, "
              f"{s.seq_tokens} tokens per row, {s.forward_flops / 1e12:.2f} TFLOP per row forward",
-             "kept (defines the algorithm): "
-             f"{cfg.data.train_batch_size} prompts x {cfg.rollout.n} images = {images} images per step, "
-             f"{a.ppo_mini_batch_size or images} per optimizer step, {optimizer_steps_per_rollout(cfg)} optimizer "
-             f"step(s) per rollout batch, lr {a.lr:g}, {_loss_settings(cfg)}"]
+             "kept (defines the algorithm): " + _schedule_kept(cfg)]
     lines.append("changed:" if plan.changes else "changed: nothing (the recipe already fits)")
     lines += [f"  {name}: {_text(was)} -> {_text(now)}  ({why})" for name, was, now, why in plan.changes]
     lines += [f"estimate per GPU: peak {e.peak_gb:.1f} GB (weights and state {e.resident_gb:.1f}, update "
               f"{e.update_gb:.1f}, sampling and decode {e.sampling_gb:.1f})",
-              f"estimate per step: {e.step_s:.1f} s (sampling {e.sampling_s:.1f}, reference/old forwards "
+              f"estimate per step: {e.step_s:.1f} s (sampling {e.sampling_s:.1f}, {no_grad} "
               f"{e.no_grad_s:.1f}, update {e.update_s:.1f}), {images / e.step_s / plan.gpus:.2f} images/s per GPU, "
               f"{e.step_flops / 1e15:.2f} PFLOP per GPU; "
               + ("compiled blocks (model.compile, about 95 s of compiling once not included); " if cfg.model.compiles()

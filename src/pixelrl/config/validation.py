@@ -172,6 +172,10 @@ def _check_distribution_matching(cfg: PixelRLConfig) -> None:
     if r.noise_level != 0:
         raise ConfigError("rollout.noise_level", r.noise_level, "the DMD2 student takes deterministic Euler steps: "
                           "set rollout.noise_level=0")
+    if cfg.val_kwargs.num_steps != r.num_steps:
+        raise ConfigError("val_kwargs.num_steps", cfg.val_kwargs.num_steps, f"the DMD2 student is distilled for "
+                          f"rollout.num_steps={r.num_steps} steps of its grid: validate it at those "
+                          f"(val_kwargs.num_steps={r.num_steps})")
     if cfg.model.lora_rank == 0:
         raise ConfigError("model.lora_rank", 0, "DMD2 trains the student and the fake score as two LoRA adapters on "
                           "one base (the teacher is that base): set model.lora_rank > 0")

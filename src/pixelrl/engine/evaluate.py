@@ -11,15 +11,17 @@ import torch
 
 from pixelrl.models.base import DiffusionModel
 from pixelrl.sampling.rollout import SamplingSettings, rollout
+from pixelrl.sampling.schedule import schedule_sigmas
 from pixelrl.sampling.windows import Window
 
 
 @torch.no_grad()
 def generate(model: DiffusionModel, prompts: list[str], seeds: list[int], *, num_steps: int = 10,
              guidance_scale: float = 4.0, resolution: int = 32, negative_prompt: str = "",
-             batch_size: int = 128) -> torch.Tensor:
-    """uint8 images [B, H, W, 3] from the ODE sampler (no noise injected), one per (prompt, seed)."""
-    sigmas = model.sigmas(num_steps, resolution, resolution)
+             batch_size: int = 128, sigma_schedule: str = "scheduler", sigma_shift: float = 0.0) -> torch.Tensor:
+    """uint8 images [B, H, W, 3] from the ODE sampler (no noise injected), one per (prompt, seed), on
+    the grid a run sampled (`rollout.sigma_schedule` / `sigma_shift`: a DMD2 student's shifted grid)."""
+    sigmas = schedule_sigmas(model, num_steps, sigma_schedule, resolution, resolution, sigma_shift)
     settings = SamplingSettings(noise_level=0.0, guidance_scale=guidance_scale)
     images = []
     for start in range(0, len(prompts), batch_size):

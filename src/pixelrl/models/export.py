@@ -3,12 +3,46 @@ folder (LoRA fused into the base weights) or an adapter folder for `load_lora_we
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 from safetensors.torch import load_file
 
 from pixelrl.core.errors import ModelFolderError
+
+
+# How an exported model is meant to be sampled, written beside it: `pixelrl generate` reads it, and
+# its `diffusers` entry is what a diffusers pipeline call needs (a DMD2 student's 4-step grid).
+SAMPLER_FILE = "pixelrl_sampler.json"
+SAMPLER_FIELDS = {"num_steps": int, "guidance_scale": float, "sigma_schedule": str, "sigma_shift": float,
+                  "negative_prompt": str, "diffusers": dict}
+
+
+def write_sampler(folder: str | Path, sampler: dict) -> Path:
+    unknown = sorted(set(sampler) - set(SAMPLER_FIELDS))
+    if unknown:
+        raise ValueError(f"a sampler file holds {sorted(SAMPLER_FIELDS)}, not {unknown}")
+    path = Path(folder) / SAMPLER_FILE
+    path.write_text(json.dumps(sampler, indent=1) + "\n")
+    return path
+
+
+def read_sampler(folder: str | Path) -> dict | None:
+    """The folder's sampler file, checked (None without one); JSON only, nothing in it runs."""
+    path = Path(folder) / SAMPLER_FILE
+    if not path.is_file():
+        return None
+    try:
+        sampler = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ModelFolderError(f"{path}: not readable JSON ({err}); fix or delete the file") from None
+    bad = [k for k, v in sampler.items() if k not in SAMPLER_FIELDS or not isinstance(v, SAMPLER_FIELDS[k])
+           and not (SAMPLER_FIELDS[k] is float and type(v) is int)] if isinstance(sampler, dict) else ["<file>"]
+    if bad:
+        raise ModelFolderError(f"{path}: {bad} are not fields of a sampler file ({ {k: t.__name__ for k, t in SAMPLER_FIELDS.items()} }); "
+                               "fix or delete the file")
+    return sampler
 
 
 def _check_weights_read(folder: Path) -> None:
