@@ -241,7 +241,8 @@ class DiffusionTrainer:
 
             tracker = Tracker(t.logger, self.run_dir, t.project_name, t.experiment_name,
                               OmegaConf.to_container(OmegaConf.create(self.saved_yaml)), console=self.console,
-                              resumed_step=start_step)  # rows past it (or all, from scratch) will run again
+                              resumed_step=start_step,  # rows past it (or all, from scratch) will run again
+                              total_steps=total)
             history, val_history = [], []
             try:
                 if t.val_before_train and val_set is not None and start_step == 0:
@@ -282,6 +283,9 @@ class DiffusionTrainer:
             raise ConfigError("trainer.mode", t.mode, "the checkpoint holds batches sampled ahead by a rollout pool: "
                               "resume with the rollout.n_workers and trainer.mode it was saved with")
         schedule = Schedule(t, total)
+        if t.time_budget_s:  # said now, not only when it stops the run
+            self.console(f"time budget: {t.time_budget_s:.0f} s of training steps (trainer.time_budget_s): the run "
+                         f"stops after the step that uses it up, whatever of its {total} steps remain")
         progress = tqdm(total=total, initial=start_step, desc="training", unit="step", dynamic_ncols=True,
                         disable=not os.isatty(2))
         reward_errors = self.reward_errors

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -42,12 +43,39 @@ def image_grid(images: np.ndarray, captions: list[str] | None = None, ncols: int
     return np.asarray(canvas)
 
 
+def duration(seconds: float) -> str:
+    """1h02m, 3m05s, 42s."""
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+class Progress:
+    """`i/N, elapsed, eta` for a run's console lines: the ETA is the mean time of this process's
+    steps so far (the first one's start-up included) times the steps left."""
+
+    def __init__(self, total: int, first_step_done: int, clock=time.monotonic):
+        self.total, self.done_before, self.clock = int(total), int(first_step_done), clock
+        self.start = clock()
+
+    def line(self, step: int) -> str:
+        done = step - self.done_before
+        if done <= 0:  # validation before training
+            return ""
+        elapsed = self.clock() - self.start
+        eta = elapsed / done * max(0, self.total - step)
+        return f"{step}/{self.total}, {duration(elapsed)}, eta {duration(eta)}"
+
+
 class Tracker:
     def __init__(self, loggers: list[str], run_dir: Path, project: str, experiment: str, config: dict, console=print,
-                 resumed_step: int | None = None):
+                 resumed_step: int | None = None, total_steps: int | None = None):
         """`resumed_step`: the step of the checkpoint this run continues from. A step's row is
         logged before its checkpoint is written, so rows past that step belong to steps that
-        will be run again: they are dropped (jsonl) or purged (tensorboard), never doubled."""
+        will be run again: they are dropped (jsonl) or purged (tensorboard), never doubled.
+        `total_steps`: the run's last step; console lines then end with progress and an ETA."""
+        self.progress = Progress(total_steps, resumed_step or 0) if total_steps else None
         self.loggers = list(loggers)
         self.run_dir = Path(run_dir)
         self.console = console
@@ -88,7 +116,8 @@ class Tracker:
             shown = [f"{k if k.startswith(ROLE_PREFIXES) else k.split('/', 1)[-1]}={clean[k]:.4g}"
                      for k in CONSOLE_KEYS if k in clean]
             shown += [f"{k}={v:.4g}" for k, v in clean.items() if k.startswith(("val-core/", "val/"))]
-            self.console(f"step {step}: " + "  ".join(shown))
+            suffix = self.progress.line(step) if self.progress is not None else ""
+            self.console(f"step {step}: " + "  ".join(shown) + (f"  [{suffix}]" if suffix else ""))
 
     def log_images(self, tag: str, grid: np.ndarray, step: int) -> Path:
         folder = self.run_dir / "samples"

@@ -101,7 +101,8 @@ class VLMPPOTrainer:
     def _loop(self, start_step: int, total: int) -> dict:
         t = self.cfg.trainer
         tracker = Tracker(t.logger, self.run_dir, t.project_name, t.experiment_name, {}, console=self.console,
-                          resumed_step=start_step)  # rows past it (or all, from scratch) will run again
+                          resumed_step=start_step,  # rows past it (or all, from scratch) will run again
+                          total_steps=total)
         history, val_history = [], []
         schedule = Schedule(t, total)
         try:

@@ -1,0 +1,30 @@
+"""Progress on the console: each training line ends with `i/N, elapsed, eta`, counted from the
+steps this process ran (a resumed run's earlier steps do not make its ETA optimistic)."""
+
+from pixelrl.trainers.tracking import Progress, Tracker, duration
+
+
+def test_duration_reads_like_a_clock():
+    assert [duration(s) for s in (4.6, 65, 3725)] == ["5s", "1m05s", "1h02m"]
+
+
+def test_the_eta_counts_this_process_steps_only():
+    now = [100.0]
+    progress = Progress(total=10, first_step_done=4, clock=lambda: now[0])  # resumed after step 4
+    assert progress.line(4) == ""  # a validation row before the first step of this process
+    now[0] += 30.0
+    assert progress.line(5) == "5/10, 30s, eta 2m30s"  # 5 steps left at 30 s each
+    now[0] += 30.0
+    assert progress.line(6) == "6/10, 1m00s, eta 2m00s"
+
+
+def test_console_lines_end_with_the_progress(tmp_path):
+    lines = []
+    tracker = Tracker(["console"], tmp_path, "p", "e", {}, console=lines.append, total_steps=3)
+    tracker.log({"critic/rewards/mean": 0.5}, 1)
+    tracker.log({"critic/rewards/mean": 0.6}, 3)
+    assert lines[0].startswith("step 1: rewards/mean=0.5  [1/3, ") and "eta" in lines[0]
+    assert lines[1].endswith("eta 0s]")
+    plain = []
+    Tracker(["console"], tmp_path, "p", "e", {}, console=plain.append).log({"critic/rewards/mean": 0.5}, 1)
+    assert plain == ["step 1: rewards/mean=0.5"]
