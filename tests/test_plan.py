@@ -439,3 +439,27 @@ def test_a_dmd2_plan_counts_the_second_adapter_and_every_forward_of_its_cycle():
     assert extra == pytest.approx(lora_parameters(cfg, shape) * TRAINABLE_STATE_BYTES)
     text = describe(cfg, plan_for(cfg, 8, 80.0), "dmd2_sd35")
     assert "512 images per attempt" in text and "6 attempts per step" in text and "no-grad forwards" in text
+
+
+def test_the_plan_reads_as_a_user_adds_it_up():
+    """The peak is weights + the larger of update and sampling (said so); the step time includes
+    the communication the planner counted; videos are videos; the run's total, and a warning for an
+    hour-long step."""
+    import re
+
+    cfg = paper_config("flow_grpo_sd35", "trainer.total_training_steps=300")
+    plan = plan_for(cfg, 2, 80.0)
+    text = describe(cfg, plan, "flow_grpo_sd35")
+    e = plan.estimate
+    assert f"peak {e.peak_gb:.1f} GB = weights and state {e.resident_gb:.1f} + the larger of" in text
+    step_s = e.step_s + e.communication_s
+    assert e.communication_s > 0 and f"estimate per step: {step_s:.1f} s" in text
+    assert f"whole run: 300 steps x {step_s:.1f} s = {300 * step_s / 3600:.1f} h" in text
+    from conftest import gpu_node_memory
+
+    wan = paper_config("dance_grpo_wan")
+    with gpu_node_memory():  # the step's videos fit a GPU node's memory, not this machine's
+        text = describe(wan, plan_for(wan, 1, 80.0), "dance_grpo_wan")
+    assert "videos/s per GPU" in text and "images/s" not in text
+    minutes = float(re.search(r"at ([\d.]+) minutes per step", text).group(1))
+    assert minutes > 10 and "more GPUs shorten it" in text

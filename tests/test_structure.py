@@ -223,3 +223,18 @@ def test_each_section_checks_its_own_fields_without_the_rest_of_the_config():
                            (ValKwargs(rewards=[{"name": "jpeg_compressibility", "extra": 1}]), r"val_kwargs.rewards\[0\]")]:
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
             section.check()
+
+
+def test_one_list_of_method_families_names_every_trainer_type_objective_and_consumer():
+    """`algos.losses.OBJECTIVES` is the list: each family has an engine objective, a consumer (or,
+    for distribution matching, its own cycle) and at least one loss; the config accepts exactly them."""
+    from pixelrl.algos.losses import LOSSES, OBJECTIVES
+    from pixelrl.config.sections import DIFFUSION_TRAINERS
+    from pixelrl.engine.policy_engine import OBJECTIVE_CLASSES
+    from pixelrl.trainers.controller import CONSUMERS
+
+    assert tuple(DIFFUSION_TRAINERS) == tuple(OBJECTIVES)
+    assert set(OBJECTIVE_CLASSES) == set(OBJECTIVES)
+    assert all(OBJECTIVE_CLASSES[name].name == name for name in OBJECTIVES)
+    assert set(CONSUMERS) | {"distribution_matching"} == set(OBJECTIVES)
+    assert {LOSSES.get(n).objective for n in LOSSES.names()} == set(OBJECTIVES)

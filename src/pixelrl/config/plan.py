@@ -549,6 +549,19 @@ def _schedule_kept(cfg: PixelRLConfig) -> str:
             f"step(s) per rollout batch, lr {a.lr:g}, {_loss_settings(cfg)}")
 
 
+def _run_total(cfg: PixelRLConfig, step_s: float) -> str:
+    """The whole run at the estimated step time, with a word when one step is long."""
+    steps = cfg.trainer.total_training_steps
+    line = (f"whole run: {steps} steps x {step_s:.1f} s = {steps * step_s / 3600:.1f} h, before validation and "
+            "checkpoints" if steps else
+            f"whole run: an epoch of the training files (trainer.total_training_steps 0, not counted here) at "
+            f"{step_s / 60:.1f} minutes per step")
+    if step_s > 600:
+        line += (f"; one step takes {step_s / 60:.0f} minutes: more GPUs shorten it (a smaller data.train_batch_size "
+                 "or rollout.n would change the algorithm)")
+    return line
+
+
 def describe(cfg: PixelRLConfig, plan: Plan, config_name: str | None = None) -> str:
     """The plan as text: what stays, what changes and why, the estimate, the command."""
     e, s = plan.estimate, plan.shape
@@ -562,17 +575,22 @@ def describe(cfg: PixelRLConfig, plan: Plan, config_name: str | None = None) -> 
              "kept (defines the algorithm): " + _schedule_kept(cfg)]
     lines.append("changed:" if plan.changes else "changed: nothing (the recipe already fits)")
     lines += [f"  {name}: {_text(was)} -> {_text(now)}  ({why})" for name, was, now, why in plan.changes]
-    lines += [f"estimate per GPU: peak {e.peak_gb:.1f} GB (weights and state {e.resident_gb:.1f}, update "
-              f"{e.update_gb:.1f}, sampling and decode {e.sampling_gb:.1f})",
-              f"estimate per step: {e.step_s:.1f} s (sampling {e.sampling_s:.1f}, {no_grad} "
-              f"{e.no_grad_s:.1f}, update {e.update_s:.1f}), {images / e.step_s / plan.gpus:.2f} images/s per GPU, "
-              f"{e.step_flops / 1e15:.2f} PFLOP per GPU; "
+    unit = "videos" if s.frames > 1 else "images"
+    step_s = e.step_s + e.communication_s  # none of the communication hidden: the planner's own assumption
+    lines += [f"estimate per GPU: peak {e.peak_gb:.1f} GB = weights and state {e.resident_gb:.1f} + the larger of "
+              f"the update's activations {e.update_gb:.1f} and sampling and decode {e.sampling_gb:.1f} (they never "
+              "run at once)",
+              f"estimate per step: {step_s:.1f} s (sampling {e.sampling_s:.1f}, {no_grad} {e.no_grad_s:.1f}, update "
+              f"{e.update_s:.1f}" + (f", communication {e.communication_s:.1f}" if plan.gpus > 1 else "")
+              + f"), {images / step_s / plan.gpus:.2f} {unit}/s per GPU, {e.step_flops / 1e15:.2f} PFLOP per GPU; "
               + ("compiled blocks (model.compile, about 95 s of compiling once not included); " if cfg.model.compiles()
                  else "")
               + "the rewards' time not included (sampling includes the decode)"]
     if plan.gpus > 1:
         lines.append(f"communication per GPU per step ({plan.choice.strategy}): {e.communication_gb:.0f} GB, "
-                     f"{e.communication_s:.1f} s at {plan.link_gb_per_s:g} GB/s if none of it overlapped compute")
+                     f"{e.communication_s:.1f} s at {plan.link_gb_per_s:g} GB/s, counted as if none of it "
+                     "overlapped compute")
+    lines.append(_run_total(cfg, step_s))
     if plan.unchecked:
         lines.append(f"not checked on this machine: {plan.unchecked}")
     command = " ".join(["pixelrl train"] + ([f"--config-name {config_name}"] if config_name else []) + plan.overrides)
