@@ -242,14 +242,14 @@ def test_two_ray_workers_under_fsdp2_train_both_roles_as_one_process_does(ray_cl
         assert any(float(a[k].abs().max()) > 0 for k in a if "lora_B" in k)  # trained, not the zero init
 
 
-def test_an_exported_student_samples_alike_in_pixelrl_generate_and_in_diffusers(tmp_path, tiny_sd3_path, capsys):
-    """The export writes how the student samples (4 steps of its grid, no guidance) beside it;
-    `pixelrl generate` reads it, and the diffusers call the export prints (scheduler shift 1,
-    the grid's sigmas) draws the same images from the same seeds."""
+def test_an_exported_student_samples_alike_in_pixelrl_generate_and_in_the_printed_diffusers(tmp_path, tiny_sd3_path,
+                                                                                            capsys):
+    """The export writes how the student samples (4 steps of its grid, no guidance) beside it and
+    prints the plain diffusers lines that sample it; those lines, run as printed (for the pipeline
+    folder and for the adapter on its base), draw the images `pixelrl generate` draws."""
     import json
 
     import numpy as np
-    from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
 
     from pixelrl.cli import main
     from pixelrl.engine.evaluate import generate
@@ -258,20 +258,20 @@ def test_an_exported_student_samples_alike_in_pixelrl_generate_and_in_diffusers(
     code, run = _train(tmp_path, tiny_sd3_path, "model.max_sequence_length=8", "trainer.total_training_steps=2",
                        "trainer.save_freq=2", "actor.lr=0.05")
     assert code == 0
-    out = tmp_path / "student"
-    assert main(["export", str(run / "checkpoints/global_step_2"), str(out)]) == 0
-    printed = capsys.readouterr().out
-    assert "sigmas=[1.0, 0.9, 0.75, 0.5], num_inference_steps=4, guidance_scale=1" in printed
-    sampler = json.loads((out / "pixelrl_sampler.json").read_text())
-    assert (sampler["num_steps"], sampler["sigma_schedule"], sampler["sigma_shift"]) == (4, "linspace_shift", 3.0)
-
-    model = load_folder_model(out)
-    ours = generate(model, ["a red circle", "two blue squares"], [3, 4], num_steps=4, guidance_scale=1.0,
-                    resolution=32, sigma_schedule="linspace_shift", sigma_shift=3.0).numpy() / 255.0
-    pipe = StableDiffusion3Pipeline.from_pretrained(out, text_encoder_3=None, tokenizer_3=None)
-    pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(pipe.scheduler.config,
-                                                                 **sampler["diffusers"]["scheduler"])
-    theirs = np.concatenate([pipe(prompt, **sampler["diffusers"]["call"], height=32, width=32, output_type="np",
-                                  max_sequence_length=8, generator=torch.Generator().manual_seed(seed)).images
-                             for prompt, seed in (("a red circle", 3), ("two blue squares", 4))])
-    assert np.abs(ours - theirs).max() < 2.5 / 255
+    capsys.readouterr()
+    model = None
+    for name, flags in (("student", []), ("adapter", ["--adapter-only"])):
+        out = tmp_path / name
+        assert main(["export", str(run / "checkpoints/global_step_2"), str(out), *flags]) == 0
+        printed = capsys.readouterr().out.split("in plain diffusers:\n", 1)[1]
+        assert "sigmas=[1.0, 0.9, 0.75, 0.5]" in printed and "num_inference_steps=4" in printed
+        sampler = json.loads((out / "pixelrl_sampler.json").read_text())
+        assert (sampler["num_steps"], sampler["sigma_schedule"], sampler["sigma_shift"]) == (4, "linspace_shift", 3.0)
+        namespace: dict = {}
+        exec("\n".join(line[4:] for line in printed.splitlines()), namespace)  # the user's copy-paste
+        theirs = np.asarray(namespace["sample"], dtype=np.int16)
+        if model is None:
+            model = load_folder_model(out)
+            ours = generate(model, ["a red circle"], [0], num_steps=4, guidance_scale=1.0, resolution=32,
+                            sigma_schedule="linspace_shift", sigma_shift=3.0)[0].numpy().astype(np.int16)
+        assert theirs.shape == ours.shape and np.abs(theirs - ours).max() <= 3, name

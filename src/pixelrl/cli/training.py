@@ -132,14 +132,13 @@ def cmd_export(args) -> int:
     sampler = run_sampler(run, resolve(str(base)))
     write_sampler(out, sampler)
     print(f"exported {'adapter' if args.adapter_only else 'pipeline'} ({weights} weights) to {out}, with how the "
-          f"run sampled it in {SAMPLER_FILE}")
-    if "diffusers" in sampler:  # a grid the family's scheduler does not make by itself: say how to ask for it
-        d = sampler["diffusers"]
-        print("in diffusers:\n"
-              f"    pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(pipe.scheduler.config, "
-              f"shift=1.0, use_dynamic_shifting=False)\n"
-              f"    image = pipe(prompt, sigmas={d['call']['sigmas']}, num_inference_steps="
-              f"{d['call']['num_inference_steps']}, guidance_scale={d['call']['guidance_scale']:g}).images[0]")
+          f"run sampled it in {SAMPLER_FILE}; in plain diffusers:")
+    from pixelrl.models.export import diffusers_example
+    from pixelrl.models.loader import model_family
+
+    example = diffusers_example(model_family(saved.type), out, sampler, run.rollout.resolution,
+                                saved.max_sequence_length, base=resolve(str(base)) if args.adapter_only else None)
+    print("\n".join("    " + line for line in example.splitlines()))
     return 0
 
 

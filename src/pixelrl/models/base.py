@@ -81,6 +81,10 @@ class DiffusionModel(ABC):
     # classifier-free guidance as a second (negative-prompt) branch; False for guidance-distilled
     # families, whose denoiser takes the guidance scale as an input
     uses_negative_prompt: bool = True
+    # how the family's diffusers pipeline call names that guidance (QwenImagePipeline: true_cfg_scale)
+    # and what it returns (WanPipeline: frames)
+    diffusers_guidance_argument: str = "guidance_scale"
+    diffusers_output: str = "images"
     # families conditioned on text-encoder token states refuse model.max_sequence_length <= 0 with
     # this fix; None where zero tokens is meaningful (SD3 without T5)
     text_tokens_hint: str | None = None

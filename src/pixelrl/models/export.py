@@ -28,6 +28,43 @@ def write_sampler(folder: str | Path, sampler: dict) -> Path:
     return path
 
 
+def diffusers_example(family, folder: str | Path, sampler: dict, resolution: int, max_sequence_length: int,
+                      base: str | Path | None = None) -> str:
+    """Plain diffusers that samples the exported model as the run validated it: the pipeline folder
+    (or the base with the adapter loaded, `base` given), the grid when it is one of the run's own, the
+    steps, guidance, size and text tokens. A folder without an autoencoder (the shapes models) has
+    no diffusers sampling: one line says so."""
+    index = json.loads((Path(base or folder) / "model_index.json").read_text())
+    if index.get("vae", [None])[0] is None:
+        return (f"# {Path(folder)} has no autoencoder (it generates pixels directly): diffusers' "
+                f"{family.pipeline_class_name} cannot sample it as it is; use `pixelrl generate --model {folder}`")
+    cls = family.pipeline_class_name
+    custom = "diffusers" in sampler
+    lines = ["import torch", f"from diffusers import {cls}" + (", FlowMatchEulerDiscreteScheduler" if custom else "")]
+    # a component the folder leaves out (SD3 without T5) is passed as None, or diffusers refuses to load
+    absent = "".join(f", {name}=None" for name, entry in index.items()
+                     if not name.startswith("_") and isinstance(entry, list) and entry[0] is None)
+    if base is None:
+        lines.append(f"pipe = {cls}.from_pretrained({str(folder)!r}{absent})")
+    else:
+        lines += [f"pipe = {cls}.from_pretrained({str(base)!r}{absent})", f"pipe.load_lora_weights({str(folder)!r})"]
+    if custom:
+        options = ", ".join(f"{k}={v!r}" for k, v in sampler["diffusers"]["scheduler"].items())
+        lines.append(f"pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(pipe.scheduler.config, {options})")
+    call = [repr("a red circle"), f"num_inference_steps={sampler['num_steps']}",
+            f"{family.diffusers_guidance_argument}={sampler['guidance_scale']:g}", f"height={resolution}",
+            f"width={resolution}"]
+    if custom:
+        call.append(f"sigmas={sampler['diffusers']['call']['sigmas']}")
+    if max_sequence_length > 0:
+        call.append(f"max_sequence_length={max_sequence_length}")
+    if sampler.get("negative_prompt") and family.uses_negative_prompt and sampler["guidance_scale"] > 1:
+        call.append(f"negative_prompt={sampler['negative_prompt']!r}")
+    call.append("generator=torch.Generator().manual_seed(0)")
+    lines.append(f"sample = pipe({', '.join(call)}).{family.diffusers_output}[0]")
+    return "\n".join(lines)
+
+
 def read_sampler(folder: str | Path) -> dict | None:
     """The folder's sampler file, checked (None without one); JSON only, nothing in it runs."""
     path = Path(folder) / SAMPLER_FILE

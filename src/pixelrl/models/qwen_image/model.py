@@ -24,6 +24,7 @@ from pixelrl.models.packed import PackedLatentsModel
 class QwenImageModel(PackedLatentsModel):
     default_lora_targets = JOINT_ATTENTION_LORA_TARGETS
     pipeline_class_name = "QwenImagePipeline"
+    diffusers_guidance_argument = "true_cfg_scale"  # its guidance_scale is for guidance-distilled checkpoints
     text_tokens_hint = ("Qwen-Image is conditioned on the text encoder's token states: use at most 1024 (the "
                         "pipeline's limit), e.g. 512")
 

@@ -40,6 +40,7 @@ def _vae_scales(folder: Path) -> tuple[int, int] | None:
 class WanModel(DiffusionModel):
     default_lora_targets = WAN_LORA_TARGETS
     pipeline_class_name = "WanPipeline"
+    diffusers_output = "frames"
     text_tokens_hint = "Wan is conditioned on UMT5 token states: use 512 (Wan 2.1's length) or fewer"
 
     @classmethod
