@@ -213,21 +213,32 @@ def test_resuming_with_another_model_or_batch_stops_before_anything_starts(two_s
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # the run folder untouched
 
 
-def test_resuming_with_another_reward_is_announced_and_goes_on(two_saved_steps, tmp_path, tiny_pixel_path, capsys):
-    """A reward may change on resume (a curriculum), never silently: the console names it."""
+def test_resuming_with_another_reward_or_prompts_is_refused_unless_named(two_saved_steps, tmp_path, tiny_pixel_path,
+                                                                          capsys):
+    """A reward or the prompts may change on resume (a curriculum), never by a forgotten override:
+    refused, naming the field, the checkpoint's value and trainer.resume_changes; with the field
+    named there, the run goes on and the console says what changed."""
     import shutil
 
     out = tmp_path / "copy"
     shutil.copytree(two_saved_steps, out)
-    code, run = train_cli(out, tiny_pixel_path, "trainer.backend=local", "trainer.logger=[jsonl]",
-                          "data.train_batch_size=2", "actor.ppo_mini_batch_size=4", "trainer.total_training_steps=3",
-                          "reward.functions=[{name: jpeg_incompressibility}]")
+    common = ("trainer.backend=local", "trainer.logger=[jsonl]", "data.train_batch_size=2",
+              "actor.ppo_mini_batch_size=4", "trainer.total_training_steps=3")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    for change, field in (("reward.functions=[{name: jpeg_incompressibility}]", "reward.functions"),
+                          ("data.prompts=[a blue moon, a red sun]", "data.prompts")):
+        code, _ = train_cli(out, tiny_pixel_path, *common, change)
+        err = capsys.readouterr().err
+        assert code == 2 and f"`{field}`" in err and "global_step_2 was trained with" in err, err
+        assert f"trainer.resume_changes=[{field}]" in err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # the run folder untouched
+    code, run = train_cli(out, tiny_pixel_path, *common, "reward.functions=[{name: jpeg_incompressibility}]",
+                          "trainer.resume_changes=[reward.functions]")
     printed = capsys.readouterr().out
     assert code == 0 and [m["step"] for m in read_metrics(run)] == [1, 2, 3]
     assert "warning: resuming global_step_2 with `reward.functions`" in printed, printed
     assert "jpeg_incompressibility" in printed and "jpeg_compressibility" in printed
-    code, _ = train_cli(out, tiny_pixel_path, "trainer.backend=local", "trainer.logger=[jsonl]",
-                        "data.train_batch_size=2", "actor.ppo_mini_batch_size=4", "trainer.total_training_steps=4",
+    code, _ = train_cli(out, tiny_pixel_path, *common[:-1], "trainer.total_training_steps=4",
                         "reward.functions=[{name: jpeg_incompressibility}]")
     assert code == 0 and "warning" not in capsys.readouterr().out  # same reward as the checkpoint: no word
 

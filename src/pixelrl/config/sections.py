@@ -56,6 +56,10 @@ class ValKwargs:
         check_reward_specs("val_kwargs.rewards", self.rewards)
 
 
+# fields a resume may change from its checkpoint's config when trainer.resume_changes names them
+RESUME_CHANGEABLE = ("reward.functions", "data.train_files", "data.prompts", "data.source_weights")
+
+
 @dataclass
 class RunConfig:
     """What every trainer's `trainer:` section holds: the run folder, its schedule and its workers."""
@@ -72,6 +76,10 @@ class RunConfig:
     # seconds, saving and validating as at the last step (0 = no budget)
     time_budget_s: float = 0.0
     resume_mode: str = "auto"  # auto | disable | <path to a global_step_N folder>
+    # fields a resume may change from the checkpoint's config on purpose (a reward curriculum, new
+    # prompts): any of reward.functions, data.train_files, data.prompts, data.source_weights.
+    # Changing one without naming it here is refused
+    resume_changes: list[str] = field(default_factory=list)
     # when a Ray worker's process dies (a native crash, the OOM killer, a lost node), start the
     # workers again and resume from the run's latest checkpoint, at most this many times (0 = stop)
     max_restarts: int = 0
@@ -115,6 +123,8 @@ class RunConfig:
             check_number(f"trainer.{name}", getattr(self, name), allow_zero=True)
         for logger in self.logger:
             check_choice("trainer.logger", logger, ("console", "jsonl", "tensorboard", "wandb"))
+        for name in self.resume_changes:
+            check_choice("trainer.resume_changes", name, RESUME_CHANGEABLE)
         if self.resume_mode not in ("auto", "disable") and not Path(self.resume_mode).is_dir():
             raise ConfigError("trainer.resume_mode", self.resume_mode,
                               "use auto, disable, or the path of an existing global_step_N checkpoint folder")

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from pixelrl.config.sections import RESUME_CHANGEABLE
 from pixelrl.core.errors import ConfigError
 from pixelrl.engine.checkpoint import CheckpointError
 
@@ -309,13 +310,14 @@ RESUME_FIXED = ("algorithm.trainer_type", "model.type", "model.path", "model.lor
                 "model.lora_target_modules", "data.train_batch_size", "data.seed", "data.shuffle", "rollout.n",
                 "diffusion_loss.teacher", "diffusion_loss.params.cycle")
 ADAPTER_ONLY = ("model.lora_alpha", "model.lora_target_modules")
-# May change on resume on purpose (a reward curriculum), but never unannounced: a warning names it.
-RESUME_ANNOUNCED = ("reward.functions",)
+# RESUME_CHANGEABLE may change on resume on purpose (a reward curriculum, a new prompt set), when
+# trainer.resume_changes names them; then a warning names each. Without it, a resume that changes
+# one is refused: a command that forgot an override would otherwise train on other data or reward.
 
 
 def check_resume_config(folder: Path, config_yaml: str) -> list[str]:
     """Stop before any worker starts when the run's config differs from the checkpoint's on a
-    field in RESUME_FIXED; return a warning for each field of RESUME_ANNOUNCED that differs.
+    field in RESUME_FIXED; return a warning for each field of RESUME_CHANGEABLE that differs.
     Anything else (learning rate, steps, logging) may change on resume."""
     from omegaconf import OmegaConf
 
@@ -330,11 +332,19 @@ def check_resume_config(folder: Path, config_yaml: str) -> list[str]:
         found = OmegaConf.select(config, field)
         return OmegaConf.to_container(found) if OmegaConf.is_config(found) else found
 
-    for field in RESUME_ANNOUNCED:
+    allowed = value(current, "trainer.resume_changes") or []
+    for field in RESUME_CHANGEABLE:
         before, now = value(saved, field), value(current, field)
-        if before != now:
-            warnings.append(f"warning: resuming {folder.name} with `{field}` = {now!r}; it was trained with "
-                            f"{before!r} (the rewards logged from here on are not comparable with the earlier ones)")
+        if before == now:
+            continue
+        if field not in allowed:
+            raise ConfigError(field, now, f"the checkpoint {folder.name} was trained with {before!r}: resume with that "
+                              f"value (repeat the overrides the run started with), or change it on purpose with "
+                              f"trainer.resume_changes=[{field}]")
+        effect = ("the rewards logged from here on are not comparable with the earlier ones" if field.startswith("reward")
+                  else "the data loader's position was saved for the earlier data and is applied to these rows")
+        warnings.append(f"warning: resuming {folder.name} with `{field}` = {now!r}; it was trained with "
+                        f"{before!r} ({effect})")
     trains_adapter = value(saved, "model.lora_rank") or value(current, "model.lora_rank")
     for field in RESUME_FIXED:
         if field in ADAPTER_ONLY and not trains_adapter:  # full fine-tuning both times: no adapter to differ
