@@ -72,6 +72,9 @@ def test_the_demo_runs_end_to_end_and_writes_its_summary(tmp_path, capsys):
     assert (tmp_path / "pixelrl" / "shapes_demo" / "before_after.png").is_file()
     # judged with the validation's guidance, not the (CFG-free) rollouts'
     assert written["evaluated_with"]["guidance_scale"] == 2.5 and "guidance 2.5;" in printed
+    # and the run report shows the held-out tables as printed, and the before / after picture
+    page = (tmp_path / "pixelrl" / "shapes_demo" / "report.html").read_text()
+    assert "paired 95% interval" in page and 'alt="before_after.png"' in page and "| model (exact) |" in page
 
 
 def test_grid_captions_break_between_words():

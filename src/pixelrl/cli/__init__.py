@@ -14,6 +14,7 @@
     pixelrl demo-vlm [key=value ...]                    GRPO on the shipped shapes-QA VLM, accuracy before/after
     pixelrl eval-vlm [--model PATH] [--files F ...]     a Qwen2-VL folder's held-out accuracy per question type
     pixelrl plot RUN [--keys PATTERN ...]               a run's metrics as a PNG, one panel per key
+    pixelrl report RUN                                  one self-contained HTML page of a run
     pixelrl serve-reward --reward NAME [--host H]       a reward behind HTTP for `remote` rewards elsewhere
 """
 

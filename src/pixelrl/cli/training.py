@@ -1,4 +1,4 @@
-"""Training and its artefacts: `train`, `plot`, `export`, `demo-jpeg`, `build-tiny`."""
+"""Training and its artefacts: `train`, `plot`, `report`, `export`, `demo-jpeg`, `build-tiny`."""
 
 from __future__ import annotations
 
@@ -72,6 +72,20 @@ def cmd_plot(args) -> int:
     check_output_file(args.out, "--out", image_suffixes())
     keys = plot_metrics(metrics, args.keys, args.out, x=args.x)
     print(f"wrote {args.out}: {', '.join(keys)}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from pixelrl.core.errors import ConfigError
+    from pixelrl.trainers.report import write_report
+
+    run = Path(args.run)
+    if not (run / "metrics.jsonl").is_file() and not (run / "config.yaml").is_file():
+        raise ConfigError("<run>", args.run, "a run folder (it holds config.yaml and metrics.jsonl): "
+                          "<trainer.default_local_dir>/<project_name>/<experiment_name>")
+    out = Path(args.out) if args.out else run / "report.html"
+    check_output_file(str(out), "--out", (".html",))
+    print(f"wrote {write_report(run, out)}: open it in a browser (self-contained, works offline)")
     return 0
 
 
@@ -258,6 +272,12 @@ def add_parsers(sub) -> None:
     plot.add_argument("--out", default="metrics.png")
     plot.add_argument("--x", choices=("step", "minutes", "images"), default="step")
     plot.set_defaults(func=cmd_plot)
+    report = sub.add_parser("report", help="one self-contained HTML page of a run: curves, sample grids, validation "
+                            "scores, held-out tables, timings, config", description="Write RUN/report.html (or --out) "
+                            "from the files the run wrote; it opens offline in any browser.")
+    report.add_argument("run", help="a run folder, <trainer.default_local_dir>/<project_name>/<experiment_name>")
+    report.add_argument("--out", default=None, help="the HTML file to write (default: RUN/report.html)")
+    report.set_defaults(func=cmd_report)
     export = sub.add_parser("export", help="export a checkpoint for diffusers (from a vision-language run: a "
                             "Qwen2-VL folder)")
     export.add_argument("checkpoint", help="a <run>/checkpoints/global_step_N folder")

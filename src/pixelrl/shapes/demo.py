@@ -188,17 +188,20 @@ def run_demo(overrides: list[str], per_category: int = 64, config_name: str = DE
 
     div_before, div_after = diversity(base["images"], items), diversity(trained["images"], items)
     print()
-    print(f"held-out scores (GenEval-style, {len(items)} images, {eval_kwargs['num_steps']} steps, guidance "
-          f"{eval_kwargs['guidance_scale']:g}; [a, b] = 95% bootstrap interval over items)")
+    printed = [f"held-out scores (GenEval-style, {len(items)} images, {eval_kwargs['num_steps']} steps, guidance "
+               f"{eval_kwargs['guidance_scale']:g}; [a, b] = 95% bootstrap interval over items)"]
+    print(printed[0])
     for score in ("strict", "exact"):
         for scored in (base, trained):
             scored[f"{score}_interval"] = bootstrap_overall(scored["items"], score)
         table = format_table(base, "base", score).splitlines()
         table.append(format_table(trained, label, score).splitlines()[-1])
         print("\n".join(table))
+        printed += table
     report = demo_report(base, trained, div_before, div_after)
     for line in report["lines"]:
         print(line)
+    printed += report["lines"]
     print(format_careful(trained, baseline=base))
     print("what went wrong (fraction of each category's images, base -> trained):")
     print(format_failures(base, trained))
@@ -215,8 +218,11 @@ def run_demo(overrides: list[str], per_category: int = 64, config_name: str = DE
         "diversity_before": div_before, "diversity_after": div_after,
         "evaluated_checkpoint": str(chosen), "evaluated_with": eval_kwargs,
         "minutes": (time.time() - started) / 60, "config_name": config_name, "overrides": list(overrides),
+        "lines": printed,  # the held-out tables and gains as printed (the run report shows them)
     }
     (run_dir / "demo_summary.json").write_text(json.dumps(summary, indent=1))
-    print(f"wrote {run_dir / 'before_after.png'}, {run_dir / 'reward_curve.png'}, {run_dir / 'demo_summary.json'} "
-          f"({summary['minutes']:.1f} min)")
+    from pixelrl.trainers.report import write_report
+
+    print(f"wrote {run_dir / 'before_after.png'}, {run_dir / 'reward_curve.png'}, {run_dir / 'demo_summary.json'}, "
+          f"{write_report(run_dir)} ({summary['minutes']:.1f} min)")
     return summary
