@@ -81,6 +81,9 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
      ["pretrain-shapes", "{tmp}/s", "--world", "text", "--category-weights", "two_object=2"], "--category-weights"),
     ("eval --task text on the train split", ["eval", "--task", "text", "--split", "train"], "--split"),
     ("make-preferences over an existing preference file", ["make-preferences", "{prefs}"], "already holds"),
+    ("make-preferences pairing by a score the reward does not return",
+     ["make-preferences", "{tmp}/p", "--score", "shapes_strictness"], "--score"),
+    ("make-preferences writing under a file", ["make-preferences", "{file}/p"], "is a file"),
     ("make-preferences with 0 images per prompt", ["make-preferences", "{tmp}/p", "--n", "0"], "--n"),
     ("make-preferences with margin inf", ["make-preferences", "{tmp}/p", "--margin", "inf"], "--margin"),
     ("make-preferences with 0 pairs", ["make-preferences", "{tmp}/p", "--pairs-per-prompt", "0"],
@@ -102,6 +105,11 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
      "does not read"),
     ("export a diffusion checkpoint's EMA", ["export", "{ckpt}", "{tmp}/out", "--weights", "ema"], "--weights"),
     ("export into a non-empty folder", ["export", "{ckpt}", "{run}"], "not empty"),
+    ("export onto a link whose target is gone", ["export", "{ckpt}", "{dangling}"], "which does not exist"),
+    ("a run folder under a link whose target is gone", [*SHAPES, "trainer.default_local_dir={dangling}/runs"],
+     "which does not exist"),
+    ("a whole export of a torn adapter", ["export", "{ckpt_torn}", "{tmp}/out", "--base-model", "{tmp}"],
+     "does not read"),
     ("export with a relative model path from elsewhere", ["export", "{ckpt}", "{tmp}/out"], "--base-model"),
     # output locations of a training run
     ("run folder that is a file", [*SHAPES, "trainer.default_local_dir={file}"], "trainer.default_local_dir"),
@@ -415,6 +423,7 @@ def _make_places(root: Path) -> None:
     (root / "ckpt_on_base" / "config.yaml").write_text(f"model:\n  path: {root / 'base_model'}\n")
     (root / "prefs").mkdir()
     (root / "prefs" / "preferences.jsonl").write_text('{"prompt": "a red circle"}\n')
+    (root / "dangling").symlink_to(root / "deleted_since")  # a link whose target is gone
     # an adapter whose weights file was cut short (a header promising more bytes than follow)
     (root / "ckpt_torn" / "actor" / "adapter").mkdir(parents=True)
     (root / "ckpt_torn" / "config.yaml").write_text("model:\n  path: runs/tiny_sd3\n")
@@ -423,7 +432,8 @@ def _make_places(root: Path) -> None:
 
 
 def _tree(folder: Path) -> dict[str, float]:
-    return {str(p.relative_to(folder)): p.stat().st_mtime for p in sorted(folder.rglob("*"))}
+    # lstat: a link is recorded as itself (the dangling one has no target to stat)
+    return {str(p.relative_to(folder)): p.lstat().st_mtime for p in sorted(folder.rglob("*"))}
 
 
 def replay(argv: list[str], root: Path, workdir: Path) -> tuple[int, str]:
@@ -435,7 +445,7 @@ def replay(argv: list[str], root: Path, workdir: Path) -> tuple[int, str]:
               "{ckpt_link_file}": str(root / "ckpt_link_file"), "{ckpt_link_dir}": str(root / "ckpt_link_dir"),
               "{ckpt_torn}": str(root / "ckpt_torn"), "{prefs}": str(root / "prefs"),
               "{broken_plugin}": str(root / "broken_plugin.py"), "{pretrain_run}": str(root / "pretrain_run"),
-              "{ckpt_on_base}": str(root / "ckpt_on_base")}
+              "{ckpt_on_base}": str(root / "ckpt_on_base"), "{dangling}": str(root / "dangling")}
     filled = []
     for arg in argv:
         for mark, path in places.items():

@@ -225,6 +225,7 @@ def test_dmd2_pulls_the_4_step_student_toward_the_teacher(tiny_pixel_path):
     assert_learned(0.0, 1 - student / base, 0.08, base, student)
 
 
+@pytest.mark.slow  # ~30 s: two Ray workers; the attempt's math is tested in one process above
 def test_two_ray_workers_under_fsdp2_train_both_roles_as_one_process_does(ray_cluster, tmp_path, tiny_pixel_path):
     """Two adapters on one base sharded by FSDP2 over two workers: each role's gradients reach
     only its own shards, and both roles end where one process ends (up to float reordering)."""

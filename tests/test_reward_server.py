@@ -78,6 +78,25 @@ def test_a_request_without_the_token_is_refused(monkeypatch):
         assert server.requests_scored == 2
 
 
+def test_a_token_put_in_the_url_is_never_logged_or_answered_back(capsys):
+    """A client that puts its token in the query string gets a 400 saying where the token goes;
+    neither the server's log line nor its answer repeats the URL's query."""
+    body = encode_request(images(1).numpy(), ["p"], [{}])
+    secret = "the-secret-token-in-a-url"
+    with RewardServer("jpeg_compressibility", token=TOKEN) as server:
+        for method, path, data in (("POST", f"/score?token={secret}", body), ("GET", f"/health?token={secret}", None),
+                                   ("GET", f"/nowhere?token={secret}", None)):
+            request = urllib.request.Request(server.url + path, data, {"Content-Type": "application/json"},
+                                             method=method)
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(request, timeout=10)
+            answer = err.value.read().decode()
+            assert err.value.code == 400 and "Authorization header" in answer and secret not in answer, answer
+        assert server.requests_scored == 0
+    logged = capsys.readouterr().out
+    assert "reward server: 400" in logged and secret not in logged, logged
+
+
 def test_oversized_requests_are_refused_before_scoring():
     with RewardServer("jpeg_compressibility", max_request_mb=0.01, limits=Limits(max_images=3, max_pixels=32 * 32)) as server:
         big = encode_request(images(1, size=128).numpy(), ["p"], [{}], encoding="raw")  # 49 kB > 10 kB

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pixelrl.cli.arguments import non_negative_float, non_negative_int, positive_float, positive_int
 from pixelrl.cli.rewards import reward_options
-from pixelrl.core.paths import check_output_file, image_suffixes
+from pixelrl.core.paths import check_output_dir, check_output_file, image_suffixes
 
 
 def cmd_demo(args) -> int:
@@ -216,10 +216,17 @@ def cmd_make_preferences(args) -> int:
     if (Path(args.out) / "preferences.jsonl").exists():
         raise ConfigError("OUT", args.out, "already holds a preferences.jsonl (and its images), which this would "
                           "overwrite: write to a new folder, or delete that one first")
+    check_output_dir(args.out, "OUT")  # before anything samples, not after
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     options = reward_options(args)
     rows = PromptDataset.from_files([args.prompts]).rows
     rewards = RewardGroup([{"name": args.reward, "weight": 1.0, "options": options}], backend="local")
+    # the keys the reward returns, from one blank image, so that a --score it lacks stops here
+    returned = rewards(torch.zeros(1, args.resolution, args.resolution, 3, dtype=torch.uint8), [rows[0]["prompt"]],
+                       [rows[0]["metadata"]])
+    if args.score not in returned:
+        raise ConfigError("--score", args.score, f"the reward {args.reward} returns {sorted(returned)}: pair by one "
+                          "of them")
     summary = make_preferences(load_for_eval(args.model, args.checkpoint), rows, rewards, Path(args.out), n=args.n,
                                seed=args.seed, num_steps=args.steps, guidance_scale=args.cfg,
                                resolution=args.resolution, score_key=args.score, margin=args.margin,

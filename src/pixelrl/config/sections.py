@@ -131,6 +131,9 @@ class RunConfig:
         # every folder the run writes into can be made and written, checked before any worker
         # starts (a bad one would otherwise surface at the first checkpoint, after the work it was to keep)
         check_output_dir(self.default_local_dir, "trainer.default_local_dir")
+        # the run folder itself (a link left by an earlier run to a folder since deleted)
+        check_output_dir(Path(self.default_local_dir) / self.project_name / self.experiment_name,
+                         "trainer.experiment_name")
 
     def _check_backend(self) -> None:
         """The local backend runs one worker in this process: a larger trainer.n_workers would be

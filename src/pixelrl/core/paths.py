@@ -19,9 +19,21 @@ def _nearest_existing(path: Path) -> Path:
     return probe
 
 
+def _refuse_dangling_link(path: Path, field: str) -> None:
+    """A link on the way to `path` whose target is gone: making the folder (or file) would fail
+    with FileExistsError, or write wherever the link points once that appears."""
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        if probe.is_symlink():
+            raise ConfigError(field, str(path), f"`{probe}` is a link to `{os.readlink(probe)}`, which does not "
+                              "exist: remove the link, or make its target first")
+        probe = probe.parent
+
+
 def check_output_dir(path: str | Path, field: str) -> Path:
     """`path` is, or can be created as, a writable directory."""
     path = Path(path).expanduser().absolute()
+    _refuse_dangling_link(path, field)
     if path.exists() and not path.is_dir():
         raise ConfigError(field, str(path), "is a file, not a folder: point it at a folder (it is created if missing)")
     base = _nearest_existing(path)
@@ -37,6 +49,7 @@ def check_output_file(path: str | Path, field: str, suffixes: tuple[str, ...] | 
     """`path` can be written as a file (its folder can be made, it is not a folder), with one of
     `suffixes` when given."""
     path = Path(path).expanduser().absolute()
+    _refuse_dangling_link(path, field)
     if path.is_dir():
         raise ConfigError(field, str(path), "is a folder: give a file name (e.g. "
                           f"{path / ('out' + (suffixes[0] if suffixes else ''))})")

@@ -170,9 +170,12 @@ def read_checkpoint_file(path: Path, read):
             others = sorted((p.name for p in step_folder.parent.glob("global_step_*")
                              if p.is_dir() and p != step_folder and p.name[12:].isdigit()),
                             key=lambda n: int(n[12:]))
-        fallback = (f"resume from an earlier checkpoint (trainer.resume_mode=<folder>; here: {others})" if others
-                    else "set trainer.resume_mode=disable to start over")
+        # read for training (resume) or for eval / generate / export: the advice serves both
+        fallback = (f"use an earlier checkpoint of the run (here: {others}): `--checkpoint <folder>` to evaluate or "
+                    "generate, trainer.resume_mode=<folder> to resume training from it" if others
+                    else "no other checkpoint is there: to train, start over with trainer.resume_mode=disable")
         detail = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
-        raise CheckpointError(f"checkpoint file `{path}` cannot be read ({detail}). If this run's model.lora_rank, "
-                              "lora_target_modules or model differ from the run that wrote it (its config.yaml sits "
-                              f"beside it), use those; if the file is truncated or corrupted, {fallback}") from None
+        raise CheckpointError(f"checkpoint file `{path}` cannot be read ({detail}). When resuming with a "
+                              "model.lora_rank, lora_target_modules or model other than the run that wrote it (its "
+                              f"config.yaml sits beside it), use those; if the file is truncated or corrupted, "
+                              f"{fallback}") from None

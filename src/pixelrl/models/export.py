@@ -109,10 +109,11 @@ def export_checkpoint(actor_dir: str | Path, base_model: str | Path, out: str | 
         raise ValueError(f"weights must be 'actor' or 'ema', got {weights!r}")
     adapter = actor_dir / ("ema_adapter" if weights == "ema" else "adapter")
     state_file = actor_dir / ("ema.safetensors" if weights == "ema" else "trainable.safetensors")
+    if adapter.is_dir():  # a torn adapter is named before the base pipeline loads (minutes for a real model)
+        _check_weights_read(adapter)  # a copy of a torn file would look like a good export
     if adapter_only:
         if not adapter.is_dir():
             raise ModelFolderError(f"`{actor_dir}` holds no LoRA adapter (a full fine-tune): export without --adapter-only")
-        _check_weights_read(adapter)  # a copy of a torn file would look like a good export
         shutil.copytree(adapter, out, dirs_exist_ok=True)
         return out
     pipe = model_family(model_type).load_pipeline(base_model)

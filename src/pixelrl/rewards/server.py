@@ -204,21 +204,34 @@ def _handler_class(server: RewardServer, read_timeout_s: float, header_timeout_s
             self.end_headers()
             self.wfile.write(body)
 
+        @property
+        def shown_path(self) -> str:
+            """The path without its query string, which may carry a secret (a token put in the URL)
+            and is never logged or answered back."""
+            route, _, query = self.path.partition("?")
+            return route + ("?<query not shown>" if query else "")
+
         def _error(self, status: int, message: str, extra: dict | None = None) -> None:
-            print(f"reward server: {status} for {self.command} {self.path} from {self.client_address[0]}: {message}",
-                  flush=True)
+            print(f"reward server: {status} for {self.command} {self.shown_path} from {self.client_address[0]}: "
+                  f"{message}", flush=True)
             # the body was not read: the connection cannot be reused
             self.close_connection = True
             self._answer(status, json.dumps({"error": message}).encode(), {"Connection": "close", **(extra or {})})
 
         def do_GET(self):
+            if "?" in self.path:
+                return self._error(400, "query strings are not read: GET /health (a token goes in the Authorization "
+                                        "header, never in the URL)")
             if self.path != "/health":
-                return self._error(404, f"no {self.path}; GET /health or POST /score")
+                return self._error(404, f"no {self.shown_path}; GET /health or POST /score")
             self._answer(200, json.dumps({"status": "ok", "protocol": PROTOCOL}).encode())
 
         def do_POST(self):
+            if "?" in self.path:
+                return self._error(400, "query strings are not read: POST /score with the token in the Authorization "
+                                        "header, never in the URL")
             if self.path != "/score":
-                return self._error(404, f"no {self.path}; POST /score")
+                return self._error(404, f"no {self.shown_path}; POST /score")
             if not server.authorised(self.headers.get("Authorization")):
                 return self._error(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
             if self.headers.get_content_type() != "application/json":
