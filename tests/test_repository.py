@@ -113,3 +113,20 @@ def test_packages_import_only_the_layers_below_them():
     assert not [b for (a, b) in edges if a == "core"], "core is the ground: it imports no other pixelrl package"
     cycles = sorted({tuple(sorted((a, b))) for (a, b) in edges if (b, a) in edges})
     assert not cycles, cycles
+
+
+def test_the_readme_gpu_command_trains_on_a_real_reward_and_says_so():
+    """The README's SD3.5 command composes, and it names a reward model, not the config's
+    placeholder (JPEG compressibility); the plan's `reward:` line names what the run trains on."""
+    import re
+    import shlex
+
+    from pixelrl.config.plan import reward_names
+    from pixelrl.config.validation import compose_config
+
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"pixelrl train --config-name flow_grpo_sd35 (.*?)\n    pixelrl export", text, re.S).group(1)
+    argv = shlex.split(block.replace("\\\n", " "))
+    cfg = compose_config("flow_grpo_sd35", argv)
+    assert [spec["name"] for spec in cfg.reward.functions] == ["pickscore"]
+    assert reward_names(cfg) == "pickscore (weight 1)"

@@ -515,6 +515,11 @@ def apply_choice(cfg: PixelRLConfig, c: Choice) -> PixelRLConfig:
                    rollout=replace(cfg.rollout, micro_batch_size=c.sampling_micro_batch))
 
 
+def reward_names(cfg) -> str:
+    """`name (weight w)` of each configured reward, for the lines that say what a run trains on."""
+    return ", ".join(f"{spec.get('name')} (weight {float(spec.get('weight', 1.0)):g})" for spec in cfg.reward.functions)
+
+
 def _loss_settings(cfg: PixelRLConfig) -> str:
     """The loss and the settings of it the recipe wrote: a transition loss's clip and KL, which it
     reads; a forward-process loss's own params (AWM's reference weight, NFT's beta, ...), since
@@ -572,7 +577,9 @@ def describe(cfg: PixelRLConfig, plan: Plan, config_name: str | None = None) -> 
              f"{plan.peak_tflops:g} TFLOP/s dense bf16 peak each",
              f"model: {s.name}: denoiser {s.denoiser_params / 1e9:.2f}B, text encoders {s.encoder_params / 1e9:.2f}B, "
              f"{s.seq_tokens} tokens per row, {s.forward_flops / 1e12:.2f} TFLOP per row forward",
-             "kept (defines the algorithm): " + _schedule_kept(cfg)]
+             "kept (defines the algorithm): " + _schedule_kept(cfg),
+             f"reward: {reward_names(cfg)}" + (" (scores validation only: DMD2 trains on none)"
+                                               if trained_roles(cfg) > 1 else "")]
     lines.append("changed:" if plan.changes else "changed: nothing (the recipe already fits)")
     lines += [f"  {name}: {_text(was)} -> {_text(now)}  ({why})" for name, was, now, why in plan.changes]
     unit = "videos" if s.frames > 1 else "images"

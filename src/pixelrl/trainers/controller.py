@@ -216,6 +216,10 @@ class DiffusionTrainer:
             raise ConfigError("trainer.best_metric", t.best_metric, "the run has no validation prompts to pick a "
                               "checkpoint by: set data.val_files (or use a prompt set with a validation split)")
         lock.acquire()  # before the first write, after every check that can refuse the run
+        from pixelrl.config.plan import reward_names
+
+        self.console(f"training {cfg.diffusion_loss.name} ({cfg.algorithm.trainer_type}) on {cfg.model.path}, reward: "
+                     f"{reward_names(cfg)}; run folder {self.run_dir}")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(self.saved_yaml)
         offline = cfg.algorithm.sample_source == "offline"
