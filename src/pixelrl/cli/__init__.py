@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     for commands in (training, shapes, vlm, rewards):
         commands.add_parsers(sub)
+    describe_commands(sub)
     args = parser.parse_args(argv)
     quiet_libraries()
     import warnings
@@ -48,6 +49,27 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("pixelrl: interrupted", file=sys.stderr)  # `train` says what its run folder kept
         return 130
+
+
+class ShowDefaults(argparse.HelpFormatter):
+    """Each option's default after its help, unless it has none (None, False) or the help already
+    says what it is."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default is None or action.default is False or action.default == argparse.SUPPRESS \
+                or "default" in text or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def describe_commands(sub) -> None:
+    """Every command's --help opens with what it does (its one-line help, unless it has a longer
+    description) and shows each option's default."""
+    summaries = {action.dest: action.help for action in sub._choices_actions}
+    for name, command in sub.choices.items():
+        command.description = command.description or summaries.get(name)
+        command.formatter_class = ShowDefaults
 
 
 if __name__ == "__main__":

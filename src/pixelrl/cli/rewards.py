@@ -88,18 +88,19 @@ def add_parsers(sub) -> None:
     serve.add_argument("--reward-options", default="{}", help="the reward's options as JSON")
     serve.add_argument("--plugin", action="append", help="a module or .py file registering your reward (repeatable)")
     serve.add_argument("--host", default="127.0.0.1", help="listen address (a non-loopback one needs a token)")
-    serve.add_argument("--port", type=non_negative_int, default=8765)
+    serve.add_argument("--port", type=non_negative_int, default=8765, help="TCP port to listen on (0: any free one)")
     serve.add_argument("--token-env", default="PIXELRL_REWARD_TOKEN",
                        help="environment variable holding the bearer token (never pass it on the command line)")
-    serve.add_argument("--max-request-mb", type=positive_float, default=64.0)
+    serve.add_argument("--max-request-mb", type=positive_float, default=64.0,
+                       help="the largest request body accepted, in MB (larger ones get 413)")
     serve.add_argument("--max-images", type=positive_int, default=1024, help="images per request")
     serve.add_argument("--max-pixels", type=positive_int, default=4096 * 4096, help="pixels per image")
     serve.set_defaults(func=cmd_serve_reward)
     convert = sub.add_parser("convert-reward", help="a released reward checkpoint + its local base folder -> a "
                              "reward folder (image_reward, hpsv2)")
-    convert.add_argument("reward", choices=sorted(CONVERTIBLE_REWARDS))
+    convert.add_argument("reward", choices=sorted(CONVERTIBLE_REWARDS), help="the reward whose model to convert")
     convert.add_argument("checkpoint", help="the released .pt file (read as tensors only)")
-    convert.add_argument("out")
+    convert.add_argument("out", help="the folder to write the converted model to")
     convert.add_argument("--base", required=True, help="the local transformers folder of the base model "
                          "(config, tokenizer, processor)")
     convert.set_defaults(func=cmd_convert_reward)

@@ -270,7 +270,8 @@ def add_parsers(sub) -> None:
                            ("generate", "write an image grid for a prompt")):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("--model", default=None,
-                       help="pipeline folder (default: builtin:shapes, with --task text builtin:shapes_text)")
+                       help="pipeline folder (default: builtin:shapes" + (", with --task text builtin:shapes_text)"
+                                                                          if name == "eval" else ")"))
         p.add_argument("--checkpoint", default=None, help="a global_step_N folder of a training run")
         p.add_argument("--resolution", type=positive_int, default=None,
                        help="image side in pixels (default: what the checkpoint's run validated at, else the "
@@ -279,29 +280,29 @@ def add_parsers(sub) -> None:
                        help=f"denoising steps (default: the checkpoint's validation steps, else {FOLDER_STEPS})")
         p.add_argument("--cfg", type=non_negative_float, default=None,
                        help=f"guidance scale (default: the checkpoint's validation guidance, else {FOLDER_GUIDANCE:g})")
-        p.add_argument("--seed", type=non_negative_int, default=0)
+        p.add_argument("--seed", type=non_negative_int, default=0, help="the first sampling seed")
         if name == "eval":
-            p.add_argument("--split", default="test", choices=["train", "val", "test"])
+            p.add_argument("--split", default="test", choices=["train", "val", "test"], help="which held-out prompts")
             p.add_argument("--per-category", type=positive_int, default=None,
                            help="items per category (per word with --task text); default 64 (8)")
             p.add_argument("--task", choices=["scenes", "text"], default="scenes",
                            help="scenes: GenEval-style tables; text: the OCR reward on the text world (a sign that says \"sun\")")
-            p.add_argument("--out", default="runs/eval/results.json")
+            p.add_argument("--out", default="runs/eval/results.json", help="the JSON file of scores and items")
             p.add_argument("--baseline", default=None, metavar="RESULTS_JSON",
                            help="an earlier eval's results.json on the same items (e.g. the base model's): print "
                                 "the paired gains with 95%% intervals, category changes and diversity against it")
             p.set_defaults(func=cmd_eval)
         else:
-            p.add_argument("--prompt", required=True)
-            p.add_argument("--n", type=positive_int, default=8)
-            p.add_argument("--out", default="runs/generate/grid.png")
+            p.add_argument("--prompt", required=True, help="the text prompt")
+            p.add_argument("--n", type=positive_int, default=8, help="images (seeds --seed, --seed + 1, ...)")
+            p.add_argument("--out", default="runs/generate/grid.png", help="the image grid to write")
             p.set_defaults(func=cmd_generate)
     pre = sub.add_parser("pretrain-shapes", help="pretrain the shapes model (flow matching on renders); "
                          "run again on the same folder to resume from its last evaluation")
-    pre.add_argument("out")
-    pre.add_argument("--steps", type=positive_int, default=6000)
-    pre.add_argument("--seed", type=non_negative_int, default=0)
-    pre.add_argument("--eval-every", type=positive_int, default=1500)
+    pre.add_argument("out", help="the folder for the pretrained pipeline and its run.json")
+    pre.add_argument("--steps", type=positive_int, default=6000, help="optimizer steps")
+    pre.add_argument("--seed", type=non_negative_int, default=0, help="seeds the initial weights and the data")
+    pre.add_argument("--eval-every", type=positive_int, default=1500, help="steps between held-out evaluations")
     pre.add_argument("--world", choices=["scenes", "text"], default="scenes",
                      help='scenes: GenEval-style prompts (builtin:shapes); text: a sign that says "sun", for the ocr reward')
     pre.add_argument("--lr-schedule", choices=["constant", "cosine"], default="constant",
@@ -324,14 +325,14 @@ def add_parsers(sub) -> None:
     prefs.add_argument("--checkpoint", default=None, help="a global_step_N folder of a training run")
     prefs.add_argument("--prompts", default="builtin:shapes/train_balanced", help="a prompt file (.jsonl/.parquet/.txt)")
     prefs.add_argument("--n", type=positive_int, default=8, help="images per prompt")
-    prefs.add_argument("--steps", type=positive_int, default=10)
+    prefs.add_argument("--steps", type=positive_int, default=10, help="sampling steps")
     prefs.add_argument("--cfg", type=non_negative_float, default=1.0, help="guidance scale")
-    prefs.add_argument("--resolution", type=positive_int, default=32)
-    prefs.add_argument("--seed", type=non_negative_int, default=0)
-    prefs.add_argument("--reward", default="shapes_geneval")
+    prefs.add_argument("--resolution", type=positive_int, default=32, help="image size in pixels")
+    prefs.add_argument("--seed", type=non_negative_int, default=0, help="the first sampling seed")
+    prefs.add_argument("--reward", default="shapes_geneval", help="the reward that scores the samples")
     prefs.add_argument("--plugin", action="append", help="a module or .py file registering your reward (repeatable)")
     prefs.add_argument("--reward-options", default="{}", help="the reward's options as JSON")
     prefs.add_argument("--score", default="shapes_strict", help="the reward output that ranks images")
     prefs.add_argument("--margin", type=non_negative_float, default=1.0, help="least score difference of a pair")
-    prefs.add_argument("--pairs-per-prompt", type=positive_int, default=2)
+    prefs.add_argument("--pairs-per-prompt", type=positive_int, default=2, help="the most pairs kept per prompt")
     prefs.set_defaults(func=cmd_make_preferences)

@@ -244,7 +244,12 @@ def cmd_build_tiny(args) -> int:
 
 
 def add_parsers(sub) -> None:
-    train = sub.add_parser("train", help="train with a config and dotted overrides")
+    from pixelrl.core.config_io import CONFIG_DIR
+
+    configs = " ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
+    train = sub.add_parser("train", help="train with a config and dotted overrides",
+                           epilog=f"configs shipped with pixelrl (configs/, the pages of docs/algorithms/ say what "
+                                  f"each reproduces): {configs}")
     train.add_argument("--config-name", default=None, help="a config in configs/ or a YAML path")
     train.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rollout.n=8")
     train.set_defaults(func=cmd_train)
@@ -269,8 +274,8 @@ def add_parsers(sub) -> None:
     plot.add_argument("run", help="a run folder (with metrics.jsonl) or a metrics.jsonl file")
     plot.add_argument("--keys", nargs="+", default=["val-core/*", "val/*", "critic/rewards/mean"],
                       help="metric names or shell patterns, e.g. 'val-core/*/gold/*'")
-    plot.add_argument("--out", default="metrics.png")
-    plot.add_argument("--x", choices=("step", "minutes", "images"), default="step")
+    plot.add_argument("--out", default="metrics.png", help="the PNG to write")
+    plot.add_argument("--x", choices=("step", "minutes", "images"), default="step", help="the horizontal axis")
     plot.set_defaults(func=cmd_plot)
     report = sub.add_parser("report", help="one self-contained HTML page of a run: curves, sample grids, validation "
                             "scores, held-out tables, timings, config", description="Write RUN/report.html (or --out) "
@@ -281,22 +286,22 @@ def add_parsers(sub) -> None:
     export = sub.add_parser("export", help="export a checkpoint for diffusers (from a vision-language run: a "
                             "Qwen2-VL folder)")
     export.add_argument("checkpoint", help="a <run>/checkpoints/global_step_N folder")
-    export.add_argument("out")
+    export.add_argument("out", help="a new or empty folder to write to")
     export.add_argument("--adapter-only", action="store_true", help="write only the LoRA adapter")
     export.add_argument("--base-model", default=None, help="base pipeline folder (default: the run's model.path)")
     export.add_argument("--weights", choices=("actor", "ema"), default=None,
                         help="the trained weights or their EMA (default: what the run validated)")
     export.set_defaults(func=cmd_export)
     jpeg = sub.add_parser("demo-jpeg", help="short Flow-GRPO run on a tiny random model with the JPEG reward")
-    jpeg.add_argument("--steps", type=positive_int, default=20)
-    jpeg.add_argument("--seed", type=non_negative_int, default=0)
-    jpeg.add_argument("--run-dir", default="runs/demo")
+    jpeg.add_argument("--steps", type=positive_int, default=20, help="training steps")
+    jpeg.add_argument("--seed", type=non_negative_int, default=0, help="seeds the tiny model and the run")
+    jpeg.add_argument("--run-dir", default="runs/demo", help="where the tiny model and the run go")
     jpeg.set_defaults(func=cmd_demo_jpeg)
     tiny = sub.add_parser("build-tiny", help="write a tiny random pipeline folder (SD3, FLUX, Qwen-Image or Wan)")
-    tiny.add_argument("path")
+    tiny.add_argument("path", help="the folder to write the pipeline to")
     tiny.add_argument("--family", choices=["sd3", "flux", "qwen_image", "wan"], default="sd3", help="the model family (model.type)")
-    tiny.add_argument("--resolution", type=positive_int, default=32)
+    tiny.add_argument("--resolution", type=positive_int, default=32, help="the image size it samples by default")
     tiny.add_argument("--no-vae", action="store_true", help="pixel space (diffusers then needs vae=None)")
     tiny.add_argument("--no-t5", action="store_true", help="CLIP only (diffusers then needs text_encoder_3=None)")
-    tiny.add_argument("--seed", type=non_negative_int, default=0)
+    tiny.add_argument("--seed", type=non_negative_int, default=0, help="seeds the random weights")
     tiny.set_defaults(func=cmd_build_tiny)

@@ -109,10 +109,10 @@ def add_parsers(sub) -> None:
     from pixelrl.vlm.answers import EXTRACTORS
 
     pre_vlm = sub.add_parser("pretrain-vlm", help="pretrain the shapes-QA vision-language model (supervised)")
-    pre_vlm.add_argument("out")
-    pre_vlm.add_argument("--steps", type=positive_int, default=125)
-    pre_vlm.add_argument("--seed", type=non_negative_int, default=0)
-    pre_vlm.add_argument("--eval-every", type=positive_int, default=25)
+    pre_vlm.add_argument("out", help="the folder for the pretrained Qwen2-VL-layout model")
+    pre_vlm.add_argument("--steps", type=positive_int, default=125, help="optimizer steps")
+    pre_vlm.add_argument("--seed", type=non_negative_int, default=0, help="seeds the weights and the data")
+    pre_vlm.add_argument("--eval-every", type=positive_int, default=25, help="steps between held-out evaluations")
     pre_vlm.add_argument("--threads", type=positive_int, default=1, help="torch threads (1 reproduces the shipped model)")
     pre_vlm.set_defaults(func=cmd_pretrain_vlm)
     demo_vlm = sub.add_parser("demo-vlm", help="GRPO on the shipped shapes-QA VLM with accuracy before/after")
@@ -125,7 +125,7 @@ def add_parsers(sub) -> None:
     eval_vlm.add_argument("--items", type=non_negative_int, default=0,
                           help="the first N questions (0: every row of --files, 300 shapes-QA questions)")
     eval_vlm.add_argument("--question-key", default="question", help="the files' question column")
-    eval_vlm.add_argument("--max-new-tokens", type=positive_int, default=4)
+    eval_vlm.add_argument("--max-new-tokens", type=positive_int, default=4, help="the longest answer generated")
     eval_vlm.add_argument("--extract", choices=EXTRACTORS, default="whole",
                           help="where the answer is in a response (as answer_match's extract option)")
     eval_vlm.add_argument("--out", default=None, help="also write the scores to this .json file")
