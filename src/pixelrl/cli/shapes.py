@@ -42,7 +42,7 @@ def cmd_eval(args) -> int:
     sampling = sampling_options(args, model)
     if baseline is not None:
         _check_baseline_sampling(args.baseline, baseline, sampling)
-    result = evaluate_geneval(model, items, **sampling)
+    result = evaluate_geneval(model, items, progress=True, **sampling)
     result["diversity"] = diversity(result.pop("images"), items)
     result.update(split=args.split, **sampling, model=args.checkpoint or args.model or "builtin:shapes")
     for score in ("strict", "exact"):
@@ -171,7 +171,7 @@ def _eval_text(args) -> int:
     model = load_for_eval(model_path, args.checkpoint)
     items = shapes_text.evaluation_items(args.split, per_word=args.per_category, seed=args.seed)
     sampling = sampling_options(args, model)
-    result = evaluate_text(model, items, **sampling)
+    result = evaluate_text(model, items, progress=True, **sampling)
     result.pop("images")
     name = Path(args.checkpoint).name if args.checkpoint else model_path
     cells = []
@@ -195,7 +195,8 @@ def cmd_generate(args) -> int:
     check_output_file(args.out, "--out", image_suffixes())
     model = load_for_eval(args.model, args.checkpoint)
     sampling = sampling_options(args, model)
-    images = generate(model, [args.prompt] * args.n, list(range(args.seed, args.seed + args.n)), **sampling)
+    images = generate(model, [args.prompt] * args.n, list(range(args.seed, args.seed + args.n)), progress=True,
+                      **sampling)
     grid = image_grid(images.numpy(), ncols=min(8, args.n), scale=4)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(grid).save(args.out)

@@ -9,6 +9,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
+from pixelrl.core.progress import Progress, report_progress
 from pixelrl.models.base import DiffusionModel
 from pixelrl.sampling.rollout import SamplingSettings, rollout
 from pixelrl.sampling.schedule import schedule_sigmas
@@ -18,17 +19,21 @@ from pixelrl.sampling.windows import Window
 @torch.no_grad()
 def generate(model: DiffusionModel, prompts: list[str], seeds: list[int], *, num_steps: int = 10,
              guidance_scale: float = 4.0, resolution: int = 32, negative_prompt: str = "",
-             batch_size: int = 128, sigma_schedule: str = "scheduler", sigma_shift: float = 0.0) -> torch.Tensor:
+             batch_size: int = 128, sigma_schedule: str = "scheduler", sigma_shift: float = 0.0,
+             progress: bool = False) -> torch.Tensor:
     """uint8 images [B, H, W, 3] from the ODE sampler (no noise injected), one per (prompt, seed), on
     the grid a run sampled (`rollout.sigma_schedule` / `sigma_shift`: a DMD2 student's shifted grid)."""
     sigmas = schedule_sigmas(model, num_steps, sigma_schedule, resolution, resolution, sigma_shift)
     settings = SamplingSettings(noise_level=0.0, guidance_scale=guidance_scale)
     images = []
+    counter = Progress(len(prompts)) if progress else None  # `progress`: a line per batch on stderr
     for start in range(0, len(prompts), batch_size):
         out = rollout(model, prompts[start:start + batch_size], seeds[start:start + batch_size], sigmas=sigmas,
                       window=Window(0, 0), settings=settings, height=resolution, width=resolution,
                       negative_prompt=negative_prompt)
         images.append(out.images)
+        if counter is not None:
+            report_progress("generated images", counter, min(start + batch_size, len(prompts)))
     return torch.cat(images)
 
 

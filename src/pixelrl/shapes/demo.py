@@ -169,7 +169,7 @@ def run_demo(overrides: list[str], per_category: int = 64, config_name: str = DE
     eval_kwargs = dict(num_steps=cfg.val_kwargs.num_steps, guidance_scale=validation_guidance(cfg))
     started = time.time()
 
-    base = evaluate_geneval(load_for_eval(cfg.model.path), items, **eval_kwargs)
+    base = evaluate_geneval(load_for_eval(cfg.model.path), items, progress=True, **eval_kwargs)
     print(format_table(base, "base model (held-out test)"), flush=True)
 
     trainer = DiffusionTrainer(cfg)
@@ -184,7 +184,7 @@ def run_demo(overrides: list[str], per_category: int = 64, config_name: str = DE
     if best is not None:
         label = f"step {steps} of {final.name.rsplit('_', 1)[-1]}, best validation"
         print(f"evaluating the checkpoint of the best validation {cfg.trainer.best_metric}: {best}")
-    trained = evaluate_geneval(load_for_eval(checkpoint=str(chosen)), items, **eval_kwargs)
+    trained = evaluate_geneval(load_for_eval(checkpoint=str(chosen)), items, progress=True, **eval_kwargs)
 
     div_before, div_after = diversity(base["images"], items), diversity(trained["images"], items)
     print()

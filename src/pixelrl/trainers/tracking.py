@@ -7,13 +7,13 @@ import json
 import math
 import os
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
 
 from pixelrl.core.errors import ConfigError
+from pixelrl.core.progress import Progress
 
 ROLE_PREFIXES = ("student/", "fake_score/")
 CONSOLE_KEYS = ("critic/rewards/mean", "actor/pg_loss", "actor/kl", "actor/clipfrac", "actor/grad_norm",
@@ -43,31 +43,6 @@ def image_grid(images: np.ndarray, captions: list[str] | None = None, ncols: int
     return np.asarray(canvas)
 
 
-def duration(seconds: float) -> str:
-    """1h02m, 3m05s, 42s."""
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
-
-
-class Progress:
-    """`i/N, elapsed, eta` for a run's console lines: the ETA is the mean time of this process's
-    steps so far (the first one's start-up included) times the steps left."""
-
-    def __init__(self, total: int, first_step_done: int, clock=time.monotonic):
-        self.total, self.done_before, self.clock = int(total), int(first_step_done), clock
-        self.start = clock()
-
-    def line(self, step: int) -> str:
-        done = step - self.done_before
-        if done <= 0:  # validation before training
-            return ""
-        elapsed = self.clock() - self.start
-        eta = elapsed / done * max(0, self.total - step)
-        return f"{step}/{self.total}, {duration(elapsed)}, eta {duration(eta)}"
-
-
 class Tracker:
     def __init__(self, loggers: list[str], run_dir: Path, project: str, experiment: str, config: dict, console=print,
                  resumed_step: int | None = None, total_steps: int | None = None):
@@ -75,7 +50,7 @@ class Tracker:
         logged before its checkpoint is written, so rows past that step belong to steps that
         will be run again: they are dropped (jsonl) or purged (tensorboard), never doubled.
         `total_steps`: the run's last step; console lines then end with progress and an ETA."""
-        self.progress = Progress(total_steps, resumed_step or 0) if total_steps else None
+        self.progress = Progress(total_steps, resumed_step or 0) if total_steps else None  # console's [i/N, eta]
         self.loggers = list(loggers)
         self.run_dir = Path(run_dir)
         self.console = console
