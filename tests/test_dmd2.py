@@ -276,3 +276,52 @@ def test_an_exported_student_samples_alike_in_pixelrl_generate_and_in_the_printe
             ours = generate(model, ["a red circle"], [0], num_steps=4, guidance_scale=1.0, resolution=32,
                             sigma_schedule="linspace_shift", sigma_shift=3.0)[0].numpy().astype(np.int16)
         assert theirs.shape == ours.shape and np.abs(theirs - ours).max() <= 3, name
+
+
+def test_the_teacher_is_the_rows_data_source_lora_guided_in_one_forward(tiny_pixel_path, tmp_path):
+    """With `diffusion_loss.teacher: {a: <LoRA folder>, "*": base}`, rows of source `a` get the
+    LoRA teacher's guided velocity and the others the base's, each equal to the CFG formula on that
+    network's two branches; the student's adapter is active again after."""
+    from test_distillation import _holding, _teacher_folder
+
+    from pixelrl.algos.distribution_matching import guided_velocity
+    from pixelrl.models.base import PromptEmbeds
+
+    probe, _ = _dmd2_engine(tiny_pixel_path)
+    state = _teacher_folder(probe, tmp_path / "teacher", scale=0.5)
+    engine, cfg = _dmd2_engine(tiny_pixel_path, teacher_guidance=3.0)
+    engine.cfg.diffusion_loss.teacher = {"a": str(tmp_path / "teacher"), "*": "base"}
+    engine, _ = _rebuilt(engine)
+    rows = Batch({}, {"prompts": ["a red circle", "a flower", "a green tree"], "seeds": [1, 2, 3],
+                      "data_sources": ["a", "b", "a"]})
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, *engine.model.latent_shape(32, 32), generator=gen)
+    sigma = torch.tensor([0.3, 0.6, 0.9])
+    with torch.no_grad():
+        got = engine.objective._teacher_velocity(rows, x, sigma)
+
+    def guided(model_engine, i, policy):
+        text = model_engine.model.encode_prompts([rows["prompts"][i]])
+        negative = model_engine.model.encode_prompts([""])
+        with torch.no_grad(), model_engine.policy(policy):
+            v_pos = model_engine.model.predict_velocity(x[i:i + 1], sigma[i:i + 1], text)
+            v_neg = model_engine.model.predict_velocity(x[i:i + 1], sigma[i:i + 1], negative)
+        return guided_velocity(v_pos, v_neg, 3.0, "layer_norm")
+
+    lora_teacher = _holding(_dmd2_engine(tiny_pixel_path)[0], state)
+    for i, expected in ((0, guided(lora_teacher, 0, "current")), (1, guided(engine, 1, "reference")),
+                        (2, guided(lora_teacher, 2, "current"))):
+        # up to float reordering between the one forward of both branches and these separate ones
+        assert torch.allclose(got[i:i + 1], expected, atol=2e-3), (i, float((got[i:i + 1] - expected).abs().max()))
+    moved = float((got[0:1] - guided(engine, 0, "reference")).abs().max())
+    assert moved > 0.05, moved  # the LoRA teacher, not the base
+    assert engine.model.transformer.active_adapters() == ["default"]
+
+
+def _rebuilt(engine):
+    """A fresh engine from `engine`'s (edited) config."""
+    from pixelrl.engine import PolicyEngine
+    from pixelrl.models import load_model
+
+    cfg = engine.cfg
+    return PolicyEngine(load_model(cfg.model.type, cfg.model.path, max_sequence_length=0), cfg), cfg
