@@ -40,6 +40,7 @@ class DistributionMatchingObjective:
         self.engine = engine
         self.params = engine.loss_options
         self.fake_learner: Learner | None = None
+        self.fake_names: list[str] = []
         self.fake_steps = 0  # the fake score's optimizer steps (the student's are the policy version)
 
     # ------------------------------------------------------------------ set-up (the engine calls these)
@@ -49,6 +50,9 @@ class DistributionMatchingObjective:
             raise ConfigError("model.lora_rank", 0, "DMD2 trains the student and the fake score as two LoRA adapters "
                               "on one base (the teacher is that base): set model.lora_rank > 0")
         add_adapter_copy(e.model.transformer, FAKE_ADAPTER)  # the fake score starts as the student
+        # its parameters' names, once (FSDP2 keeps them): the engine asks for its roles at every policy switch
+        self.fake_names = [n for n, _ in e.model.transformer.named_parameters()
+                           if "lora_" in n and f".{FAKE_ADAPTER}." in n]
 
     def build_learners(self, trains: bool) -> None:
         if not trains:
@@ -65,9 +69,7 @@ class DistributionMatchingObjective:
 
     def extra_roles(self) -> dict:
         """The trained roles besides the policy, for checkpoints: {name: (parameter names, learner, counters)}."""
-        names = [n for n, _ in self.engine.model.transformer.named_parameters()
-                 if "lora_" in n and f".{FAKE_ADAPTER}." in n]
-        return {FAKE_ADAPTER: (names, self.fake_learner)}
+        return {FAKE_ADAPTER: (self.fake_names, self.fake_learner)}
 
     def role_counters(self) -> dict:
         return {FAKE_ADAPTER: {"steps": self.fake_steps, "nonfinite_in_a_row": self.fake_learner.nonfinite_in_a_row}}
