@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pixelrl.algos.losses import register_loss
+from pixelrl.algos.losses import LOSSES, register_loss
 from pixelrl.core.errors import ConfigError
 from pixelrl.sampling.schedule import time_shift
 
@@ -84,6 +84,11 @@ class DMD2Params:
 def update_cycle(params: DMD2Params) -> list[str]:
     """The roles' attempts of one training step, in order."""
     return [str(role) for role in params.cycle]
+
+
+def cycle_of(loss_cfg) -> list[str]:
+    """The update cycle the `diffusion_loss` section configures."""
+    return update_cycle(LOSSES.get(loss_cfg.name).bind(loss_cfg))
 
 
 def draw_score_sigmas(n: int, generator: torch.Generator, *, timesteps: int, shift: float,

@@ -81,24 +81,22 @@ def sampling_options(args, model) -> dict:
     from pixelrl.core.errors import ConfigError
 
     if args.checkpoint:
-        from pixelrl.config.sections import from_yaml_text, validation_guidance
+        from pixelrl.config.sections import from_yaml_text
 
         run = from_yaml_text((Path(args.checkpoint) / "config.yaml").read_text())
-        given = {"resolution": run.rollout.resolution, "num_steps": run.val_kwargs.num_steps,
-                 "guidance_scale": validation_guidance(run)}
+        sampler, resolution = run_sampler(run), run.rollout.resolution
         source = "the checkpoint's run validated with"
-        negative = run.rollout.negative_prompt
-        grid = {"sigma_schedule": run.rollout.sigma_schedule, "sigma_shift": run.rollout.sigma_shift}
     else:
         from pixelrl.core.assets import resolve
         from pixelrl.models.export import SAMPLER_FILE, read_sampler
 
         sampler = read_sampler(resolve(str(getattr(args, "model", None) or "builtin:shapes"))) or {}
-        given = {"resolution": model.default_resolution(), "num_steps": sampler.get("num_steps", FOLDER_STEPS),
-                 "guidance_scale": sampler.get("guidance_scale", FOLDER_GUIDANCE)}
+        resolution = model.default_resolution()
         source = f"the folder's {SAMPLER_FILE}" if sampler else "the model folder's defaults"
-        negative = sampler.get("negative_prompt", "")
-        grid = {"sigma_schedule": sampler.get("sigma_schedule", "scheduler"), "sigma_shift": sampler.get("sigma_shift", 0.0)}
+    given = {"resolution": resolution, "num_steps": sampler.get("num_steps", FOLDER_STEPS),
+             "guidance_scale": sampler.get("guidance_scale", FOLDER_GUIDANCE)}
+    negative = sampler.get("negative_prompt", "")
+    grid = {"sigma_schedule": sampler.get("sigma_schedule", "scheduler"), "sigma_shift": sampler.get("sigma_shift", 0.0)}
     flags = {"resolution": args.resolution, "num_steps": args.steps, "guidance_scale": args.cfg}
     chosen = {key: given[key] if flags[key] is None else flags[key] for key in flags}
     if chosen["resolution"] is None:
@@ -111,6 +109,31 @@ def sampling_options(args, model) -> dict:
     print(f"sampling at {chosen['resolution']} px, {chosen['num_steps']} steps{on_grid}, guidance "
           f"{chosen['guidance_scale']:g} ({source}" + (f"; {', '.join(overridden)} as given" if overridden else "") + ")")
     return {**chosen, "negative_prompt": negative, **grid}
+
+
+def run_sampler(run, base_folder=None) -> dict:
+    """How a run validated: the steps, guidance, negative prompt and grid `generate` and `eval`
+    sample its checkpoints with and an export records. With the base folder, for a grid of the run's
+    own (`linspace_shift`, a DMD2 student's), also the sigmas a diffusers pipeline takes: its
+    scheduler's shift set to 1 so that they are used as they are."""
+    import json
+
+    from pixelrl.config.sections import validation_guidance
+    from pixelrl.sampling.schedule import linspace_shift_sigmas
+
+    r = run.rollout
+    sampler = {"num_steps": run.val_kwargs.num_steps, "guidance_scale": float(validation_guidance(run)),
+               "sigma_schedule": r.sigma_schedule, "sigma_shift": float(r.sigma_shift),
+               "negative_prompt": r.negative_prompt}
+    if base_folder is not None and r.sigma_schedule == "linspace_shift":
+        scheduler_file = Path(base_folder) / "scheduler" / "scheduler_config.json"
+        shift = r.sigma_shift or float(json.loads(scheduler_file.read_text()).get("shift", 1.0))
+        sigmas = linspace_shift_sigmas(sampler["num_steps"], shift)[:-1]  # diffusers appends the final 0
+        sampler["diffusers"] = {"scheduler": {"shift": 1.0, "use_dynamic_shifting": False},
+                                "call": {"sigmas": [round(float(s), 6) for s in sigmas],
+                                         "num_inference_steps": sampler["num_steps"],
+                                         "guidance_scale": sampler["guidance_scale"]}}
+    return sampler
 
 
 def _check_baseline_sampling(path: str, baseline: dict, sampling: dict) -> None:

@@ -143,6 +143,8 @@ def cmd_export(args) -> int:
     weights = args.weights or ("ema" if run.actor.ema_decay > 0 else "actor")
     out = export_checkpoint(ckpt / "actor", base, out, model_type=saved.type, adapter_only=args.adapter_only,
                             trained_options=trained_options, weights=weights)
+    from pixelrl.cli.shapes import run_sampler
+
     sampler = run_sampler(run, resolve(str(base)))
     write_sampler(out, sampler)
     print(f"exported {'adapter' if args.adapter_only else 'pipeline'} ({weights} weights) to {out}, with how the "
@@ -154,30 +156,6 @@ def cmd_export(args) -> int:
                                 saved.max_sequence_length, base=resolve(str(base)) if args.adapter_only else None)
     print("\n".join("    " + line for line in example.splitlines()))
     return 0
-
-
-def run_sampler(run, base_folder) -> dict:
-    """How the run validated (the steps, guidance and grid `pixelrl generate` samples an export
-    with); for a grid of its own (`linspace_shift`, a DMD2 student's), the sigmas a diffusers
-    pipeline takes: its scheduler's shift set to 1 so that they are used as they are."""
-    from pixelrl.config.sections import validation_guidance
-    import json
-
-    from pixelrl.sampling.schedule import linspace_shift_sigmas
-
-    r = run.rollout
-    sampler = {"num_steps": run.val_kwargs.num_steps, "guidance_scale": float(validation_guidance(run)),
-               "sigma_schedule": r.sigma_schedule, "sigma_shift": float(r.sigma_shift),
-               "negative_prompt": r.negative_prompt}
-    if r.sigma_schedule == "linspace_shift":
-        scheduler_file = Path(base_folder) / "scheduler" / "scheduler_config.json"
-        shift = r.sigma_shift or float(json.loads(scheduler_file.read_text()).get("shift", 1.0))
-        sigmas = linspace_shift_sigmas(sampler["num_steps"], shift)[:-1]  # diffusers appends the final 0
-        sampler["diffusers"] = {"scheduler": {"shift": 1.0, "use_dynamic_shifting": False},
-                                "call": {"sigmas": [round(float(s), 6) for s in sigmas],
-                                         "num_inference_steps": sampler["num_steps"],
-                                         "guidance_scale": sampler["guidance_scale"]}}
-    return sampler
 
 
 def cmd_demo_jpeg(args) -> int:

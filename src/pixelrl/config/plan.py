@@ -250,8 +250,6 @@ def _distribution_matching_work(cfg: PixelRLConfig, loss, images: int) -> Work:
 
 def trained_roles(cfg: PixelRLConfig) -> int:
     """Networks the run trains, each with its own adapter (or weights) and optimizer state."""
-    from pixelrl.algos.losses import LOSSES
-
     return 2 if LOSSES.get(cfg.diffusion_loss.name).objective == "distribution_matching" else 1
 
 
@@ -536,19 +534,16 @@ def _attempts_per_step(cfg: PixelRLConfig) -> int:
     """DMD2's attempts per training step (each over a step's images), else 1."""
     if trained_roles(cfg) == 1:
         return 1
-    from pixelrl.algos.distribution_matching import update_cycle
+    from pixelrl.algos.distribution_matching import cycle_of
 
-    return len(update_cycle(LOSSES.get(cfg.diffusion_loss.name).bind(cfg.diffusion_loss)))
+    return len(cycle_of(cfg.diffusion_loss))
 
 
 def _schedule_kept(cfg: PixelRLConfig) -> str:
     a, images = cfg.actor, images_per_step(cfg)
     if trained_roles(cfg) > 1:
-        from pixelrl.algos.distribution_matching import update_cycle
-
-        cycle = update_cycle(LOSSES.get(cfg.diffusion_loss.name).bind(cfg.diffusion_loss))
         return (f"{cfg.data.train_batch_size} prompts x {cfg.rollout.n} images = {images} images per attempt, one "
-                f"optimizer step each, {len(cycle)} attempts per step; student lr {a.lr:g}, {_loss_settings(cfg)}")
+                f"optimizer step each, {_attempts_per_step(cfg)} attempts per step; student lr {a.lr:g}, {_loss_settings(cfg)}")
     return (f"{cfg.data.train_batch_size} prompts x {cfg.rollout.n} images = {images} images per step, "
             f"{a.ppo_mini_batch_size or images} per optimizer step, {optimizer_steps_per_rollout(cfg)} optimizer "
             f"step(s) per rollout batch, lr {a.lr:g}, {_loss_settings(cfg)}")

@@ -129,9 +129,9 @@ def optimizer_steps_per_rollout(cfg, role: str = "student") -> int:
 
     loss = LOSSES.get(cfg.diffusion_loss.name) if hasattr(cfg, "diffusion_loss") else None
     if loss is not None and loss.objective == "distribution_matching":
-        from pixelrl.algos.distribution_matching import update_cycle
+        from pixelrl.algos.distribution_matching import cycle_of
 
-        return update_cycle(loss.bind(cfg.diffusion_loss)).count(role)
+        return cycle_of(cfg.diffusion_loss).count(role)
     return cfg.actor.ppo_epochs * mini_batches_per_epoch(cfg)
 
 

@@ -88,7 +88,7 @@ class DistributionMatchingObjective:
         """The fake score active and trainable (and nothing else) for the duration."""
         transformer = self.engine.model.transformer
         activate_adapter(transformer, FAKE_ADAPTER)
-        for param in self.fake_parameters():
+        for param in self.fake_learner.params:
             param.requires_grad_(True)
         try:
             yield
@@ -143,9 +143,8 @@ class DistributionMatchingObjective:
         return out
 
     def _refuse_cross_gradients(self, role: str) -> None:
-        other = (self.fake_parameters() if role == "student"
-                 else list(adapter_params(self.engine.model.transformer, "default").values()))
-        if any(p.grad is not None for p in other):
+        other = self.fake_learner if role == "student" else self.engine.learner  # the other role's parameters
+        if any(p.grad is not None for p in other.params):
             raise RuntimeError(f"a {role} attempt left gradients on the other role's adapter: the roles' parameter "
                                "sets must stay disjoint")
 
@@ -209,9 +208,7 @@ class DistributionMatchingObjective:
         """The frozen teacher's guided velocity at (x_s, sigma), each row under its data_source's
         teacher, both guidance branches in one forward."""
         e, p = self.engine, self.params
-        routes = e.teacher_of_source
-        sources = micro["data_sources"] if "data_sources" in micro else ["*"] * len(micro)
-        teachers = [routes.get(source, routes["*"]) for source in sources]
+        teachers = e.teacher_of_rows(micro)
         out = torch.empty_like(x_s)
         for teacher in dict.fromkeys(teachers):
             rows = [i for i, t in enumerate(teachers) if t == teacher]

@@ -316,8 +316,7 @@ class PolicyEngine:
         if not routes:
             raise ValueError("this engine has no distillation teacher: its loss is not distill_kl and "
                              "diffusion_loss.distill_coef is 0")
-        sources = batch["data_sources"] if "data_sources" in batch else ["*"] * len(batch)
-        teachers = [routes.get(source, routes["*"]) for source in sources]
+        teachers = self.teacher_of_rows(batch)
         # under FSDP2 every rank must run the same forwards (each all-gathers the weights), while
         # ranks hold rows of different sources: there each teacher replays every row
         every_row = self.data_parallel_size > 1 and self.cfg.trainer.strategy == "fsdp2"
@@ -336,6 +335,13 @@ class PolicyEngine:
                 means = mu.new_zeros((len(batch), *mu.shape[1:]))
             log_probs[rows], means[rows] = lp, mu
         return Batch({"teacher_log_probs": log_probs, "teacher_means": means})
+
+    def teacher_of_rows(self, batch: Batch) -> list[str | None]:
+        """Each row's distillation teacher: its data_source's (`*`'s for a source not named, and
+        for a batch without sources); an adapter name, or None for the base."""
+        routes = self.teacher_of_source
+        sources = batch["data_sources"] if "data_sources" in batch else ["*"] * len(batch)
+        return [routes.get(source, routes["*"]) for source in sources]
 
     @torch.no_grad()
     def encode(self, batch: Batch) -> Batch:

@@ -13,16 +13,14 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from pixelrl.algos.distribution_matching import update_cycle
-from pixelrl.algos.losses import LOSSES
+from pixelrl.algos.distribution_matching import cycle_of
 from pixelrl.core.seeding import derive_seed
 from pixelrl.trainers.step import PhaseTimer, expand_prompts, step_seed
 
 
 def attempt_request(rows: dict, step: int, attempt: int, cfg):
     """The (prompt, seed) rows of attempt `attempt` of training step `step` and its exit step."""
-    cycle = update_cycle(LOSSES.get(cfg.diffusion_loss.name).bind(cfg.diffusion_loss))
-    seed = step_seed(cfg.rollout.seed, step) * len(cycle) + attempt  # distinct for every attempt of the run
+    seed = step_seed(cfg.rollout.seed, step) * len(cycle_of(cfg.diffusion_loss)) + attempt  # distinct for every attempt of the run
     request = expand_prompts(rows["prompts"], rows["metadata"], cfg.rollout.n, seed,
                              data_sources=rows["data_sources"])
     draw = torch.Generator().manual_seed(derive_seed(seed, "dmd2_exit_index"))
@@ -34,7 +32,7 @@ def train_distribution_matching(actor, next_rows, step: int, cfg, num_workers: i
     """Run training step `step`'s cycle of attempts; its metrics are each role's means over its
     attempts (`student/...`, `fake_score/...`)."""
     timer = PhaseTimer()
-    cycle = update_cycle(LOSSES.get(cfg.diffusion_loss.name).bind(cfg.diffusion_loss))
+    cycle = cycle_of(cfg.diffusion_loss)
     values: dict[str, list[float]] = defaultdict(list)
     images = 0
     for attempt, role in enumerate(cycle):

@@ -3,7 +3,8 @@
 It holds the curves of the run's main metrics (inline SVG, no script), the sample grids by step
 (PNG inlined as data URIs), the validation scores by step, the held-out tables a demo wrote, where
 the time went, and the resolved config. Everything is read from the files the run wrote
-(metrics.jsonl, samples/, validation/, config.yaml, demo_summary.json); nothing is unpickled and
+(metrics.jsonl, read as `pixelrl plot` reads it; samples/, validation/, config.yaml,
+demo_summary.json); nothing is unpickled and
 nothing named by the files is executed. Text from the files is HTML-escaped.
 """
 
@@ -15,27 +16,13 @@ import json
 import math
 from pathlib import Path
 
+from pixelrl.trainers.tracking import read_metric_rows
+
 # curves drawn when the run logged them, in this order (a pattern ends with * for a prefix)
 CURVES = ("critic/rewards/mean", "student/loss", "fake_score/loss", "actor/pg_loss", "actor/kl", "actor/grad_norm",
           "val-core/*", "timing_s/step")
 MAX_GRIDS = 12  # the last ones by step: a long run's page stays small
 FIGURES = ("before_after.png", "reward_curve.png", "validation_curve.png")
-
-
-def read_rows(run: Path) -> list[dict]:
-    """metrics.jsonl's rows; a torn last line (a run killed while writing) is left out."""
-    rows = []
-    path = run / "metrics.jsonl"
-    if not path.is_file():
-        return rows
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict) and isinstance(row.get("step"), (int, float)):
-            rows.append(row)
-    return rows
 
 
 def curve_keys(rows: list[dict]) -> list[str]:
@@ -136,7 +123,7 @@ def demo_tables(run: Path) -> str:
 def write_report(run: str | Path, out: str | Path | None = None) -> Path:
     """Write `<run>/report.html` (or `out`) and return its path."""
     run = Path(run)
-    rows = read_rows(run)
+    rows = read_metric_rows(run / "metrics.jsonl") if (run / "metrics.jsonl").is_file() else []
     grids = sorted((run / "samples").glob("*.png"))[-MAX_GRIDS:] if (run / "samples").is_dir() else []
     # the pictures a demo wrote beside the run (before / after on the same prompts and seeds, curves)
     grids = [p for p in (run / name for name in FIGURES) if p.is_file()] + grids
