@@ -15,9 +15,10 @@ from pathlib import Path
 
 import torch
 
-from pixelrl.models.releases import FLUX_DEV, SD35_MEDIUM, WAN_1_3B
+from pixelrl.models.loader import family_spec
 from pixelrl.models.tiny import DEFAULT_WORDS, build_clip_tokenizer, build_t5_tokenizer
 
+SD35_MEDIUM, FLUX_DEV, WAN_1_3B = (family_spec(name).release.transformer for name in ("sd3", "flux", "wan"))
 # SD3 / FLUX VAE: 16 latent channels, factor 8
 SD3_VAE = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
                up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(128, 256, 512, 512),

@@ -89,6 +89,8 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("make-preferences with 0 pairs", ["make-preferences", "{tmp}/p", "--pairs-per-prompt", "0"],
      "--pairs-per-prompt"),
     ("build-tiny at resolution 0", ["build-tiny", "{tmp}/t", "--resolution", "0"], "--resolution"),
+    ("build-tiny of an unknown family", ["build-tiny", "{tmp}/t", "--family", "sdxl"], "--family"),
+    ("build-tiny of a Wan folder without a VAE", ["build-tiny", "{tmp}/t", "--family", "wan", "--no-vae"], "--no-vae"),
     ("demo-jpeg with 0 steps", ["demo-jpeg", "--steps", "0"], "--steps"),
     ("plot a folder without metrics", ["plot", "{tmp}/nothing"], "metrics.jsonl"),
     ("plot a key the run never logged", ["plot", "{run}", "--keys", "nope/*"], "no metric"),

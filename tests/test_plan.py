@@ -96,12 +96,16 @@ def _counted_flops(module, *args, **kwargs) -> float:
 
 
 def test_forward_flops_match_torchs_counter_on_each_family():
-    """The per-row forward FLOPs of the four families' formulas (`_denoiser_costs`) against
+    """The per-row forward FLOPs of the four families' formulas (each `FamilySpec.cost`) against
     torch's FLOP counter on the diffusers modules at width 256: within 4%, the remainder being
     what the formulas leave out on purpose (per-sample modulation, embedders, the output layer)."""
     from diffusers import FluxTransformer2DModel, QwenImageTransformer2DModel, SD3Transformer2DModel, WanTransformer3DModel
 
-    from pixelrl.config.plan import _denoiser_costs
+    from pixelrl.models.family import RowInput
+    from pixelrl.models.loader import family_spec
+
+    def _denoiser_flops(family, cfg, res, frames, text):
+        return family_spec(family).cost(cfg, RowInput(res, res, frames, text)).forward_flops
 
     torch.manual_seed(0)
     heads, head_dim, text, res = 4, 64, 24, 256  # d = 256; 256 px = 16 x 16 packed latent tokens... per family
@@ -111,7 +115,7 @@ def test_forward_flops_match_torchs_counter_on_each_family():
     sd3 = SD3Transformer2DModel(**sd3_cfg)
     counted = _counted_flops(sd3, hidden_states=torch.randn(1, 16, 32, 32), encoder_hidden_states=torch.randn(1, text, 64),
                              pooled_projections=torch.randn(1, 32), timestep=torch.tensor([500.0]))
-    assert _denoiser_costs("sd3", sd3_cfg, res, 1, text, 0)[3] == pytest.approx(counted, rel=0.04)
+    assert _denoiser_flops("sd3", sd3_cfg, res, 1, text) == pytest.approx(counted, rel=0.04)
 
     flux_cfg = dict(patch_size=1, in_channels=64, num_layers=1, num_single_layers=2, attention_head_dim=head_dim,
                     num_attention_heads=heads, joint_attention_dim=64, pooled_projection_dim=32, guidance_embeds=False,
@@ -121,7 +125,7 @@ def test_forward_flops_match_torchs_counter_on_each_family():
     counted = _counted_flops(flux, hidden_states=torch.randn(1, image, 64), encoder_hidden_states=torch.randn(1, text, 64),
                              pooled_projections=torch.randn(1, 32), timestep=torch.tensor([0.5]),
                              img_ids=torch.zeros(image, 3), txt_ids=torch.zeros(text, 3))
-    assert _denoiser_costs("flux", flux_cfg, res, 1, text, 0)[3] == pytest.approx(counted, rel=0.04)
+    assert _denoiser_flops("flux", flux_cfg, res, 1, text) == pytest.approx(counted, rel=0.04)
 
     qwen_cfg = dict(patch_size=2, in_channels=64, out_channels=16, num_layers=2, attention_head_dim=head_dim,
                     num_attention_heads=heads, joint_attention_dim=64, axes_dims_rope=(16, 24, 24))
@@ -130,7 +134,7 @@ def test_forward_flops_match_torchs_counter_on_each_family():
     counted = _counted_flops(qwen, hidden_states=torch.randn(1, image, 64), encoder_hidden_states=torch.randn(1, text, 64),
                              encoder_hidden_states_mask=torch.ones(1, text, dtype=torch.long), timestep=torch.tensor([0.5]),
                              img_shapes=[[(1, side, side)]])
-    assert _denoiser_costs("qwen_image", qwen_cfg, res, 1, text, 0)[3] == pytest.approx(counted, rel=0.04)
+    assert _denoiser_flops("qwen_image", qwen_cfg, res, 1, text) == pytest.approx(counted, rel=0.04)
 
     wan_cfg = dict(patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=head_dim, in_channels=16,
                    out_channels=16, text_dim=64, freq_dim=32, ffn_dim=1024, num_layers=2, rope_max_seq_len=64)
@@ -138,7 +142,7 @@ def test_forward_flops_match_torchs_counter_on_each_family():
     frames = 5  # two latent frames
     counted = _counted_flops(wan, hidden_states=torch.randn(1, 16, 2, res // 8, res // 8),
                              encoder_hidden_states=torch.randn(1, text, 64), timestep=torch.tensor([500]))
-    assert _denoiser_costs("wan", wan_cfg, res, frames, text, 0)[3] == pytest.approx(counted, rel=0.04)
+    assert _denoiser_flops("wan", wan_cfg, res, frames, text) == pytest.approx(counted, rel=0.04)
 
 
 def test_a_folder_here_is_measured_from_its_own_files(tiny_sd3_path):
@@ -152,6 +156,30 @@ def test_a_folder_here_is_measured_from_its_own_files(tiny_sd3_path):
     stored = sum(t.numel() for f in (tiny_sd3_path / "transformer").glob("*.safetensors") for t in load_file(f).values())
     assert shape.denoiser_params == stored and shape.name == str(tiny_sd3_path)
     assert shape.denoiser_params < 1e7  # not SD3.5-Medium's 2.47B
+
+
+def test_a_family_is_planned_by_its_own_spec_and_an_unknown_one_is_refused(monkeypatch):
+    """`model_shape` takes the tokens, FLOPs and release of `model.type` from that family's
+    FamilySpec (a plugin's family is planned by its own formula, not FLUX's), and a type no spec
+    stands for is one error naming model.type."""
+    from pixelrl.models.family import DenoiserCost
+    from pixelrl.models.loader import MODEL_TYPES, family_spec
+
+    cfg = paper_config("flow_grpo_sd35")
+    sd3 = family_spec("sd3")
+    seen = []
+
+    def own_cost(config, row):
+        seen.append(row)
+        return DenoiserCost(3, 7, 11, 13.0, 17)
+
+    mine = dataclasses.replace(sd3, name="my_family", cost=own_cost, text_tokens=lambda max_sequence_length: 5)
+    monkeypatch.setitem(MODEL_TYPES._entries, "my_family", lambda: mine)
+    shape = model_shape(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, type="my_family")))
+    assert (shape.layers, shape.hidden, shape.seq_tokens, shape.forward_flops, shape.latent_values) == (3, 7, 11, 13.0, 17)
+    assert seen[0].text_tokens == 5 and seen[0].height == seen[0].width == cfg.rollout.resolution
+    with pytest.raises(ConfigError, match="model.type"):
+        model_shape(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, type="unheard_of")))
 
 
 def test_the_plan_keeps_the_algorithm_and_fits_the_memory():

@@ -106,6 +106,9 @@ def _package_imports() -> dict[tuple[str, str], list[str]]:
 
 def test_packages_import_only_the_layers_below_them():
     edges = _package_imports()
+    # the package root, imported first by every process, only declares the extensions to core
+    assert {b for (a, b) in edges if a == "__init__"} == {"core"}, edges
+    edges = {k: v for k, v in edges.items() if k[0] != "__init__"}
     packages = {a for a, _ in edges} | {b for _, b in edges}
     assert packages <= set(LAYERS), f"packages missing from LAYERS: {sorted(packages - set(LAYERS))}"
     upward = {f"{a} -> {b}": where for (a, b), where in edges.items() if LAYERS.index(b) > LAYERS.index(a)}
@@ -113,6 +116,27 @@ def test_packages_import_only_the_layers_below_them():
     assert not [b for (a, b) in edges if a == "core"], "core is the ground: it imports no other pixelrl package"
     cycles = sorted({tuple(sorted((a, b))) for (a, b) in edges if (b, a) in edges})
     assert not cycles, cycles
+
+
+def test_no_package_names_a_higher_one_in_its_code():
+    """A module path in a string (an `importlib.import_module` argument, a registry's lazy entry)
+    is a dependency the import scan cannot see: no package may name a higher layer's module that
+    way (docstrings and messages aside: only strings that are a whole dotted module path count)."""
+    import ast
+
+    found = []
+    for path in SRC.rglob("*.py"):
+        parts = path.relative_to(SRC).parts
+        package = parts[0] if len(parts) > 1 else parts[0][:-3]
+        if package not in LAYERS:
+            continue
+        docstrings = {id(n.value) for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Expr)}
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                match = re.fullmatch(r"pixelrl\.([a-z_]+)(\.[a-z_.]+)?", node.value)
+                if match and match.group(1) in LAYERS and LAYERS.index(match.group(1)) > LAYERS.index(package):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value}")
+    assert not found, found
 
 
 def test_the_readme_gpu_command_trains_on_a_real_reward_and_says_so():

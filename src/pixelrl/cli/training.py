@@ -197,26 +197,19 @@ def cmd_demo_jpeg(args) -> int:
 
 def cmd_build_tiny(args) -> int:
     from pixelrl.core.errors import ConfigError
+    from pixelrl.models.loader import MODEL_TYPES, family_spec
 
-    if args.family != "sd3" and (args.no_vae or args.no_t5):
-        raise ConfigError("--family", args.family, "only SD3 folders can leave out the VAE or T5: drop --no-vae / --no-t5")
-    if args.family == "flux":
-        from pixelrl.models.flux import build_tiny_flux
-
-        path = build_tiny_flux(args.path, resolution=args.resolution, seed=args.seed)
-    elif args.family == "wan":
-        from pixelrl.models.wan import build_tiny_wan
-
-        path = build_tiny_wan(args.path, seed=args.seed)
-    elif args.family == "qwen_image":
-        from pixelrl.models.qwen_image import build_tiny_qwen_image
-
-        path = build_tiny_qwen_image(args.path, resolution=args.resolution, seed=args.seed)
-    else:
-        from pixelrl.models import build_tiny_sd3
-
-        path = build_tiny_sd3(args.path, resolution=args.resolution, with_vae=not args.no_vae,
-                              with_t5=not args.no_t5, seed=args.seed)
+    MODEL_TYPES.get(args.family, field="--family")  # an unknown name, with the list
+    spec = family_spec(args.family)
+    if spec.build_tiny is None:
+        raise ConfigError("--family", args.family, "this family has no tiny builder; build its folder with diffusers")
+    options = {"with_vae": not args.no_vae, "with_t5": not args.no_t5}
+    dropped = [flag for flag, option in (("--no-vae", "with_vae"), ("--no-t5", "with_t5"))
+               if not options[option] and option not in spec.tiny_options]
+    if dropped:
+        raise ConfigError("--family", args.family, f"this family's tiny folder cannot take {' / '.join(dropped)}: drop it")
+    path = spec.build_tiny(args.path, resolution=args.resolution, seed=args.seed,
+                           **{k: v for k, v in options.items() if k in spec.tiny_options})
     print(f"wrote a tiny {args.family} pipeline to {path}")
     return 0
 
@@ -277,7 +270,7 @@ def add_parsers(sub) -> None:
     jpeg.set_defaults(func=cmd_demo_jpeg)
     tiny = sub.add_parser("build-tiny", help="write a tiny random pipeline folder (SD3, FLUX, Qwen-Image or Wan)")
     tiny.add_argument("path", help="the folder to write the pipeline to")
-    tiny.add_argument("--family", choices=["sd3", "flux", "qwen_image", "wan"], default="sd3", help="the model family (model.type)")
+    tiny.add_argument("--family", default="sd3", help="the model family (model.type): sd3, flux, qwen_image, wan")
     tiny.add_argument("--resolution", type=positive_int, default=32, help="the image size it samples by default")
     tiny.add_argument("--no-vae", action="store_true", help="pixel space (diffusers then needs vae=None)")
     tiny.add_argument("--no-t5", action="store_true", help="CLIP only (diffusers then needs text_encoder_3=None)")

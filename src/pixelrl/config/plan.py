@@ -110,75 +110,37 @@ def _safetensors_params(folder: Path) -> float:
     return float(total)
 
 
-def _denoiser_costs(model_type: str, c: dict, resolution: int, num_frames: int, text_tokens: int,
-                    clip_tokens: int, unit: int = 16) -> tuple[int, int, int, float, int]:
-    """(layers, hidden, tokens per row, forward FLOPs per row, image tokens per row): matmuls count 2 x the weights
-    each token passes through; attention 4 x hidden x (query tokens x key tokens) per layer.
-    `unit`: pixels per token side (VAE scale x patch size; 16 in every release)."""
-    d = c["num_attention_heads"] * c["attention_head_dim"]
-    if model_type == "wan":
-        latent_frames = (num_frames - 1) // 4 + 1
-        image = latent_frames * (resolution // unit) ** 2
-        layers = c["num_layers"]
-        per_token = layers * (6 * d * d + 2 * d * c["ffn_dim"])  # self-attention, cross q/o, FFN
-        flops = 2 * (image * per_token + text_tokens * layers * 2 * d * d) \
-            + 4 * d * layers * (image * image + image * text_tokens)
-        return layers, d, image, flops, image
-    if model_type == "sd3":
-        image = (resolution // unit) ** 2
-        text = clip_tokens + text_tokens
-        layers, dual = c["num_layers"], len(c.get("dual_attention_layers") or ())
-        flops = 2 * ((image + text) * layers * 12 * d * d + image * dual * 4 * d * d) \
-            + 4 * d * (layers * (image + text) ** 2 + dual * image * image)
-        return layers, d, image + text, flops, image
-    # flux and qwen_image: packed 2 x 2 latents, joint attention over image and text in every block
-    image = (resolution // unit) ** 2
-    layers = c["num_layers"] + c.get("num_single_layers", 0)
-    seq = image + text_tokens
-    return layers, d, seq, 2 * seq * layers * 12 * d * d + 4 * d * layers * seq * seq, image
-
-
-def _latent_elements_per_token(model_type: str, c: dict) -> int:
-    """Latent values per denoiser token (SD3 patches latents itself; the packed families' and
-    Wan's inputs already hold a 2 x 2 patch per token)."""
-    if model_type == "sd3":
-        return c.get("in_channels", 16) * c.get("patch_size", 2) ** 2
-    return c.get("in_channels", 16) * (4 if model_type == "wan" else 1)
-
-
 def model_shape(cfg: PixelRLConfig) -> Shape:
     """The configured model's shape: from its folder when it is here, else from the published
-    release of its family (pixelrl.models.releases)."""
+    release of its family; the costs from the family's own formula (its `FamilySpec`)."""
     from pixelrl.core.assets import resolve
     from pixelrl.models.base import read_component_config
-    from pixelrl.models.loader import latent_unit
-    from pixelrl.models.releases import RELEASES
+    from pixelrl.models.family import RowInput
+    from pixelrl.models.loader import family_spec, latent_unit
 
     m, r = cfg.model, cfg.rollout
+    spec = family_spec(m.type)
     folder = Path(resolve(str(m.path))) if m.path else None
     transformer = read_component_config(folder, "transformer") if folder and folder.is_dir() else None
-    release = RELEASES.get(m.type)
-    if transformer is None and release is None:
-        raise ConfigError("model.path", m.path, f"planning needs the model folder (its transformer/config.json) for "
-                          f"model.type={m.type}; pixelrl knows the published shapes of {sorted(RELEASES)}")
-    uses_t5 = m.type != "sd3" or m.max_sequence_length > 0
+    if transformer is None and spec.release is None:
+        raise ConfigError("model.path", m.path, f"planning needs the model folder (its transformer/config.json): "
+                          f"the {m.type} family names no published release to plan from")
+    loaded = lambda component: spec.loads_component(component, m.max_sequence_length)  # noqa: E731
     if transformer is not None:
         name = str(folder)
         parts = {p.name: _safetensors_params(p) for p in folder.iterdir() if p.is_dir()}
         denoiser = parts.get("transformer", 0.0)
-        encoders = sum(v for k, v in parts.items() if k.startswith("text_encoder")
-                       and (uses_t5 or k != "text_encoder_3"))
+        encoders = sum(v for k, v in parts.items() if k.startswith("text_encoder") and loaded(k))
         vae, unit = parts.get("vae", 0.0), latent_unit(m.type, folder) or 16
     else:
+        release = spec.release
         transformer, name, denoiser = release.transformer, release.name + " (published shape)", release.denoiser_params
-        encoders = sum(v for k, v in release.encoder_params.items() if uses_t5 or k != "text_encoder_3")
+        encoders = sum(v for k, v in release.encoder_params.items() if loaded(k))
         vae, unit = release.vae_params, 16
-    clip_tokens = 77 if m.type == "sd3" else 0
-    text_tokens = m.max_sequence_length if uses_t5 else 0
-    layers, hidden, seq, flops, image = _denoiser_costs(m.type, transformer, r.resolution, m.num_frames, text_tokens,
-                                                 clip_tokens, unit)
-    return Shape(name, denoiser, encoders, vae, layers, hidden, seq, image * _latent_elements_per_token(m.type, transformer),
-                 float(flops), max(1, m.num_frames), r.resolution ** 2)
+    row = RowInput(r.resolution, r.resolution, max(1, m.num_frames), spec.text_tokens(m.max_sequence_length), unit)
+    cost = spec.cost(transformer, row)
+    return Shape(name, denoiser, encoders, vae, cost.layers, cost.hidden, cost.tokens, cost.latent_values,
+                 cost.forward_flops, row.frames, r.resolution ** 2)
 
 
 @dataclass(frozen=True)

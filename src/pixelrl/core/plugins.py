@@ -14,8 +14,10 @@ reading a checkpoint (resume checks, eval, export) never runs code it names.
 
 Two parts of pixelrl itself extend the lower layers the same way: the embedded shapes world (its
 detector reward, its QA task) and the VLM trainer (its trainer type, answer rewards, QA files).
-No lower package imports them; `import_built_in` does, in every process, before the user's list
-and on any registry lookup that misses.
+No lower package imports them, and this module does not name them: the package root
+(`pixelrl/__init__.py`, which every process of a run imports first) declares them with
+`register_extensions`, and `import_extensions` imports them before the user's list and on any
+registry lookup that misses.
 """
 
 from __future__ import annotations
@@ -73,13 +75,20 @@ def _module_file(module: str) -> str:
     return (spec.origin or "") if spec else ""
 
 
-# imported by name so that no lower package depends on them (see the module docstring)
-BUILT_IN = ("pixelrl.vlm", "pixelrl.shapes")
+# modules of pixelrl itself imported like plugins, by name, so that no lower package depends on
+# them (see the module docstring)
+_extensions: list[str] = []
 
 
-def import_built_in() -> None:
-    """Import the built-in extensions (idempotent: Python caches modules)."""
-    for module in BUILT_IN:
+def register_extensions(*modules: str) -> None:
+    for module in modules:
+        if module not in _extensions:
+            _extensions.append(module)
+
+
+def import_extensions() -> None:
+    """Import the declared extensions (idempotent: Python caches modules)."""
+    for module in _extensions:
         importlib.import_module(module)
 
 
@@ -88,7 +97,7 @@ def import_plugins(entries, field: str = "plugins") -> list[str]:
     module or a plugin that raises while importing is one ConfigError naming the entry, the
     cause and where in the plugin it arose."""
     resolved = resolve_plugins(entries, field)
-    import_built_in()
+    import_extensions()
     for i, entry in enumerate(resolved):
         name = f"{field}[{i}]"
         try:

@@ -2,7 +2,7 @@
 
 A name no module has registered yet may belong to a built-in extension (the shapes world, the
 VLM trainer): those register their entries like a user's plugin, so a lookup that misses imports
-them once (`pixelrl.core.plugins.import_built_in`) before it reports an unknown name."""
+them once (`pixelrl.core.plugins.import_extensions`) before it reports an unknown name."""
 
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ class Registry(Generic[T]):
         return decorator
 
     def _complete(self) -> None:
-        from pixelrl.core.plugins import import_built_in
+        from pixelrl.core.plugins import import_extensions
 
-        import_built_in()
+        import_extensions()
 
     def get(self, name: str, field: str | None = None) -> T:
         if name not in self._entries:

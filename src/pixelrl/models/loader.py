@@ -1,38 +1,48 @@
 """Model families by name (`model.type`), and building a `DiffusionModel` from a local folder.
 
-A family is one folder under `models/` and one line here; each entry imports its family lazily
-(returning the `DiffusionModel` subclass), so a run pays only for the family it uses."""
+A family is one folder under `models/` with its `FamilySpec` (`spec.py`) and one line here; each
+entry imports its family lazily, so a run pays only for the family it uses. A plugin adds a
+family with `register_family(name, lambda: SPEC)`."""
 
 from __future__ import annotations
 
 import importlib
 import json
 from pathlib import Path
+from typing import Callable
 
 from pixelrl.core.errors import ConfigError, ModelFolderError
 from pixelrl.core.registry import Registry
 from pixelrl.models.base import DiffusionModel
+from pixelrl.models.family import FamilySpec
 
+# name -> a function returning the family's FamilySpec (imported on first use)
 MODEL_TYPES: Registry = Registry("model type", "model.type")
 
 
-def _family(module: str, class_name: str):
-    """A registry entry that imports `pixelrl.models.<module>` only when the family is used."""
-    def load() -> type[DiffusionModel]:
-        return getattr(importlib.import_module(f"pixelrl.models.{module}"), class_name)
-
-    return load
+def register_family(name: str, load_spec: Callable[[], FamilySpec]) -> None:
+    MODEL_TYPES.register(name)(load_spec)
 
 
-MODEL_TYPES.register("sd3")(_family("sd3", "SD3Model"))
-MODEL_TYPES.register("flux")(_family("flux", "FluxModel"))
-MODEL_TYPES.register("qwen_image")(_family("qwen_image", "QwenImageModel"))
-MODEL_TYPES.register("wan")(_family("wan", "WanModel"))
+def _built_in(folder: str) -> Callable[[], FamilySpec]:
+    return lambda: importlib.import_module(f"pixelrl.models.{folder}.spec").SPEC
+
+
+for _name in ("sd3", "flux", "qwen_image", "wan"):
+    register_family(_name, _built_in(_name))
+
+
+def family_spec(model_type: str) -> FamilySpec:
+    """The spec of `model.type` (a ConfigError naming the field for an unknown name)."""
+    spec = MODEL_TYPES.get(model_type)()
+    if not isinstance(spec, FamilySpec) or spec.name != model_type:
+        raise TypeError(f"the family registered as {model_type!r} returned {spec!r}, not its FamilySpec")
+    return spec
 
 
 def model_family(model_type: str) -> type[DiffusionModel]:
     """The adapter class of `model.type` (a ConfigError naming the field for an unknown name)."""
-    return MODEL_TYPES.get(model_type)()
+    return family_spec(model_type).model_class
 
 
 def load_model(model_type: str, path, **kwargs) -> DiffusionModel:

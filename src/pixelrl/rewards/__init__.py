@@ -1,7 +1,7 @@
 """Reward functions: `fn(images_uint8 [B,H,W,3], prompts, metadata) -> dict[str, Tensor[B]]`."""
 
 # importing the modules registers the built-in rewards (the shapes detector and the VLM trainer's
-# answer rewards register from their packages: pixelrl.core.plugins.BUILT_IN)
+# answer rewards register from their packages, declared in pixelrl/__init__.py)
 from pixelrl.rewards import (clip, delayed, groupwise, hps, image_reward, jpeg, ocr, remote,  # noqa: F401
                              vlm_judge)
 from pixelrl.rewards.multi import RewardSpec, WeightedReward

@@ -5,6 +5,6 @@ question-answer task (`qa`), the detector reward (`detector`), GenEval-style eva
 
 Nothing below this folder imports it: importing the package registers the `shapes_geneval`
 reward and the `shapes_qa` question task in the lower registries, as a user's plugin would
-(`pixelrl.core.plugins.BUILT_IN`)."""
+(declared in `pixelrl/__init__.py`)."""
 
 from pixelrl.shapes import detector, qa  # noqa: F401  (register the reward and the QA task)

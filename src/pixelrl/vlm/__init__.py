@@ -5,7 +5,7 @@ here; the Qwen-VL adapter is a model family (`pixelrl.models.qwen_vl`).
 
 Nothing below this folder imports it: importing the package registers the trainer type, the
 answer rewards and the `files` question task in the lower registries, as a user's plugin would
-(`pixelrl.core.plugins.BUILT_IN`)."""
+(declared in `pixelrl/__init__.py`)."""
 
 from pixelrl.config.sections import SEPARATE_TRAINERS, SeparateTrainer
 from pixelrl.vlm import answers, qa_tasks, reward_model  # noqa: F401  (register the rewards and the task)
