@@ -37,6 +37,14 @@ def tiny_flux_path(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_kontext_path(tmp_path_factory):
+    """A tiny random FLUX.1 Kontext pipeline (FLUX.1's components, an image condition)."""
+    from pixelrl.models.flux_kontext import build_tiny_flux_kontext
+
+    return build_tiny_flux_kontext(tmp_path_factory.mktemp("tiny_kontext") / "pipe", resolution=32)
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen_image_path(tmp_path_factory):
     """A tiny random Qwen-Image pipeline (Qwen2.5-VL text states with masks, true CFG, packed latents)."""
     from pixelrl.models.qwen_image import build_tiny_qwen_image

@@ -121,7 +121,7 @@ class _RecordingActor:
         self.window_size = window_size
         self.updated = None
 
-    def rollout(self, prompts, seeds, *, window, noise_seeds=None, policy="current"):
+    def rollout(self, prompts, seeds, *, window, noise_seeds=None, policy="current", condition_images=None):
         b, w = len(prompts), window.size
         self.window = window
         return Batch({"images": torch.zeros(b, 4, 4, 3, dtype=torch.uint8), "latents": torch.zeros(b, w + 1, 1),

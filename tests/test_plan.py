@@ -182,6 +182,17 @@ def test_a_family_is_planned_by_its_own_spec_and_an_unknown_one_is_refused(monke
         model_shape(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, type="unheard_of")))
 
 
+def test_an_edit_family_plans_its_condition_tokens():
+    """FLUX.1 Kontext's rows carry the source's tokens in the sequence: one image's worth more
+    than FLUX.1's at the same size, with more FLOPs and the same stored latents."""
+    cfg = paper_config("flow_grpo_flux")
+    kontext = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, type="flux_kontext"))
+    flux, edit = model_shape(cfg), model_shape(kontext)
+    assert edit.seq_tokens == flux.seq_tokens + (cfg.rollout.resolution // 16) ** 2
+    assert edit.forward_flops > 1.5 * flux.forward_flops and edit.latent_values == flux.latent_values
+    assert "Kontext" in edit.name
+
+
 def test_the_plan_keeps_the_algorithm_and_fits_the_memory():
     cfg = paper_config("flow_grpo_sd35")
     for gpus, memory in ((1, 80), (2, 80), (8, 80), (8, 40)):

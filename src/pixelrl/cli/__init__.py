@@ -9,7 +9,7 @@
     pixelrl make-preferences OUT [--prompts FILE]       offline DPO pairs from a model's scored samples
     pixelrl demo [key=value ...]                        AWM on the shipped shapes model, before/after
     pixelrl demo-jpeg                                   15-second Flow-GRPO run on a tiny random model
-    pixelrl build-tiny PATH [--family F]                a tiny random SD3 / FLUX / Qwen-Image / Wan pipeline
+    pixelrl build-tiny PATH [--family F]                a tiny random SD3 / FLUX (Kontext) / Qwen-Image / Wan pipeline
     pixelrl pretrain-vlm OUT [--steps N]                pretrain the shapes-QA vision-language model
     pixelrl demo-vlm [key=value ...]                    GRPO on the shipped shapes-QA VLM, accuracy before/after
     pixelrl eval-vlm [--model PATH] [--files F ...]     a Qwen2-VL folder's held-out accuracy per question type

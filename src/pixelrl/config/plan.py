@@ -137,7 +137,8 @@ def model_shape(cfg: PixelRLConfig) -> Shape:
         transformer, name, denoiser = release.transformer, release.name + " (published shape)", release.denoiser_params
         encoders = sum(v for k, v in release.encoder_params.items() if loaded(k))
         vae, unit = release.vae_params, 16
-    row = RowInput(r.resolution, r.resolution, max(1, m.num_frames), spec.text_tokens(m.max_sequence_length), unit)
+    row = RowInput(r.resolution, r.resolution, max(1, m.num_frames), spec.text_tokens(m.max_sequence_length), unit,
+                   spec.model_class.condition_images)
     cost = spec.cost(transformer, row)
     return Shape(name, denoiser, encoders, vae, cost.layers, cost.hidden, cost.tokens, cost.latent_values,
                  cost.forward_flops, row.frames, r.resolution ** 2)

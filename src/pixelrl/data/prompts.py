@@ -1,8 +1,11 @@
 """Prompt datasets (jsonl, parquet, txt) and stateful loaders.
 
 A row has a `prompt` (the column name is configurable), and optionally `data_source` (used to
-group validation metrics) and `metadata` (a dict handed to reward functions, e.g. the ground
-truth of a compositional prompt). A bad row stops loading with the file and row number.
+group validation metrics), `metadata` (a dict handed to reward functions, e.g. the ground
+truth of a compositional prompt) and, for an edit family, its condition: `image` (one path) or
+`images` (a list), relative to the file's folder. Each image is checked when the file is read
+(there, readable, a colour mode pixelrl converts, within the size limits) and decoded when its
+row is drawn. A bad row stops loading with the file and row number.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from pixelrl.core.errors import PixelRLError
@@ -38,6 +42,76 @@ def _normalise(path: Path, row: int, record, prompt_key: str) -> dict:
     if not isinstance(metadata, dict):
         raise _row_error(path, row, f"`metadata` must be an object, got {type(metadata).__name__}")
     return {"prompt": prompt, "data_source": str(record.get("data_source") or path.stem), "metadata": metadata}
+
+
+def _prompt_row(path: Path, row: int, record, prompt_key: str) -> dict:
+    """A prompt file's row: `_normalise`d, with its condition images when it names any."""
+    normalised = _normalise(path, row, record, prompt_key)
+    images = _condition_paths(path, row, record)
+    if images:
+        normalised["images"] = images
+    return normalised
+
+
+# Modes PIL converts to RGB without guessing (CMYK, 16-bit and float images need a colour
+# decision pixelrl should not make for the user); sides and pixels a source may have.
+CONDITION_MODES = ("RGB", "RGBA", "L", "LA", "P")
+MIN_SIDE, MAX_SIDE, MAX_PIXELS = 8, 8192, 40_000_000
+
+
+def _condition_paths(path: Path, row: int, record: dict) -> tuple[str, ...]:
+    """The row's condition images (`image` or `images`), each checked, as absolute paths."""
+    if "image" in record and "images" in record:
+        raise _row_error(path, row, "has both `image` and `images`: give one (`images` for several)")
+    given = record.get("images", record.get("image"))
+    if given is None:
+        return ()
+    entries = [given] if "image" in record else given
+    field = "image" if "image" in record else "images"
+    if not isinstance(entries, list) or not entries or not all(isinstance(e, str) and e.strip() for e in entries):
+        raise _row_error(path, row, f"`{field}` must be {'a path' if field == 'image' else 'a non-empty list of paths'}"
+                                    f" (relative to {path.parent}), got {given!r}")
+    return tuple(_check_condition_image(path, row, (path.parent / entry).expanduser()) for entry in entries)
+
+
+def _check_condition_image(path: Path, row: int, image: Path) -> str:
+    from PIL import Image, UnidentifiedImageError
+
+    if not image.is_file():
+        raise _row_error(path, row, f"condition image `{image}` does not exist (paths are relative to the file's folder)")
+    try:
+        with Image.open(image) as opened:
+            mode, (width, height) = opened.mode, opened.size
+            opened.verify()  # a truncated or damaged file, without decoding all of it
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        raise _row_error(path, row, f"condition image `{image}` is not a readable image ({err})") from None
+    if mode not in CONDITION_MODES:
+        raise _row_error(path, row, f"condition image `{image}` has colour mode {mode}; pixelrl reads "
+                                    f"{', '.join(CONDITION_MODES)}: convert it to RGB")
+    if min(width, height) < MIN_SIDE or max(width, height) > MAX_SIDE or width * height > MAX_PIXELS:
+        raise _row_error(path, row, f"condition image `{image}` is {width} x {height}; sides must be "
+                                    f"{MIN_SIDE} to {MAX_SIDE} px and the image at most {MAX_PIXELS // 1_000_000} MP")
+    return str(image.resolve())
+
+
+def load_condition_image(file: str, height: int, width: int) -> torch.Tensor:
+    """A condition image as uint8 [height, width, 3]: RGB (transparency on white), the largest
+    centred crop of the output's aspect, resized with Lanczos (edit families make the output the
+    source's shape)."""
+    from PIL import Image
+
+    with Image.open(file) as opened:
+        image = opened.convert("RGBA") if opened.mode in ("RGBA", "LA", "P") else opened.convert("RGB")
+    if image.mode == "RGBA":
+        white = Image.new("RGBA", image.size, (255, 255, 255, 255))
+        image = Image.alpha_composite(white, image).convert("RGB")
+    w, h = image.size
+    crop_w, crop_h = min(w, round(h * width / height)), min(h, round(w * height / width))
+    left, top = (w - crop_w) // 2, (h - crop_h) // 2
+    image = image.crop((left, top, left + crop_w, top + crop_h))
+    if image.size != (width, height):
+        image = image.resize((width, height), Image.LANCZOS)
+    return torch.from_numpy(np.array(image, dtype=np.uint8))
 
 
 def read_records(path: Path, required_key: str, kinds: str = ".jsonl, .parquet or .txt"):
@@ -72,21 +146,31 @@ def read_prompt_file(path: str | Path, prompt_key: str = "prompt") -> list[dict]
         rows = [{"prompt": line.strip(), "data_source": path.stem, "metadata": {}}
                 for line in path.read_text(encoding="utf-8-sig").splitlines() if line.strip()]
     else:
-        rows = [_normalise(path, number, record, prompt_key) for number, record in read_records(path, prompt_key)]
+        rows = [_prompt_row(path, number, record, prompt_key) for number, record in read_records(path, prompt_key)]
     if not rows:
         raise DatasetError(f"prompt file `{path}` has no prompts")
     return rows
 
 
 class PromptDataset(torch.utils.data.Dataset):
-    """Rows as read: {prompt, data_source, metadata}."""
+    """Rows as read: {prompt, data_source, metadata[, images]}; a drawn row with images also
+    carries them decoded at `output_size` (height, width) as `condition_images`."""
 
-    def __init__(self, rows: list[dict]):
+    def __init__(self, rows: list[dict], output_size: tuple[int, int] | None = None):
         self.rows = rows
+        self.output_size = output_size
 
     @classmethod
-    def from_files(cls, files, prompt_key: str = "prompt") -> "PromptDataset":
-        return cls([row for f in files for row in read_prompt_file(f, prompt_key)])
+    def from_files(cls, files, prompt_key: str = "prompt", output_size: tuple[int, int] | None = None) -> "PromptDataset":
+        return cls([row for f in files for row in read_prompt_file(f, prompt_key)], output_size)
+
+    def condition_counts(self) -> dict[int, int]:
+        """How many rows have each number of condition images."""
+        counts: dict[int, int] = {}
+        for row in self.rows:
+            n = len(row.get("images", ()))
+            counts[n] = counts.get(n, 0) + 1
+        return counts
 
     @classmethod
     def from_prompts(cls, prompts: list[str], data_source: str = "inline") -> "PromptDataset":
@@ -94,18 +178,27 @@ class PromptDataset(torch.utils.data.Dataset):
 
     def weighted(self, weights: dict[str, int]) -> "PromptDataset":
         """Each row repeated in place `weights[row's data_source]` times (1 for unlisted sources)."""
-        return PromptDataset([row for row in self.rows for _ in range(weights.get(row["data_source"], 1))])
+        return PromptDataset([row for row in self.rows for _ in range(weights.get(row["data_source"], 1))],
+                             self.output_size)
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def __getitem__(self, index: int) -> dict:
-        return self.rows[index]
+        row = self.rows[index]
+        if not row.get("images"):
+            return row
+        if self.output_size is None:
+            raise ValueError("a dataset with condition images needs output_size to decode them at")
+        return {**row, "condition_images": tuple(load_condition_image(f, *self.output_size) for f in row["images"])}
 
 
 def collate_rows(rows: list[dict]) -> dict[str, list]:
-    return {"prompts": [r["prompt"] for r in rows], "data_sources": [r["data_source"] for r in rows],
-            "metadata": [r["metadata"] for r in rows]}
+    batch = {"prompts": [r["prompt"] for r in rows], "data_sources": [r["data_source"] for r in rows],
+             "metadata": [r["metadata"] for r in rows]}
+    if any("condition_images" in r for r in rows):
+        batch["condition_images"] = [r.get("condition_images", ()) for r in rows]
+    return batch
 
 
 class EpochSampler(torch.utils.data.Sampler):

@@ -149,7 +149,7 @@ class DistributionMatchingObjective:
                                "sets must stay disjoint")
 
     def _encode(self, micro: Batch) -> PromptEmbeds:
-        return self.engine.model.encode_prompts(micro["prompts"])
+        return self.engine.model.encode_conditions(micro["prompts"], micro.get("condition_images"))
 
     def _student_sample(self, micro: Batch, text: PromptEmbeds, sigmas: torch.Tensor, exit_index: int,
                         with_graph: bool) -> torch.Tensor:
@@ -212,8 +212,10 @@ class DistributionMatchingObjective:
         out = torch.empty_like(x_s)
         for teacher in dict.fromkeys(teachers):
             rows = [i for i, t in enumerate(teachers) if t == teacher]
-            text = e.model.encode_prompts([micro["prompts"][i] for i in rows])
-            negative = e.model.negative_embeds(e.cfg.rollout.negative_prompt, len(rows), p.teacher_guidance)
+            images = micro.get("condition_images")
+            text = e.model.encode_conditions([micro["prompts"][i] for i in rows],
+                                             None if images is None else [images[i] for i in rows])
+            negative = e.model.negative_embeds(e.cfg.rollout.negative_prompt, len(rows), p.teacher_guidance, like=text)
             x, s = x_s[rows], sigma[rows]
             with e.policy(teacher or "reference"):
                 if negative is None:

@@ -245,7 +245,7 @@ class ForwardProcessObjective(Objective):
         """Timestep k of every sample: (clean samples, t, eps, x_t, a velocity function of x_t)."""
         e = self.engine
         device = e.model.device
-        text = e.model.encode_prompts(micro["prompts"])
+        text = e.model.encode_conditions(micro["prompts"], micro.get("condition_images"))
         t = micro["fm_t"][:, k].to(device)
         eps = micro["fm_eps"][:, k].to(device)
         t_ = t.reshape(-1, *([1] * (eps.ndim - 1)))

@@ -163,13 +163,22 @@ class PolicyEngine:
 
     def rollout(self, prompts: list[str], seeds: list[int], *, window: Window | None = None,
                 settings: SamplingSettings | None = None, num_steps: int | None = None,
-                noise_seeds: list[int] | None = None, policy: str = "current") -> Batch:
-        """Sample one image per (prompt, seed) with `policy` (current or old), in micro-batches."""
+                noise_seeds: list[int] | None = None, policy: str = "current",
+                condition_images: list | None = None) -> Batch:
+        """Sample one image per (prompt, seed) with `policy` (current or old), in micro-batches;
+        an edit family's condition images per row (`condition_images`) are kept in the batch, so
+        every later forward on these samples sees the rollout's exact input."""
         with self.policy(policy):
             return self._rollout(prompts, seeds, window=window, settings=settings, num_steps=num_steps,
-                                 noise_seeds=noise_seeds)
+                                 noise_seeds=noise_seeds, condition_images=condition_images)
 
-    def _rollout(self, prompts, seeds, *, window, settings, num_steps, noise_seeds) -> Batch:
+    def conditions(self, micro: Batch, guidance_scale: float) -> tuple:
+        """(condition, negative) embeddings of a batch's rows: their prompts and, when the batch
+        holds them, their condition images."""
+        text = self.model.encode_conditions(micro["prompts"], micro.get("condition_images"))
+        return text, self.model.negative_embeds(self.cfg.rollout.negative_prompt, len(micro), guidance_scale, like=text)
+
+    def _rollout(self, prompts, seeds, *, window, settings, num_steps, noise_seeds, condition_images) -> Batch:
         settings = settings or self.settings
         sigmas = (self.sigmas if num_steps is None
                   else self.schedule(num_steps))
@@ -186,6 +195,7 @@ class PolicyEngine:
                 sigmas=sigmas, window=window, settings=settings, height=res, width=res,
                 negative_prompt=self.cfg.rollout.negative_prompt, store_means=self.stores_old_means,
                 noise_seeds=None if noise_seeds is None else noise_seeds[start:start + size],
+                condition_images=None if condition_images is None else condition_images[start:start + size],
             )
             tensors = {
                 "images": out.images, "x0": out.final_latents.cpu(),  # x0: the clean sample, before decoding
@@ -196,8 +206,10 @@ class PolicyEngine:
             }
             if out.means is not None:
                 tensors["old_means"] = out.means.cpu()
-            chunks.append(Batch(tensors, {"prompts": list(prompts[start:start + size]),
-                                          "seeds": list(seeds[start:start + size])}))
+            values = {"prompts": list(prompts[start:start + size]), "seeds": list(seeds[start:start + size])}
+            if condition_images is not None:
+                values["condition_images"] = list(condition_images[start:start + size])
+            chunks.append(Batch(tensors, values))
         batch = Batch.concat(chunks)
         batch.info.update(
             policy_version=self.policy_version,
@@ -265,8 +277,7 @@ class PolicyEngine:
 
     def step_outputs(self, micro: Batch, step: torch.Tensor, settings: SamplingSettings):
         """Re-score window step `step[i]` of sample i (a [B] index tensor)."""
-        text = self.model.encode_prompts(micro["prompts"])
-        negative = self.model.negative_embeds(self.cfg.rollout.negative_prompt, len(micro), settings.guidance_scale)
+        text, negative = self.conditions(micro, settings.guidance_scale)
         device = self.model.device
         rows = torch.arange(len(micro))
         return step_with_log_prob(

@@ -40,12 +40,14 @@ def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
 
 @dataclass
 class PromptEmbeds:
-    """Text conditioning for a batch: sequence embeddings, pooled vectors (SD3, FLUX) and, for
-    families whose prompts encode to different lengths (Qwen-Image), a token mask."""
+    """A batch's condition as the denoiser takes it: text sequence embeddings, pooled vectors
+    (SD3, FLUX), for families whose prompts encode to different lengths (Qwen-Image) a token mask,
+    and for image-conditioned families (editing) the condition images' clean latents."""
 
     embeds: torch.Tensor  # [B, L, D]
     pooled: torch.Tensor | None = None  # [B, P]
     mask: torch.Tensor | None = None  # [B, L], 1 for a real token, 0 for padding
+    condition_latents: torch.Tensor | None = None  # [B, n images, *latent], model space
 
     def __len__(self) -> int:
         return self.embeds.shape[0]
@@ -54,13 +56,14 @@ class PromptEmbeds:
     def cat(parts: list["PromptEmbeds"]) -> "PromptEmbeds":
         """One batch; with masks, shorter sequences are zero-padded (and masked) to the longest."""
         pooled = None if parts[0].pooled is None else torch.cat([p.pooled for p in parts])
+        images = None if parts[0].condition_latents is None else torch.cat([p.condition_latents for p in parts])
         if parts[0].mask is None:
-            return PromptEmbeds(torch.cat([p.embeds for p in parts]), pooled)
+            return PromptEmbeds(torch.cat([p.embeds for p in parts]), pooled, condition_latents=images)
         length = max(p.embeds.shape[1] for p in parts)
         pad = [length - p.embeds.shape[1] for p in parts]
         embeds = torch.cat([torch.nn.functional.pad(p.embeds, (0, 0, 0, n)) for p, n in zip(parts, pad)])
         mask = torch.cat([torch.nn.functional.pad(p.mask, (0, n)) for p, n in zip(parts, pad)])
-        return PromptEmbeds(embeds, pooled, mask)
+        return PromptEmbeds(embeds, pooled, mask, images)
 
 
 class DiffusionModel(ABC):
@@ -89,12 +92,16 @@ class DiffusionModel(ABC):
     # this fix; None where zero tokens is meaningful (SD3 without T5)
     text_tokens_hint: str | None = None
 
+    # condition images a sample takes besides its text (0: text-to-image; 1: an edit family)
+    condition_images: int = 0
+
     # full fine-tuning of a low-precision model: float32 denoiser weights, forwards under autocast
     float32_master_weights: bool = False
 
     def __init__(self, prompt_cache_size: int = 4096):
         self._prompt_cache: OrderedDict[str, PromptEmbeds] = OrderedDict()
         self._prompt_cache_size = prompt_cache_size
+        self._image_cache: OrderedDict[str, torch.Tensor] = OrderedDict()
 
     def keep_float32_master_weights(self) -> None:
         """For full fine-tuning: the denoiser trains float32 weights under autocast to `dtype`
@@ -230,11 +237,54 @@ class DiffusionModel(ABC):
             self._prompt_cache.popitem(last=False)
         return PromptEmbeds.cat(parts)
 
-    def negative_embeds(self, negative_prompt: str, batch: int, guidance_scale: float) -> PromptEmbeds | None:
-        """The unconditional branch's embeddings, when this guidance scale needs one."""
+    def encode_conditions(self, prompts: list[str], images: list | None = None) -> PromptEmbeds:
+        """The batch's conditions: each prompt's text embeddings and, for an image-conditioned
+        family, row i's condition images (`images[i]`: a tuple of uint8 [H, W, 3] tensors) as
+        clean latents. Each image is encoded alone and cached by its content, so a sample's
+        condition latents are the same bits in its rollout, every re-score and every teacher,
+        whatever the micro-batch around it."""
+        text = self.encode_prompts(prompts)
+        if images is None and self.condition_images:
+            raise ValueError(f"{type(self).__name__} samples from a condition image per prompt and these rows carry "
+                             "none: every forward of an edit family needs the rows' condition_images")
+        if images is None or self.condition_images == 0 and not any(images):
+            return text
+        if len(images) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(images)} rows of condition images")
+        counts = {len(row) for row in images}
+        if counts != {self.condition_images}:
+            from pixelrl.core.errors import ConfigError
+
+            raise ConfigError("data.train_files", f"{sorted(counts)} condition images per row",
+                              f"{type(self).__name__} ({self.pipeline_class_name}) takes {self.condition_images} "
+                              "per sample: give each row that many (`image` / `images`), or use a family that "
+                              "takes this many")
+        latents = torch.stack([torch.stack([self._condition_latents(image) for image in row]) for row in images])
+        return PromptEmbeds(text.embeds, text.pooled, text.mask, latents)
+
+    def _condition_latents(self, image: torch.Tensor) -> torch.Tensor:
+        import hashlib
+
+        image = image.contiguous()
+        key = f"{tuple(image.shape)}:{hashlib.sha1(image.numpy().tobytes()).hexdigest()}"
+        if key not in self._image_cache:
+            with torch.no_grad():
+                self._image_cache[key] = self.encode(image.unsqueeze(0))[0]
+        self._image_cache.move_to_end(key)
+        while len(self._image_cache) > self._prompt_cache_size:
+            self._image_cache.popitem(last=False)
+        return self._image_cache[key]
+
+    def negative_embeds(self, negative_prompt: str, batch: int, guidance_scale: float,
+                        like: PromptEmbeds | None = None) -> PromptEmbeds | None:
+        """The unconditional branch's embeddings, when this guidance scale needs one; it carries
+        the condition images of `like` (both branches of an edit see the source)."""
         if guidance_scale == 1.0 or not self.uses_negative_prompt:
             return None
-        return self.encode_prompts([negative_prompt] * batch)
+        negative = self.encode_prompts([negative_prompt] * batch)
+        if like is not None and like.condition_latents is not None:
+            negative = PromptEmbeds(negative.embeds, negative.pooled, negative.mask, like.condition_latents)
+        return negative
 
     # --- denoiser -------------------------------------------------------------------------
     @abstractmethod

@@ -104,12 +104,15 @@ def rollout(
     negative_prompt: str = "",
     store_means: bool = False,
     noise_seeds: list[int] | None = None,
+    condition_images: list | None = None,
 ) -> RolloutOutput:
     """Sample one image per (prompt, seed). Sample i's initial noise and SDE noise come from a
     generator seeded with seeds[i], so its image does not depend on its batch neighbours.
     With `noise_seeds` the initial noise comes from noise_seeds[i] instead (DanceGRPO shares one
     initial noise within a group; the SDE noise still differs per sample). A noise seed must not
-    equal its sample's seed: the SDE noise would then replay the initial noise."""
+    equal its sample's seed: the SDE noise would then replay the initial noise. An edit family
+    takes row i's `condition_images[i]` (a tuple of uint8 [H, W, 3] tensors) in both guidance
+    branches."""
     if len(prompts) != len(seeds):
         raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
     if noise_seeds is not None and any(int(a) == int(b) for a, b in zip(noise_seeds, seeds)):
@@ -120,8 +123,8 @@ def rollout(
     if window.end > num_steps - 1:
         raise ValueError(f"window {window} reaches the final step of a {num_steps}-step schedule")
     batch = len(prompts)
-    text = model.encode_prompts(prompts)
-    negative = model.negative_embeds(negative_prompt, batch, settings.guidance_scale)
+    text = model.encode_conditions(prompts, condition_images)
+    negative = model.negative_embeds(negative_prompt, batch, settings.guidance_scale, like=text)
     generators = sample_generators(seeds, device=device)
     init_generators = generators if noise_seeds is None else sample_generators(noise_seeds, device=device)
     x = randn_tensor((batch, *model.latent_shape(height, width)), generator=init_generators, device=device,

@@ -74,7 +74,8 @@ class AheadProducer:
                 self.synced_step = trained
             rows = self.next_rows()
             request, window = plan_rollout(rows["prompts"], rows["metadata"], j, self.cfg,
-                                           data_sources=rows["data_sources"])
+                                           data_sources=rows["data_sources"],
+                                           condition_images=rows.get("condition_images"))
             generation = self.pool.submit("rollout", request, *rollout_options(
                 window, policy=sampling_policy(self.cfg)))
             scoring = self.rewards.submit(generation, request["metadata"])

@@ -51,16 +51,36 @@ def datasets_of(cfg: PixelRLConfig):
     """(training set, validation set or None) as `cfg.data` names them: prompt files or inline
     prompts, or preference pairs for offline sampling."""
     d = cfg.data
+    size = (cfg.rollout.resolution, cfg.rollout.resolution)
     if cfg.algorithm.sample_source == "offline":
         train = PreferenceDataset.from_files(d.train_files, cfg.rollout.resolution, d.prompt_key)
     else:
-        train = (PromptDataset.from_files(d.train_files, d.prompt_key) if d.train_files
+        train = (PromptDataset.from_files(d.train_files, d.prompt_key, size) if d.train_files
                  else PromptDataset.from_prompts(d.prompts))
+        check_conditions(cfg, train, "data.train_files")
         if d.source_weights:
             check_source_weights(d.source_weights, {row["data_source"] for row in train.rows})
             train = train.weighted(d.source_weights)
-    val = PromptDataset.from_files(d.val_files, d.prompt_key) if d.val_files else None
+    val = PromptDataset.from_files(d.val_files, d.prompt_key, size) if d.val_files else None
+    if val is not None:
+        check_conditions(cfg, val, "data.val_files")
     return train, val
+
+
+def check_conditions(cfg: PixelRLConfig, dataset: PromptDataset, field: str) -> None:
+    """Every row gives the number of condition images `model.type` takes (none for a
+    text-to-image family), before any worker starts."""
+    from pixelrl.models.loader import model_family
+
+    takes = model_family(cfg.model.type).condition_images
+    wrong = {n: rows for n, rows in dataset.condition_counts().items() if n != takes}
+    if wrong:
+        given = ", ".join(f"{rows} rows with {n}" for n, rows in sorted(wrong.items()))
+        fix = ("remove `image` / `images` from the rows, or use an edit family (model.type=flux_kontext)" if takes == 0
+               else f"give every row {takes} (`image`: a path relative to the file)")
+        raise ConfigError(field, list(getattr(cfg.data, field.split(".")[1])),
+                          f"model.type={cfg.model.type} takes {takes} condition image(s) per prompt, but the file has "
+                          f"{given}: {fix}")
 
 
 def check_source_weights(weights: dict, sources: set[str]) -> None:
@@ -310,7 +330,8 @@ class DiffusionTrainer:
                     else:
                         rows = next_rows()
                         rollout = make_rollout(self.actor, self.rewards, rows["prompts"], rows["metadata"], step, cfg,
-                                               data_sources=rows["data_sources"])
+                                               data_sources=rows["data_sources"],
+                                               condition_images=rows.get("condition_images"))
                 except RewardError as err:
                     reward_errors.failed(step, err)  # raises unless the step is to be skipped
                     rollout = None
@@ -373,6 +394,7 @@ class DiffusionTrainer:
         pad = (-real) % self.actor.size  # pad to a multiple of the workers; padding is dropped
         rows = (rows * (pad // real + 2))[:real + pad]  # cycles when there are fewer rows than workers
         prompts = [r["prompt"] for r in rows]
+        sources = [r["condition_images"] for r in rows] if any("condition_images" in r for r in rows) else None
         seeds = [VAL_SEED_BASE + i for i in range(len(rows))]
         settings = validation_settings(cfg)
         window = full_window(vk.num_steps) if settings.stores_transitions else Window(0, 0)
@@ -382,7 +404,8 @@ class DiffusionTrainer:
         policy = "ema" if cfg.actor.ema_decay > 0 else "current"
         images = torch.cat([
             self.actor.rollout(prompts[i:i + chunk], seeds[i:i + chunk], window=window, settings=settings,
-                               num_steps=vk.num_steps, policy=policy)["images"]
+                               num_steps=vk.num_steps, policy=policy,
+                               condition_images=None if sources is None else sources[i:i + chunk])["images"]
             for i in range(0, len(rows), chunk)])[:real]
         rows = rows[:real]
         scores = self.rewards(images, [r["prompt"] for r in rows], [r["metadata"] for r in rows])

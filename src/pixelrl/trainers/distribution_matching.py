@@ -22,7 +22,7 @@ def attempt_request(rows: dict, step: int, attempt: int, cfg):
     """The (prompt, seed) rows of attempt `attempt` of training step `step` and its exit step."""
     seed = step_seed(cfg.rollout.seed, step) * len(cycle_of(cfg.diffusion_loss)) + attempt  # distinct for every attempt of the run
     request = expand_prompts(rows["prompts"], rows["metadata"], cfg.rollout.n, seed,
-                             data_sources=rows["data_sources"])
+                             data_sources=rows["data_sources"], condition_images=rows.get("condition_images"))
     draw = torch.Generator().manual_seed(derive_seed(seed, "dmd2_exit_index"))
     request.info["exit_index"] = int(torch.randint(0, cfg.rollout.num_steps, (1,), generator=draw))
     return request

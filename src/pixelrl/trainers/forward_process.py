@@ -44,11 +44,13 @@ def train_on_forward_process(actor, rollout: Rollout, cfg, num_workers: int = 1,
         if cfg.diffusion_loss.name == "diffusion_dpo":
             chosen, rejected = best_worst_pairs(batch["rewards"], batch["uids"])
             train = Batch({"x0": batch["x0"][chosen], "x0_rejected": batch["x0"][rejected]},
-                          {"prompts": [batch["prompts"][i] for i in chosen]}, dict(batch.info))
+                          {key: [batch[key][i] for i in chosen] for key in ("prompts", "condition_images")
+                           if key in batch}, dict(batch.info))
             train.info["num_mini_batches"] = mini_batches_per_epoch(cfg)
         else:  # DiffusionNFT, AWM, DGPO: every sample, or (drop_zero_advantage) those with A != 0
             train = without_zero_advantages(Batch({"x0": batch["x0"], "advantages": batch["advantages"]},
-                                                  {"prompts": batch["prompts"], "uids": batch["uids"]},
+                                                  {key: batch[key] for key in ("prompts", "uids", "condition_images")
+                                                   if key in batch},
                                                   dict(batch.info)),
                                             rollout.step, cfg, num_workers)
         label_draws(train, derive_seed(step_seed(cfg.rollout.seed, rollout.step), "draw_labels"))

@@ -41,12 +41,13 @@ def step_seed(rollout_seed: int, global_step: int) -> int:
 
 
 def expand_prompts(prompts: list[str], metadata: list[dict], n: int, seed: int, uids=None,
-                   data_sources: list[str] | None = None) -> Batch:
+                   data_sources: list[str] | None = None, condition_images: list | None = None) -> Batch:
     """Give each prompt a uid, repeat it n times (groups stay contiguous), seed each sample; with
     `data_sources`, each sample keeps its row's (a distillation teacher is chosen by it)."""
     uids = uids or [uuid.uuid4().hex for _ in prompts]
     base = Batch(values={"prompts": list(prompts), "metadata": list(metadata), "uids": list(uids),
-                         **({"data_sources": list(data_sources)} if data_sources is not None else {})})
+                         **({"data_sources": list(data_sources)} if data_sources is not None else {}),
+                         **({"condition_images": list(condition_images)} if condition_images is not None else {})})
     batch = base.repeat_interleave(n)
     batch["seeds"] = [seed * SEED_STRIDE + i for i in range(len(batch))]
     return batch
@@ -118,13 +119,13 @@ def sampling_policy(cfg) -> str:
 
 
 def plan_rollout(prompts: list[str], metadata: list[dict], global_step: int, cfg, uids=None,
-                 data_sources: list[str] | None = None) -> tuple[Batch, Window]:
+                 data_sources: list[str] | None = None, condition_images: list | None = None) -> tuple[Batch, Window]:
     """What step `global_step` samples: prompts with uids repeated n times, per-sample seeds (and
     DanceGRPO's shared group noise seeds), and the SDE window. A deterministic sampler
     (noise_level 0) or a multistep solver stores no transition, so its window is empty."""
     r = cfg.rollout
     seed = step_seed(r.seed, global_step)
-    request = expand_prompts(prompts, metadata, r.n, seed, uids, data_sources)
+    request = expand_prompts(prompts, metadata, r.n, seed, uids, data_sources, condition_images)
     if r.same_noise_per_group:
         request["noise_seeds"] = group_noise_seeds(request["seeds"], r.n)
     if not stores_transitions(r.noise_level, r.solver):
@@ -145,13 +146,14 @@ def finish_rollout(step: int, request: Batch, window: Window, batch: Batch, scor
 
 
 def make_rollout(actor, reward_fn, prompts: list[str], metadata: list[dict], global_step: int, cfg,
-                 uids=None, data_sources: list[str] | None = None) -> Rollout:
+                 uids=None, data_sources: list[str] | None = None, condition_images: list | None = None) -> Rollout:
     """The synchronous producer: sample with the actor's current weights, score, advantages."""
     timer = PhaseTimer()
-    request, window = plan_rollout(prompts, metadata, global_step, cfg, uids, data_sources)
+    request, window = plan_rollout(prompts, metadata, global_step, cfg, uids, data_sources, condition_images)
     with timer.phase("gen"):
         batch = actor.rollout(request["prompts"], request["seeds"], window=window,
-                              noise_seeds=request.get("noise_seeds"), policy=sampling_policy(cfg))
+                              noise_seeds=request.get("noise_seeds"), policy=sampling_policy(cfg),
+                              condition_images=request.get("condition_images"))
     reward_start = time.time()
     with timer.phase("reward"):
         scores = reward_fn(batch["images"], batch["prompts"], request["metadata"])

@@ -132,8 +132,8 @@ class _Group:
 
     # The engine's verbs under their own names, so a step runs on a group or on an engine alike.
     def rollout(self, prompts, seeds, *, window=None, settings=None, num_steps=None, noise_seeds=None,
-                policy="current") -> Batch:
-        return self.call("rollout", rollout_request(prompts, seeds, noise_seeds), *rollout_options(
+                policy="current", condition_images=None) -> Batch:
+        return self.call("rollout", rollout_request(prompts, seeds, noise_seeds, condition_images), *rollout_options(
             window, settings, num_steps, policy))
 
     def score(self, batch: Batch, policy: str) -> Batch:
@@ -156,10 +156,12 @@ class _Group:
         return self.call("load", None, folder, gather="first")
 
 
-def rollout_request(prompts, seeds, noise_seeds=None) -> Batch:
+def rollout_request(prompts, seeds, noise_seeds=None, condition_images=None) -> Batch:
     values = {"prompts": list(prompts), "seeds": list(seeds)}
     if noise_seeds is not None:
         values["noise_seeds"] = list(noise_seeds)
+    if condition_images is not None:
+        values["condition_images"] = list(condition_images)
     return Batch(values=values)
 
 

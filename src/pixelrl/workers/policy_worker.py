@@ -119,7 +119,8 @@ class PolicyWorker(RankProcess):
             batch = self.engine.rollout(request["prompts"], request["seeds"],
                                         window=Window(*window) if window is not None else None,
                                         settings=SamplingSettings(**settings) if settings else None,
-                                        num_steps=num_steps, noise_seeds=request.get("noise_seeds"), policy=policy)
+                                        num_steps=num_steps, noise_seeds=request.get("noise_seeds"), policy=policy,
+                                        condition_images=request.get("condition_images"))
         batch.info.update(gen_start=started, gen_end=time.time())  # wall clock, for timelines
         return batch.to_numpy()
 

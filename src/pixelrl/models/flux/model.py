@@ -44,7 +44,7 @@ class FluxModel(PackedLatentsModel):
     def __init__(self, path: str | Path, *, device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32",
                  max_sequence_length: int = 512, num_frames: int = 1, prompt_cache_size: int = 4096):
         super().__init__(prompt_cache_size)
-        from diffusers import AutoencoderKL, FluxPipeline, FluxTransformer2DModel
+        from diffusers import AutoencoderKL, FluxTransformer2DModel
         from transformers import AutoTokenizer, CLIPTextModel, CLIPTokenizer, T5EncoderModel
 
         folder = self._open(path, ("transformer", "scheduler", "vae", "text_encoder", "text_encoder_2"), device, dtype,
@@ -57,7 +57,7 @@ class FluxModel(PackedLatentsModel):
         clip_tok = load_part(folder, "tokenizer/", lambda: CLIPTokenizer.from_pretrained(folder / "tokenizer"))
         t5_tok = load_part(folder, "tokenizer_2/", lambda: AutoTokenizer.from_pretrained(folder / "tokenizer_2"))
         # The diffusers pipeline over the same modules: its encode_prompt and (un)packing helpers.
-        self.pipeline = FluxPipeline(scheduler=self.scheduler, vae=self.vae, text_encoder=clip, tokenizer=clip_tok,
+        self.pipeline = self.pipeline_class()(scheduler=self.scheduler, vae=self.vae, text_encoder=clip, tokenizer=clip_tok,
                                      text_encoder_2=t5, tokenizer_2=t5_tok, transformer=self.transformer)
         self.vae_scale = self.pipeline.vae_scale_factor
         self.latent_channels = self.transformer.config.in_channels // 4
@@ -84,6 +84,9 @@ class FluxModel(PackedLatentsModel):
         batch, channels, h, w = latents.shape
         packed = self.pipeline._pack_latents(latents, batch, channels, h, w)
         image_ids = self.pipeline._prepare_latent_image_ids(batch, h // 2, w // 2, self.device, self.dtype)
+        target_tokens = packed.shape[1]
+        if text.condition_latents is not None:  # FLUX.1 Kontext (models/flux_kontext)
+            packed, image_ids = self._append_condition(packed, image_ids, text.condition_latents)
         text_ids = torch.zeros(text.embeds.shape[1], 3, device=self.device, dtype=self.dtype)
         out = self.transformer(
             hidden_states=packed,
@@ -93,7 +96,7 @@ class FluxModel(PackedLatentsModel):
             pooled_projections=text.pooled.to(self.device, self.dtype),
             encoder_hidden_states=text.embeds.to(self.device, self.dtype),
             txt_ids=text_ids, img_ids=image_ids, return_dict=False,
-        )[0]
+        )[0][:, :target_tokens]  # the condition's tokens are context, not prediction
         return self.pipeline._unpack_latents(out, h * self.vae_scale, w * self.vae_scale, self.vae_scale)
 
     # --- images ---------------------------------------------------------------------------

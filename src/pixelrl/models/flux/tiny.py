@@ -13,7 +13,7 @@ from pixelrl.models.tiny import DEFAULT_WORDS, build_clip_tokenizer, build_t5_to
 def build_tiny_flux(path: str | Path, *, resolution: int = 32, guidance_embeds: bool = True,
                     words: Iterable[str] | None = None, text_hidden: int = 32, text_max_length: int = 32,
                     num_layers: int = 1, num_single_layers: int = 2, heads: int = 2, head_dim: int = 16,
-                    seed: int = 0) -> Path:
+                    seed: int = 0, pipeline_class=None) -> Path:
     """Write a tiny random FLUX.1 folder (diffusers layout) that `FluxPipeline.from_pretrained(path)`
     loads with no extra arguments; returns the path.
 
@@ -21,7 +21,8 @@ def build_tiny_flux(path: str | Path, *, resolution: int = 32, guidance_embeds: 
     blocks, a 2x AutoencoderKL with FLUX's scaling and shift factors and no quant convs, a CLIP text
     model for the pooled vector and a T5 encoder for the tokens), only small. `guidance_embeds`
     builds a guidance-distilled denoiser like FLUX.1-dev; without it, like schnell. The scheduler
-    shifts by resolution (`use_dynamic_shifting`) as FLUX.1's does.
+    shifts by resolution (`use_dynamic_shifting`) as FLUX.1's does. `pipeline_class` saves the
+    same components as another FLUX pipeline (FLUX.1 Kontext's).
     """
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
     from transformers import T5Config, T5EncoderModel
@@ -58,6 +59,6 @@ def build_tiny_flux(path: str | Path, *, resolution: int = 32, guidance_embeds: 
     scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True,
                                                 base_shift=0.5, max_shift=1.15, base_image_seq_len=256,
                                                 max_image_seq_len=4096)
-    FluxPipeline(scheduler=scheduler, vae=vae, text_encoder=clip, tokenizer=clip_tok, text_encoder_2=t5,
+    (pipeline_class or FluxPipeline)(scheduler=scheduler, vae=vae, text_encoder=clip, tokenizer=clip_tok, text_encoder_2=t5,
                  tokenizer_2=t5_tok, transformer=transformer).save_pretrained(path, safe_serialization=True)
     return path

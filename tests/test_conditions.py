@@ -1,0 +1,208 @@
+"""Image conditions (editing): a sample's condition is its text and its condition images, from the
+model family that takes them (FLUX.1 Kontext here) to every forward that re-reads the sample."""
+
+import pytest
+import torch
+
+from conftest import tiny_config
+from pixelrl.core.batch import Batch
+from pixelrl.core.errors import ConfigError
+from pixelrl.engine import PolicyEngine
+from pixelrl.models import model_family
+
+PROMPTS = ["make the red circle blue", "add a square"]
+
+
+def _sources(seed: int, count: int = 2) -> list[tuple[torch.Tensor]]:
+    """One random 32 px uint8 source image per row, as data rows give them."""
+    generator = torch.Generator().manual_seed(seed)
+    return [(torch.randint(0, 256, (32, 32, 3), generator=generator, dtype=torch.uint8),) for _ in range(count)]
+
+
+def _kontext_config(path, **overrides):
+    return tiny_config(path, model__type="flux_kontext", model__max_sequence_length=16,
+                       rollout__guidance_scale=3.5, **overrides)
+
+
+def test_kontext_ode_sample_and_saved_lora_equal_flux_kontext_pipeline(tiny_kontext_path, tmp_path):
+    """pixelrl's ODE edit of a source image from a seed is `FluxKontextPipeline`'s (the condition
+    latents appended with their own position ids, the prediction cropped to the target), before
+    and after a LoRA the checkpoint writes and the pipeline loads."""
+    from PIL import Image
+
+    from pixelrl.engine.checkpoint import save_engine
+    from pixelrl.sampling import SamplingSettings, Window, rollout
+
+    cfg = _kontext_config(tiny_kontext_path, rollout__num_steps=4)
+    engine = PolicyEngine.from_config(cfg)
+    pipe = model_family("flux_kontext").load_pipeline(engine.model.path)
+    sources = _sources(0)
+
+    def pipeline_latents():
+        out = []
+        for prompt, (source,), seed in zip(PROMPTS, sources, (3, 4)):
+            packed = pipe(prompt=prompt, image=Image.fromarray(source.numpy()), height=32, width=32, num_inference_steps=4,
+                          guidance_scale=3.5, max_sequence_length=16, output_type="latent", _auto_resize=False, max_area=32 * 32,
+                          generator=torch.Generator().manual_seed(seed)).images
+            out.append(pipe._unpack_latents(packed, 32, 32, pipe.vae_scale_factor))
+        return torch.cat(out)
+
+    def our_latents(images=sources):
+        settings = SamplingSettings(noise_level=0.0, guidance_scale=3.5)
+        with torch.no_grad():
+            return rollout(engine.model, PROMPTS, [3, 4], sigmas=engine.sigmas, window=Window(0, 0),
+                           settings=settings, height=32, width=32, condition_images=images).final_latents
+
+    expected = pipeline_latents()
+    assert torch.allclose(our_latents(), expected, atol=1e-5)
+    assert (our_latents(list(reversed(sources))) - expected).abs().max() > 1e-3  # the source matters
+
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in engine.model.transformer.named_parameters():
+            if "lora_B" in name:
+                param.copy_(0.05 * torch.randn(param.shape, generator=generator))
+    save_engine(engine, tmp_path / "actor")
+    pipe.load_lora_weights(tmp_path / "actor" / "adapter")
+    tuned = pipeline_latents()
+    assert (tuned - expected).abs().max() > 1e-3
+    assert torch.allclose(our_latents(), tuned, atol=1e-5)
+
+
+def test_a_condition_survives_rollout_rescore_and_reference_bitwise(tiny_kontext_path):
+    """The rollout keeps each row's condition images; re-scoring the stored transitions (old
+    policy) and the reference see exactly the rollout's input: their log-probs are the rollout's
+    bits. The same rows scored with each other's sources are not."""
+    engine = PolicyEngine.from_config(_kontext_config(tiny_kontext_path))
+    sources = _sources(1)
+    batch = engine.rollout(PROMPTS, [5, 6], condition_images=sources)
+    assert batch["condition_images"] == sources
+    assert batch["log_probs"].shape[1] > 0
+    assert torch.equal(engine.score(batch, "current")["old_log_probs"], batch["log_probs"])
+    assert torch.equal(engine.score(batch, "reference")["ref_log_probs"], batch["log_probs"])  # LoRA B = 0
+    swapped = Batch(dict(batch.tensors), {**batch.values, "condition_images": list(reversed(sources))}, batch.info)
+    assert not torch.equal(engine.score(swapped, "current")["old_log_probs"], batch["log_probs"])
+
+
+def test_condition_latents_do_not_depend_on_the_rows_around_them(tiny_kontext_path):
+    """Each source is encoded alone and cached by content: a row's condition latents are the same
+    bits alone, in a batch, and after the cache is emptied."""
+    model = model_family("flux_kontext")(tiny_kontext_path, max_sequence_length=16)
+    sources = _sources(2, 3)
+    together = model.encode_conditions(PROMPTS + ["remove the circle"], sources).condition_latents
+    model._image_cache.clear()
+    alone = model.encode_conditions(PROMPTS[1:2], sources[1:2]).condition_latents
+    assert together.shape == (3, 1, *model.latent_shape(32, 32))
+    assert torch.equal(together[1], alone[0])
+
+
+def test_a_family_refuses_a_number_of_condition_images_it_cannot_take(tiny_flux_path, tiny_kontext_path):
+    flux = model_family("flux")(tiny_flux_path, max_sequence_length=16)
+    with pytest.raises(ConfigError, match="takes 0 per sample"):
+        flux.encode_conditions(PROMPTS, _sources(3))
+    kontext = model_family("flux_kontext")(tiny_kontext_path, max_sequence_length=16)
+    two = [row + row for row in _sources(3)]
+    with pytest.raises(ConfigError, match="takes 1 per sample"):
+        kontext.encode_conditions(PROMPTS, two)
+    # text-to-image rows (no condition) stay as they were on a text-to-image family
+    assert flux.encode_conditions(PROMPTS, [(), ()]).condition_latents is None
+
+
+def _write_edit_rows(folder, rows):
+    """A jsonl of edit rows and 40 px source PNGs (decoded at the run's 32 px), beside it."""
+    import json
+
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(4):
+        colour = (60 * i, 255 - 60 * i, 128)
+        Image.new("RGB", (40, 40), colour).save(folder / f"source_{i}.png")
+    file = folder / "edits.jsonl"
+    file.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return file
+
+
+EDIT_ROWS = [{"prompt": "make it blue", "image": f"source_{i}.png"} for i in range(4)] + \
+    [{"prompt": "make it blue", "images": ["source_0.png"]}]  # the same prompt, another source
+
+
+def test_an_edit_run_trains_and_validates_on_its_sources_through_pixelrl_train(tiny_kontext_path, tmp_path):
+    """Flow-GRPO on the tiny Kontext model from a file of (instruction, source) rows: the rows'
+    sources are decoded at the run's size, every rollout, update and validation sees them, and
+    the run ends with its checkpoint (the whole path, from data row to reward, runs)."""
+    from conftest import read_metrics, train_cli
+
+    file = _write_edit_rows(tmp_path / "data", EDIT_ROWS)
+    code, _ = train_cli(tmp_path / "out", tiny_kontext_path, "model.type=flux_kontext", "model.max_sequence_length=16",
+                        f"data.train_files=[{file}]", f"data.val_files=[{file}]", "data.train_batch_size=2",
+                        "rollout.n=2", "actor.ppo_micro_batch_size=2", "trainer.backend=local",
+                        "trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.save_freq=2",
+                        "trainer.experiment_name=edit", config="flow_grpo_flux_tiny")
+    assert code == 0
+    run = tmp_path / "out" / "pixelrl" / "edit"
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows if "actor/pg_loss" in r][-1] == 2
+    assert any(key.startswith("val-core/edits/reward") for r in rows for key in r)
+    assert (run / "checkpoints" / "global_step_2").is_dir()
+
+
+def test_the_same_prompt_with_two_sources_is_two_groups():
+    """Groups are conditions (a uid per drawn row), not prompt strings: two rows with one
+    instruction and different sources give two groups, each with its own source."""
+    from pixelrl.trainers.step import expand_prompts
+
+    sources = _sources(4)
+    request = expand_prompts(["make it blue"] * 2, [{}, {}], 3, seed=1, condition_images=sources)
+    assert len(set(request["uids"][:3])) == 1 and len(set(request["uids"][3:])) == 1
+    assert request["uids"][0] != request["uids"][3]
+    assert request["condition_images"] == [sources[0]] * 3 + [sources[1]] * 3
+
+
+def test_rows_decode_their_sources_at_the_output_size(tmp_path):
+    from pixelrl.data.prompts import PromptDataset, collate_rows
+
+    file = _write_edit_rows(tmp_path, EDIT_ROWS)
+    data = PromptDataset.from_files([file], output_size=(32, 32))
+    assert data.condition_counts() == {1: 5}
+    batch = collate_rows([data[1], data[4]])
+    (first,), (last,) = batch["condition_images"]
+    assert first.shape == (32, 32, 3) and first.dtype == torch.uint8
+    assert tuple(first[16, 16].tolist()) == (60, 195, 128)  # source_1's colour, resized
+    assert tuple(last[0, 0].tolist()) == (0, 255, 128)
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"prompt": "p", "image": "missing.png"}, "does not exist"),
+    ({"prompt": "p", "image": "not_an_image.png"}, "not a readable image"),
+    ({"prompt": "p", "image": "cmyk.jpg"}, "colour mode CMYK.*convert it to RGB"),
+    ({"prompt": "p", "image": "tiny.png"}, "is 4 x 4; sides must be"),
+    ({"prompt": "p", "image": "source_0.png", "images": ["source_1.png"]}, "both `image` and `images`"),
+    ({"prompt": "p", "images": []}, "non-empty list of paths"),
+    ({"prompt": "p", "image": 3}, "must be a path"),
+])
+def test_a_bad_condition_row_is_one_error_naming_the_file_and_row(tmp_path, row, message):
+    from PIL import Image
+
+    from pixelrl.data.prompts import DatasetError, read_prompt_file
+
+    (tmp_path / "not_an_image.png").write_bytes(b"no picture here")
+    Image.new("CMYK", (16, 16)).save(tmp_path / "cmyk.jpg")
+    Image.new("RGB", (4, 4)).save(tmp_path / "tiny.png")
+    file = _write_edit_rows(tmp_path, [{"prompt": "fine", "image": "source_0.png"}, row])
+    with pytest.raises(DatasetError, match=rf"edits.jsonl, row 2: .*{message}"):
+        read_prompt_file(file)
+
+
+def test_rows_with_sources_for_a_text_to_image_family_are_refused_before_any_worker(tiny_flux_path, tmp_path, capsys):
+    import re
+
+    from conftest import train_cli
+
+    file = _write_edit_rows(tmp_path / "data", EDIT_ROWS)
+    code, _ = train_cli(tmp_path / "out", tiny_flux_path, "model.type=flux", "model.max_sequence_length=16",
+                        f"data.train_files=[{file}]", "trainer.backend=local", config="flow_grpo_flux_tiny")
+    assert code == 2
+    assert re.search(r"data.train_files.*model.type=flux takes 0 condition.*5 rows with 1.*model.type=flux_kontext",
+                     capsys.readouterr().err)
+    assert not (tmp_path / "out" / "pixelrl").exists()
