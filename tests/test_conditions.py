@@ -128,9 +128,9 @@ EDIT_ROWS = [{"prompt": "make it blue", "image": f"source_{i}.png"} for i in ran
 
 
 def test_an_edit_run_trains_and_validates_on_its_sources_through_pixelrl_train(tiny_kontext_path, tmp_path):
-    """Flow-GRPO on the tiny Kontext model from a file of (instruction, source) rows: the rows'
-    sources are decoded at the run's size, every rollout, update and validation sees them, and
-    the run ends with its checkpoint (the whole path, from data row to reward, runs)."""
+    """Flow-GRPO on the tiny Kontext model from a file of (instruction, source) rows, rewarded for
+    preserving the source: the rows' sources are decoded at the run's size, every rollout,
+    update, reward and validation sees them, and the run ends with its checkpoint."""
     from conftest import read_metrics, train_cli
 
     file = _write_edit_rows(tmp_path / "data", EDIT_ROWS)
@@ -138,12 +138,15 @@ def test_an_edit_run_trains_and_validates_on_its_sources_through_pixelrl_train(t
                         f"data.train_files=[{file}]", f"data.val_files=[{file}]", "data.train_batch_size=2",
                         "rollout.n=2", "actor.ppo_micro_batch_size=2", "trainer.backend=local",
                         "trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.save_freq=2",
-                        "trainer.experiment_name=edit", config="flow_grpo_flux_tiny")
+                        "trainer.experiment_name=edit", "reward.functions=[{name: source_preservation}]",
+                        config="flow_grpo_flux_tiny")
     assert code == 0
     run = tmp_path / "out" / "pixelrl" / "edit"
     rows = read_metrics(run)
     assert [r["step"] for r in rows if "actor/pg_loss" in r][-1] == 2
     assert any(key.startswith("val-core/edits/reward") for r in rows for key in r)
+    # the reward read each sample's source: an untrained edit of a flat source keeps some of it
+    assert 0 < [r for r in rows if "critic/rewards/mean" in r][-1]["critic/rewards/mean"] < 1
     assert (run / "checkpoints" / "global_step_2").is_dir()
 
 
@@ -206,3 +209,31 @@ def test_rows_with_sources_for_a_text_to_image_family_are_refused_before_any_wor
     assert re.search(r"data.train_files.*model.type=flux takes 0 condition.*5 rows with 1.*model.type=flux_kontext",
                      capsys.readouterr().err)
     assert not (tmp_path / "out" / "pixelrl").exists()
+
+
+def test_source_preservation_scores_the_edit_against_its_source_by_hand():
+    from pixelrl.rewards import WeightedReward
+
+    source = torch.zeros(2, 2, 3, dtype=torch.uint8)
+    edited = torch.stack([source, torch.full((2, 2, 3), 255, dtype=torch.uint8), source.clone()])
+    edited[2, 0] = 255  # half the pixels flipped
+    reward = WeightedReward.from_functions([{"name": "source_preservation", "weight": 2.0}])
+    scores = reward(edited, ["p"] * 3, [{}] * 3, [(source,)] * 3)
+    assert scores["source_preservation"].tolist() == [1.0, 0.0, 0.5]
+    assert scores["overall"].tolist() == [2.0, 0.0, 1.0]
+
+
+def test_a_reward_that_reads_sources_is_refused_where_there_are_none(tiny_flux_path, tmp_path, capsys):
+    from conftest import train_cli
+
+    from pixelrl.core.errors import RewardError
+    from pixelrl.rewards import WeightedReward
+
+    reward = WeightedReward.from_functions([{"name": "source_preservation"}])
+    with pytest.raises(RewardError, match="reward `source_preservation` reads each sample's source"):
+        reward(torch.zeros(1, 2, 2, 3, dtype=torch.uint8), ["p"], [{}])
+    code, _ = train_cli(tmp_path, tiny_flux_path, "model.type=flux", "model.max_sequence_length=16",
+                        "trainer.backend=local", "reward.functions=[{name: source_preservation}]",
+                        config="flow_grpo_flux_tiny")
+    assert code == 2 and "reward.functions" in capsys.readouterr().err
+    assert not (tmp_path / "pixelrl").exists()

@@ -3,7 +3,7 @@
 # importing the modules registers the built-in rewards (the shapes detector and the VLM trainer's
 # answer rewards register from their packages, declared in pixelrl/__init__.py)
 from pixelrl.rewards import (clip, delayed, groupwise, hps, image_reward, jpeg, ocr, remote,  # noqa: F401
-                             vlm_judge)
+                             source, vlm_judge)
 from pixelrl.rewards.multi import RewardSpec, WeightedReward
 from pixelrl.rewards.registry import REWARDS, check_reward_output, get_reward, register_reward
 

@@ -38,11 +38,16 @@ class WeightedReward:
         return cls([RewardSpec(f["name"], float(f.get("weight", 1.0)), dict(f.get("options", {}))) for f in functions],
                    timeout_s)
 
-    def __call__(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> dict[str, torch.Tensor]:
+    def __call__(self, images: torch.Tensor, prompts: list[str], metadata: list[dict],
+                 condition_images: list | None = None) -> dict[str, torch.Tensor]:
+        """Each function's scores and the weighted `overall`; a function that reads the sources
+        (`reads_condition_images`) gets the rows' `condition_images`."""
         batch = len(images)  # images [B, H, W, 3], videos [B, T, H, W, 3], or B response strings for a VLM
         scores: dict[str, torch.Tensor] = {}
         overall = torch.zeros(batch)
         for spec, fn in zip(self.specs, self.functions):
+            if getattr(fn, "reads_condition_images", False):
+                fn = _with_sources(spec.name, fn, condition_images)
             if getattr(images, "ndim", 0) == 5 and not getattr(fn, "scores_videos", False):
                 out = _per_frame(spec.name, fn, images, prompts, metadata, self.timeout_s)
             else:
@@ -106,6 +111,13 @@ def _within(call, timeout_s: float):
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+
+
+def _with_sources(name: str, fn, condition_images):
+    if not condition_images or not all(condition_images):
+        raise RewardError(f"reward `{name}` reads each sample's source image and these samples have none: use it "
+                          "with an edit family (model.type=flux_kontext) on rows that name an `image`")
+    return lambda images, prompts, metadata: fn(images, prompts, metadata, condition_images=condition_images)
 
 
 def _call(name: str, fn: RewardFn, images, prompts, metadata, timeout_s: float = 0.0):

@@ -72,7 +72,14 @@ def check_conditions(cfg: PixelRLConfig, dataset: PromptDataset, field: str) -> 
     text-to-image family), before any worker starts."""
     from pixelrl.models.loader import model_family
 
+    from pixelrl.rewards.registry import REWARDS
+
     takes = model_family(cfg.model.type).condition_images
+    reading = [f["name"] for f in cfg.reward.functions if getattr(REWARDS.get(f["name"]), "reads_condition_images", False)]
+    if reading and not takes:
+        raise ConfigError("reward.functions", reading, f"read each sample's source image, and model.type="
+                          f"{cfg.model.type} edits none: use an edit family (model.type=flux_kontext) with rows that "
+                          "name an `image`, or another reward")
     wrong = {n: rows for n, rows in dataset.condition_counts().items() if n != takes}
     if wrong:
         given = ", ".join(f"{rows} rows with {n}" for n, rows in sorted(wrong.items()))
@@ -408,7 +415,8 @@ class DiffusionTrainer:
                                condition_images=None if sources is None else sources[i:i + chunk])["images"]
             for i in range(0, len(rows), chunk)])[:real]
         rows = rows[:real]
-        scores = self.rewards(images, [r["prompt"] for r in rows], [r["metadata"] for r in rows])
+        scores = self.rewards(images, [r["prompt"] for r in rows], [r["metadata"] for r in rows],
+                              **({"condition_images": sources[:real]} if sources is not None else {}))
         overall = scores["overall"]
         # gold rewards are judged here, in the driver, on the same images
         gold = self._gold(images, [r["prompt"] for r in rows], [r["metadata"] for r in rows]) if vk.rewards else {}

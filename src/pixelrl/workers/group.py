@@ -352,13 +352,15 @@ class RewardGroup:
                         for _ in range(num_workers)]
         ray.get([w.setup.remote() for w in self.workers])
 
-    def __call__(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> dict[str, torch.Tensor]:
+    def __call__(self, images: torch.Tensor, prompts: list[str], metadata: list[dict],
+                 condition_images: list | None = None) -> dict[str, torch.Tensor]:
         array = images.numpy()
         if self.local is not None:
-            parts = [self.local.score(array, prompts, metadata)]
+            parts = [self.local.score(array, prompts, metadata, condition_images)]
         else:
             chunks = np.array_split(np.arange(len(prompts)), 1 if self.whole_batches else len(self.workers))
-            refs = [w.score.remote(array[c], [prompts[i] for i in c], [metadata[i] for i in c])
+            refs = [w.score.remote(array[c], [prompts[i] for i in c], [metadata[i] for i in c],
+                                   None if condition_images is None else [condition_images[i] for i in c])
                     for w, c in zip(self.workers, chunks) if len(c)]
             parts = _scores(refs)
         return {k: torch.from_numpy(np.concatenate([p[k] for p in parts])) for k in parts[0]}

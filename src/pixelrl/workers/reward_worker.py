@@ -29,10 +29,11 @@ class RewardWorker:
         self.reward = WeightedReward.from_functions(self.functions, self.timeout_s)
         return self.reward.component_names
 
-    def score(self, images: np.ndarray, prompts: list[str], metadata: list[dict]) -> dict[str, np.ndarray]:
+    def score(self, images: np.ndarray, prompts: list[str], metadata: list[dict],
+              condition_images: list | None = None) -> dict[str, np.ndarray]:
         import torch
 
-        out = self.reward(torch.from_numpy(np.array(images, copy=True)), prompts, metadata)
+        out = self.reward(torch.from_numpy(np.array(images, copy=True)), prompts, metadata, condition_images)
         return {k: v.numpy() for k, v in out.items()}
 
     def score_rollout(self, metadata: list[dict], *payloads: dict) -> dict:
@@ -43,5 +44,6 @@ class RewardWorker:
         start = time.time()
         images = np.concatenate([p["tensors"]["images"] for p in payloads])
         prompts = [prompt for p in payloads for prompt in p["values"]["prompts"]]
-        scores = self.score(images, prompts, metadata)
+        sources = [row for p in payloads for row in p["values"].get("condition_images", ())] or None
+        scores = self.score(images, prompts, metadata, sources)
         return {"scores": scores, "start": start, "end": time.time()}
