@@ -130,8 +130,9 @@ def test_no_package_names_a_higher_one_in_its_code():
         package = parts[0] if len(parts) > 1 else parts[0][:-3]
         if package not in LAYERS:
             continue
-        docstrings = {id(n.value) for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Expr)}
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())  # one tree: the docstrings are known by node identity
+        docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}
+        for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
                 match = re.fullmatch(r"pixelrl\.([a-z_]+)(\.[a-z_.]+)?", node.value)
                 if match and match.group(1) in LAYERS and LAYERS.index(match.group(1)) > LAYERS.index(package):

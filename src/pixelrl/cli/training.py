@@ -197,10 +197,9 @@ def cmd_demo_jpeg(args) -> int:
 
 def cmd_build_tiny(args) -> int:
     from pixelrl.core.errors import ConfigError
-    from pixelrl.models.loader import MODEL_TYPES, family_spec
+    from pixelrl.models.loader import family_spec
 
-    MODEL_TYPES.get(args.family, field="--family")  # an unknown name, with the list
-    spec = family_spec(args.family)
+    spec = family_spec(args.family, field="--family")
     if spec.build_tiny is None:
         raise ConfigError("--family", args.family, "this family has no tiny builder; build its folder with diffusers")
     options = {"with_vae": not args.no_vae, "with_t5": not args.no_t5}

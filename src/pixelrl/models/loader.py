@@ -32,9 +32,9 @@ for _name in ("sd3", "flux", "flux_kontext", "qwen_image", "wan"):
     register_family(_name, _built_in(_name))
 
 
-def family_spec(model_type: str) -> FamilySpec:
-    """The spec of `model.type` (a ConfigError naming the field for an unknown name)."""
-    spec = MODEL_TYPES.get(model_type)()
+def family_spec(model_type: str, field: str = "model.type") -> FamilySpec:
+    """The spec of `model_type` (a ConfigError naming `field` for an unknown name)."""
+    spec = MODEL_TYPES.get(model_type, field)()
     if not isinstance(spec, FamilySpec) or spec.name != model_type:
         raise TypeError(f"the family registered as {model_type!r} returned {spec!r}, not its FamilySpec")
     return spec
