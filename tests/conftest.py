@@ -45,6 +45,15 @@ def tiny_kontext_path(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen_edit_path(tmp_path_factory):
+    """A tiny random Qwen-Image-Edit-2511 pipeline (a text encoder that sees the source, its
+    processor, the source's latents beside the target's, zero_cond_t)."""
+    from pixelrl.models.qwen_image_edit import build_tiny_qwen_image_edit
+
+    return build_tiny_qwen_image_edit(tmp_path_factory.mktemp("tiny_qwen_edit") / "pipe", resolution=32)
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen_image_path(tmp_path_factory):
     """A tiny random Qwen-Image pipeline (Qwen2.5-VL text states with masks, true CFG, packed latents)."""
     from pixelrl.models.qwen_image import build_tiny_qwen_image
@@ -151,6 +160,26 @@ def paper_config(name, *overrides):
                 raise
             return load_config(name, [stand_in, "reward.functions=[{name: jpeg_compressibility, weight: 1.0}]",
                                       *overrides])
+
+
+def check_edits_match_pipeline(engine, pipe, pipeline_latents, our_latents, sources, tmp_path):
+    """pixelrl's edits equal the pipeline's and depend on the source, before and after a random
+    LoRA (B made non-zero) that the checkpoint writes and the pipeline loads."""
+    from pixelrl.engine.checkpoint import save_engine
+
+    expected = pipeline_latents()
+    assert torch.allclose(our_latents(sources), expected, atol=1e-5)
+    assert (our_latents(list(reversed(sources))) - expected).abs().max() > 1e-3  # the source matters
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in engine.model.transformer.named_parameters():
+            if "lora_B" in name:
+                param.copy_(0.05 * torch.randn(param.shape, generator=generator))
+    save_engine(engine, tmp_path / "actor")
+    pipe.load_lora_weights(tmp_path / "actor" / "adapter")
+    tuned = pipeline_latents()
+    assert (tuned - expected).abs().max() > 1e-3
+    assert torch.allclose(our_latents(sources), tuned, atol=1e-5)
 
 
 def tiny_config(path, **overrides):

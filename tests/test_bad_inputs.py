@@ -386,6 +386,17 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
      "check data.train_files"),
     ("VLM: a question file of an unknown type", [*VLM, "vlm.task=files", "data.train_files=[{file}]"],
      "unsupported type"),
+    # editing: rows that name source images
+    ("edit rows whose source image is missing", [*SHAPES, "data.train_files=[{edits}/missing.jsonl]"],
+     "missing.jsonl, row 1"),
+    ("edit rows for a text-to-image model", [*SHAPES, "data.train_files=[{edits}/edits.jsonl]"],
+     "takes 0 condition"),
+    ("a source-reading reward on a text-to-image model", [*SHAPES, "reward.functions=[{name: source_preservation}]"],
+     "reward.functions"),
+    ("a condition image size for a text-to-image model", [*SHAPES, "rollout.condition_resolution=64"],
+     "rollout.condition_resolution"),
+    ("a negative condition image size", [*SHAPES, "rollout.condition_resolution=-32"],
+     "rollout.condition_resolution"),
 ]
 
 
@@ -426,6 +437,12 @@ def _make_places(root: Path) -> None:
     (root / "prefs").mkdir()
     (root / "prefs" / "preferences.jsonl").write_text('{"prompt": "a red circle"}\n')
     (root / "dangling").symlink_to(root / "deleted_since")  # a link whose target is gone
+    from PIL import Image
+
+    (root / "edits").mkdir()  # edit rows: one with a readable source, one naming a file that is not there
+    Image.new("RGB", (32, 32), (200, 40, 40)).save(root / "edits" / "source.png")
+    (root / "edits" / "edits.jsonl").write_text('{"prompt": "make it blue", "image": "source.png"}\n')
+    (root / "edits" / "missing.jsonl").write_text('{"prompt": "make it blue", "image": "gone.png"}\n')
     # an adapter whose weights file was cut short (a header promising more bytes than follow)
     (root / "ckpt_torn" / "actor" / "adapter").mkdir(parents=True)
     (root / "ckpt_torn" / "config.yaml").write_text("model:\n  path: runs/tiny_sd3\n")
@@ -447,7 +464,8 @@ def replay(argv: list[str], root: Path, workdir: Path) -> tuple[int, str]:
               "{ckpt_link_file}": str(root / "ckpt_link_file"), "{ckpt_link_dir}": str(root / "ckpt_link_dir"),
               "{ckpt_torn}": str(root / "ckpt_torn"), "{prefs}": str(root / "prefs"),
               "{broken_plugin}": str(root / "broken_plugin.py"), "{pretrain_run}": str(root / "pretrain_run"),
-              "{ckpt_on_base}": str(root / "ckpt_on_base"), "{dangling}": str(root / "dangling")}
+              "{ckpt_on_base}": str(root / "ckpt_on_base"), "{dangling}": str(root / "dangling"),
+              "{edits}": str(root / "edits")}
     filled = []
     for arg in argv:
         for mark, path in places.items():

@@ -183,6 +183,12 @@ def test_plot_reads_a_run_killed_mid_write_and_names_a_damaged_line(tmp_path, ca
     torn.write_text("\n".join(rows) + '\n{"step": 4, "critic/rew')
     assert main(["plot", str(torn), "--out", str(tmp_path / "c.png"), "--keys", "critic/*"]) == 0
     assert (tmp_path / "c.png").is_file()
+    # without --out the figure goes beside the run's metrics; panels follow the order of --keys
+    from pixelrl.trainers.tracking import plot_metrics
+
+    assert main(["plot", str(torn)]) == 0 and (tmp_path / "metrics.png").is_file()
+    assert plot_metrics(torn, ["timing_s/*", "critic/*"], tmp_path / "e.png") == ["timing_s/step",
+                                                                                  "critic/rewards/mean"]
     damaged = tmp_path / "damaged.jsonl"
     damaged.write_text("\n".join([rows[0], '{"step": 2, "crit', rows[2]]) + "\n")
     assert main(["plot", str(damaged), "--out", str(tmp_path / "d.png")]) == 2

@@ -30,7 +30,26 @@ PAPER_SCHEDULES = {
     "dance_grpo_flux": 2,
     "flow_grpo_qwen_image": 2,
     "dance_grpo_wan": 2,  # the reference's Qwen-Image recipe: accumulation = num_batches_per_epoch // 2
+    "flow_grpo_qwen_image_edit": 2,  # verl-omni: 32 prompts x 16, ppo_mini_batch_size 16 prompts
+    "flow_grpo_flux_kontext": 2,     # Flow-Factory: gradient_step_per_epoch 2
 }
+
+
+def test_edit_paper_configs_sample_as_their_references():
+    """verl-omni's Qwen-Image-Edit-2511 script (12 steps, true CFG 4, noise 0.7 on 3 of the first 6
+    steps, 512 px target beside a 1024 px source, LoRA r64 / alpha 128 with the MLPs) and
+    Flow-Factory's FLUX.1 Kontext preset (10 steps, guidance 2.5, noise 0.9 on one of steps 1-3,
+    384 px)."""
+    edit = paper_config("flow_grpo_qwen_image_edit")
+    r = edit.rollout
+    assert (edit.model.type, r.num_steps, r.guidance_scale, r.noise_level) == ("qwen_image_edit", 12, 4.0, 0.7)
+    assert (r.sde_window_size, r.sde_window_range, r.resolution, r.condition_resolution) == (3, [0, 6], 512, 1024)
+    assert (edit.model.lora_rank, edit.model.lora_alpha, edit.val_kwargs.num_steps) == (64, 128, 40)
+    assert "img_mlp.net.2" in edit.model.lora_target_modules and not edit.algorithm.global_std
+    kontext = paper_config("flow_grpo_flux_kontext")
+    r = kontext.rollout
+    assert (kontext.model.type, r.num_steps, r.guidance_scale, r.noise_level) == ("flux_kontext", 10, 2.5, 0.9)
+    assert (r.sde_window_size, r.sde_window_range, r.resolution, r.condition_resolution) == (1, [1, 4], 384, 0)
 
 
 @pytest.mark.parametrize("name", sorted(PAPER_SCHEDULES))

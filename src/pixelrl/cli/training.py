@@ -69,9 +69,10 @@ def cmd_plot(args) -> int:
     if not metrics.is_file():
         raise ConfigError("<run>", args.run, "a run folder holding metrics.jsonl (trainer.logger includes jsonl), "
                           "or the metrics.jsonl file itself")
-    check_output_file(args.out, "--out", image_suffixes())
-    keys = plot_metrics(metrics, args.keys, args.out, x=args.x)
-    print(f"wrote {args.out}: {', '.join(keys)}")
+    out = args.out or str(metrics.parent / "metrics.png")  # beside the run's metrics, not where the shell is
+    check_output_file(out, "--out", image_suffixes())
+    keys = plot_metrics(metrics, args.keys, out, x=args.x)
+    print(f"wrote {out}: {', '.join(keys)}")
     return 0
 
 
@@ -244,7 +245,7 @@ def add_parsers(sub) -> None:
     plot.add_argument("run", help="a run folder (with metrics.jsonl) or a metrics.jsonl file")
     plot.add_argument("--keys", nargs="+", default=["val-core/*", "val/*", "critic/rewards/mean"],
                       help="metric names or shell patterns, e.g. 'val-core/*/gold/*'")
-    plot.add_argument("--out", default="metrics.png", help="the PNG to write")
+    plot.add_argument("--out", help="the image to write (default: metrics.png in the run folder)")
     plot.add_argument("--x", choices=("step", "minutes", "images"), default="step", help="the horizontal axis")
     plot.set_defaults(func=cmd_plot)
     report = sub.add_parser("report", help="one self-contained HTML page of a run: curves, sample grids, validation "
@@ -269,7 +270,7 @@ def add_parsers(sub) -> None:
     jpeg.set_defaults(func=cmd_demo_jpeg)
     tiny = sub.add_parser("build-tiny", help="write a tiny random pipeline folder (SD3, FLUX, FLUX Kontext, Qwen-Image or Wan)")
     tiny.add_argument("path", help="the folder to write the pipeline to")
-    tiny.add_argument("--family", default="sd3", help="the model family (model.type): sd3, flux, flux_kontext, qwen_image, wan")
+    tiny.add_argument("--family", default="sd3", help="the model family (model.type): sd3, flux, flux_kontext, qwen_image, qwen_image_edit, wan")
     tiny.add_argument("--resolution", type=positive_int, default=32, help="the image size it samples by default")
     tiny.add_argument("--no-vae", action="store_true", help="pixel space (diffusers then needs vae=None)")
     tiny.add_argument("--no-t5", action="store_true", help="CLIP only (diffusers then needs text_encoder_3=None)")

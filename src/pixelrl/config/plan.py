@@ -138,7 +138,7 @@ def model_shape(cfg: PixelRLConfig) -> Shape:
         encoders = sum(v for k, v in release.encoder_params.items() if loaded(k))
         vae, unit = release.vae_params, 16
     row = RowInput(r.resolution, r.resolution, max(1, m.num_frames), spec.text_tokens(m.max_sequence_length), unit,
-                   spec.model_class.condition_images)
+                   spec.model_class.condition_images, r.condition_resolution)
     cost = spec.cost(transformer, row)
     return Shape(name, denoiser, encoders, vae, cost.layers, cost.hidden, cost.tokens, cost.latent_values,
                  cost.forward_flops, row.frames, r.resolution ** 2)

@@ -280,6 +280,10 @@ def _check_model_against_run(cfg: PixelRLConfig) -> None:
     if unit and r.resolution % unit:
         raise ConfigError("rollout.resolution", r.resolution,
                           f"this model needs a multiple of {unit} (VAE scale x patch size), e.g. {r.resolution // unit * unit or unit}")
+    if unit and r.condition_resolution % unit:
+        raise ConfigError("rollout.condition_resolution", r.condition_resolution,
+                          f"this model's condition images need a multiple of {unit} (VAE scale x patch size), e.g. "
+                          f"{r.condition_resolution // unit * unit or unit}")
     m.check_folder()
     from pixelrl.config.step_size import check_step_size
 

@@ -213,9 +213,9 @@ class DistributionMatchingObjective:
         for teacher in dict.fromkeys(teachers):
             rows = [i for i, t in enumerate(teachers) if t == teacher]
             images = micro.get("condition_images")
-            text = e.model.encode_conditions([micro["prompts"][i] for i in rows],
-                                             None if images is None else [images[i] for i in rows])
-            negative = e.model.negative_embeds(e.cfg.rollout.negative_prompt, len(rows), p.teacher_guidance, like=text)
+            images = None if images is None else [images[i] for i in rows]
+            text = e.model.encode_conditions([micro["prompts"][i] for i in rows], images)
+            negative = e.model.negative_embeds(e.cfg.rollout.negative_prompt, len(rows), p.teacher_guidance, images)
             x, s = x_s[rows], sigma[rows]
             with e.policy(teacher or "reference"):
                 if negative is None:

@@ -175,8 +175,9 @@ class PolicyEngine:
     def conditions(self, micro: Batch, guidance_scale: float) -> tuple:
         """(condition, negative) embeddings of a batch's rows: their prompts and, when the batch
         holds them, their condition images."""
-        text = self.model.encode_conditions(micro["prompts"], micro.get("condition_images"))
-        return text, self.model.negative_embeds(self.cfg.rollout.negative_prompt, len(micro), guidance_scale, like=text)
+        images = micro.get("condition_images")
+        return (self.model.encode_conditions(micro["prompts"], images),
+                self.model.negative_embeds(self.cfg.rollout.negative_prompt, len(micro), guidance_scale, images))
 
     def _rollout(self, prompts, seeds, *, window, settings, num_steps, noise_seeds, condition_images) -> Batch:
         settings = settings or self.settings

@@ -158,6 +158,11 @@ class DiffusionModel(ABC):
         return load_part(folder, "pipeline", lambda: cls.pipeline_class().from_pretrained(folder, use_safetensors=True))
 
     @classmethod
+    def save_pipeline(cls, pipeline, folder: Path) -> None:
+        """Write a pipeline `load_pipeline` returned as a diffusers folder (export)."""
+        pipeline.save_pretrained(folder, safe_serialization=True)
+
+    @classmethod
     def save_lora(cls, folder: Path, lora: dict[str, torch.Tensor], config: dict) -> None:
         """Write a denoiser LoRA (peft key names) where the pipeline's `load_lora_weights` reads it.
         `config` (the adapter's peft LoraConfig as a dict) goes into the file's metadata: without it
@@ -225,14 +230,19 @@ class DiffusionModel(ABC):
         size, so a prompt's embedding would depend on which prompts missed the cache with it,
         and a resumed run (empty cache) would drift from an uninterrupted one in the last bit.
         """
-        missing = list(dict.fromkeys(p for p in prompts if p not in self._prompt_cache))
+        return self._cached_embeds(prompts, lambda prompt: self._encode_uncached([prompt]))
+
+    def _cached_embeds(self, keys: list, encode_one) -> PromptEmbeds:
+        """`encode_one(key)` for each distinct key the cache lacks, then the keys' embeddings in
+        order (the LRU cache shared by text and text-with-image keys)."""
+        missing = list(dict.fromkeys(k for k in keys if k not in self._prompt_cache))
         with torch.no_grad():
-            for p in missing:
-                self._prompt_cache[p] = self._encode_uncached([p])
+            for k in missing:
+                self._prompt_cache[k] = encode_one(k)
         parts = []
-        for p in prompts:
-            self._prompt_cache.move_to_end(p)
-            parts.append(self._prompt_cache[p])
+        for k in keys:
+            self._prompt_cache.move_to_end(k)
+            parts.append(self._prompt_cache[k])
         while len(self._prompt_cache) > self._prompt_cache_size:
             self._prompt_cache.popitem(last=False)
         return PromptEmbeds.cat(parts)
@@ -243,12 +253,11 @@ class DiffusionModel(ABC):
         clean latents. Each image is encoded alone and cached by its content, so a sample's
         condition latents are the same bits in its rollout, every re-score and every teacher,
         whatever the micro-batch around it."""
-        text = self.encode_prompts(prompts)
         if images is None and self.condition_images:
             raise ValueError(f"{type(self).__name__} samples from a condition image per prompt and these rows carry "
                              "none: every forward of an edit family needs the rows' condition_images")
         if images is None or self.condition_images == 0 and not any(images):
-            return text
+            return self.encode_prompts(prompts)
         if len(images) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(images)} rows of condition images")
         counts = {len(row) for row in images}
@@ -259,14 +268,24 @@ class DiffusionModel(ABC):
                               f"{type(self).__name__} ({self.pipeline_class_name}) takes {self.condition_images} "
                               "per sample: give each row that many (`image` / `images`), or use a family that "
                               "takes this many")
+        text = self._encode_text_seeing(prompts, images)
         latents = torch.stack([torch.stack([self._condition_latents(image) for image in row]) for row in images])
         return PromptEmbeds(text.embeds, text.pooled, text.mask, latents)
 
-    def _condition_latents(self, image: torch.Tensor) -> torch.Tensor:
+    def _encode_text_seeing(self, prompts: list[str], images: list) -> PromptEmbeds:
+        """The text embeddings of an edit batch: the text alone, unless the family's text encoder
+        also reads the condition images (Qwen-Image-Edit)."""
+        return self.encode_prompts(prompts)
+
+    @staticmethod
+    def _image_key(image: torch.Tensor) -> str:
         import hashlib
 
         image = image.contiguous()
-        key = f"{tuple(image.shape)}:{hashlib.sha1(image.numpy().tobytes()).hexdigest()}"
+        return f"{tuple(image.shape)}:{hashlib.sha1(image.numpy().tobytes()).hexdigest()}"
+
+    def _condition_latents(self, image: torch.Tensor) -> torch.Tensor:
+        key = self._image_key(image)
         if key not in self._image_cache:
             with torch.no_grad():
                 self._image_cache[key] = self.encode(image.unsqueeze(0))[0]
@@ -276,15 +295,12 @@ class DiffusionModel(ABC):
         return self._image_cache[key]
 
     def negative_embeds(self, negative_prompt: str, batch: int, guidance_scale: float,
-                        like: PromptEmbeds | None = None) -> PromptEmbeds | None:
-        """The unconditional branch's embeddings, when this guidance scale needs one; it carries
-        the condition images of `like` (both branches of an edit see the source)."""
+                        condition_images: list | None = None) -> PromptEmbeds | None:
+        """The unconditional branch's embeddings, when this guidance scale needs one: the negative
+        prompt under the rows' condition images (both branches of an edit see the source)."""
         if guidance_scale == 1.0 or not self.uses_negative_prompt:
             return None
-        negative = self.encode_prompts([negative_prompt] * batch)
-        if like is not None and like.condition_latents is not None:
-            negative = PromptEmbeds(negative.embeds, negative.pooled, negative.mask, like.condition_latents)
-        return negative
+        return self.encode_conditions([negative_prompt] * batch, condition_images)
 
     # --- denoiser -------------------------------------------------------------------------
     @abstractmethod

@@ -116,7 +116,8 @@ def export_checkpoint(actor_dir: str | Path, base_model: str | Path, out: str | 
             raise ModelFolderError(f"`{actor_dir}` holds no LoRA adapter (a full fine-tune): export without --adapter-only")
         shutil.copytree(adapter, out, dirs_exist_ok=True)
         return out
-    pipe = model_family(model_type).load_pipeline(base_model)
+    family = model_family(model_type)
+    pipe = family.load_pipeline(base_model)
     if adapter.is_dir():
         pipe.load_lora_weights(adapter)
         pipe.fuse_lora()
@@ -129,7 +130,7 @@ def export_checkpoint(actor_dir: str | Path, base_model: str | Path, out: str | 
         missing, unexpected = pipe.transformer.load_state_dict(state, strict=False)
         if unexpected:
             raise ModelFolderError(f"`{actor_dir}` weights do not match the base transformer: {unexpected[:3]}")
-    pipe.save_pretrained(out, safe_serialization=True)
+    family.save_pipeline(pipe, out)
     if trained_options:
         write_declared_options(out, trained_options)
     return out

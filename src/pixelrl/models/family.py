@@ -41,8 +41,10 @@ class RowInput:
     frames: int  # decoded frames (1 for images)
     text_tokens: int  # the family's text tokens in the joint sequence (FamilySpec.text_tokens)
     unit: int = 16  # pixels per token side: VAE scale x patch size (16 in every release)
-    # condition images in the sequence (an edit family's source), each the target's size
+    # condition images in the sequence (an edit family's source), each condition_side pixels a side
+    # (0: the target's height and width)
     condition_images: int = 0
+    condition_side: int = 0
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,8 @@ def joint_attention_cost(c: dict, row: RowInput) -> DenoiserCost:
     family's condition images join the sequence as tokens of their own (FLUX.1 Kontext)."""
     d = c["num_attention_heads"] * c["attention_head_dim"]
     image = tokens_per_side(row.height, row.unit) * tokens_per_side(row.width, row.unit)
+    condition = tokens_per_side(row.condition_side, row.unit) ** 2 if row.condition_side else image
     layers = c["num_layers"] + c.get("num_single_layers", 0)
-    seq = image * (1 + row.condition_images) + row.text_tokens
+    seq = image + condition * row.condition_images + row.text_tokens
     flops = 2 * seq * layers * 12 * d * d + 4 * d * layers * seq * seq
     return DenoiserCost(layers, d, seq, float(flops), image * c.get("in_channels", 64))

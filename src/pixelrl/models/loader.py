@@ -28,7 +28,7 @@ def _built_in(folder: str) -> Callable[[], FamilySpec]:
     return lambda: importlib.import_module(f"pixelrl.models.{folder}.spec").SPEC
 
 
-for _name in ("sd3", "flux", "flux_kontext", "qwen_image", "wan"):
+for _name in ("sd3", "flux", "flux_kontext", "qwen_image", "qwen_image_edit", "wan"):
     register_family(_name, _built_in(_name))
 
 

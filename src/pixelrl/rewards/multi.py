@@ -116,7 +116,7 @@ def _within(call, timeout_s: float):
 def _with_sources(name: str, fn, condition_images):
     if not condition_images or not all(condition_images):
         raise RewardError(f"reward `{name}` reads each sample's source image and these samples have none: use it "
-                          "with an edit family (model.type=flux_kontext) on rows that name an `image`")
+                          "with an edit family (model.type=flux_kontext or qwen_image_edit) on rows that name an `image`")
     return lambda images, prompts, metadata: fn(images, prompts, metadata, condition_images=condition_images)
 
 

@@ -27,6 +27,9 @@ class RolloutConfig(GroupSamplingConfig):
     # DMD2's student grid is linspace_shift with shift 3 on every family (4 steps: [1, .9, .75, .5, 0])
     sigma_shift: float = 0.0
     resolution: int = 512
+    # the side an edit family's condition images enter the VAE at (each row's source cropped to
+    # the output's aspect); 0: the output's, rollout.resolution. Qwen-Image-Edit's pipeline: 1024
+    condition_resolution: int = 0
     guidance_scale: float = 4.5
     negative_prompt: str = ""
     noise_level: float = 0.7
@@ -52,6 +55,12 @@ class RolloutConfig(GroupSamplingConfig):
     n_workers: int = 0
     num_cpus_per_worker: int = 1
 
+    @property
+    def condition_size(self) -> tuple[int, int]:
+        """(height, width) the condition images are decoded at."""
+        side = self.condition_resolution or self.resolution
+        return side, side
+
     def check(self) -> None:
         from pixelrl.sampling.multistep import SOLVERS
         from pixelrl.sampling.schedule import SIGMA_SCHEDULES
@@ -68,6 +77,7 @@ class RolloutConfig(GroupSamplingConfig):
                               "the family's scheduler applies its own shift: set rollout.sigma_schedule=linspace_shift "
                               "or leave sigma_shift at 0")
         check_number("rollout.n_workers", self.n_workers, allow_zero=True)
+        check_number("rollout.condition_resolution", self.condition_resolution, allow_zero=True)
         check_number("rollout.num_cpus_per_worker", self.num_cpus_per_worker)
         for name in ("n", "num_steps", "resolution"):
             check_number(f"rollout.{name}", getattr(self, name))

@@ -124,7 +124,7 @@ def rollout(
         raise ValueError(f"window {window} reaches the final step of a {num_steps}-step schedule")
     batch = len(prompts)
     text = model.encode_conditions(prompts, condition_images)
-    negative = model.negative_embeds(negative_prompt, batch, settings.guidance_scale, like=text)
+    negative = model.negative_embeds(negative_prompt, batch, settings.guidance_scale, condition_images)
     generators = sample_generators(seeds, device=device)
     init_generators = generators if noise_seeds is None else sample_generators(noise_seeds, device=device)
     x = randn_tensor((batch, *model.latent_shape(height, width)), generator=init_generators, device=device,

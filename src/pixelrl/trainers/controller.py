@@ -51,7 +51,7 @@ def datasets_of(cfg: PixelRLConfig):
     """(training set, validation set or None) as `cfg.data` names them: prompt files or inline
     prompts, or preference pairs for offline sampling."""
     d = cfg.data
-    size = (cfg.rollout.resolution, cfg.rollout.resolution)
+    size = cfg.rollout.condition_size
     if cfg.algorithm.sample_source == "offline":
         train = PreferenceDataset.from_files(d.train_files, cfg.rollout.resolution, d.prompt_key)
     else:
@@ -75,15 +75,19 @@ def check_conditions(cfg: PixelRLConfig, dataset: PromptDataset, field: str) -> 
     from pixelrl.rewards.registry import REWARDS
 
     takes = model_family(cfg.model.type).condition_images
+    if cfg.rollout.condition_resolution and not takes:
+        raise ConfigError("rollout.condition_resolution", cfg.rollout.condition_resolution,
+                          f"sizes an edit family's condition images, and model.type={cfg.model.type} takes none: "
+                          "leave it at 0")
     reading = [f["name"] for f in cfg.reward.functions if getattr(REWARDS.get(f["name"]), "reads_condition_images", False)]
     if reading and not takes:
         raise ConfigError("reward.functions", reading, f"read each sample's source image, and model.type="
-                          f"{cfg.model.type} edits none: use an edit family (model.type=flux_kontext) with rows that "
+                          f"{cfg.model.type} edits none: use an edit family (model.type=flux_kontext or qwen_image_edit) with rows that "
                           "name an `image`, or another reward")
     wrong = {n: rows for n, rows in dataset.condition_counts().items() if n != takes}
     if wrong:
         given = ", ".join(f"{rows} rows with {n}" for n, rows in sorted(wrong.items()))
-        fix = ("remove `image` / `images` from the rows, or use an edit family (model.type=flux_kontext)" if takes == 0
+        fix = ("remove `image` / `images` from the rows, or use an edit family (model.type=flux_kontext or qwen_image_edit)" if takes == 0
                else f"give every row {takes} (`image`: a path relative to the file)")
         raise ConfigError(field, list(getattr(cfg.data, field.split(".")[1])),
                           f"model.type={cfg.model.type} takes {takes} condition image(s) per prompt, but the file has "

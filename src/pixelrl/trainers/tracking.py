@@ -169,8 +169,9 @@ def x_axis(rows: list[dict], x: str) -> dict[int, float]:
 def plot_metrics(metrics_file: str | Path, patterns: list[str], out: str | Path, *, x: str = "step") -> list[str]:
     """One panel per metric matching any of `patterns` (shell-style: `val-core/*/gold/*`) from a
     run's metrics.jsonl, against `x`: `step`, `minutes` (the per-step times summed) or `images`
-    (images generated for training so far: `training/images` summed). Returns the plotted
-    keys; writes a PNG."""
+    (images generated for training so far: `training/images` summed). Panels follow the
+    patterns' order (the keys one pattern matches, alphabetically). Returns the plotted keys;
+    writes a PNG."""
     import fnmatch
 
     import matplotlib
@@ -179,7 +180,8 @@ def plot_metrics(metrics_file: str | Path, patterns: list[str], out: str | Path,
     import matplotlib.pyplot as plt
 
     rows = read_metric_rows(metrics_file)
-    keys = sorted({k for r in rows for k in r if any(fnmatch.fnmatchcase(k, p) for p in patterns)})
+    logged = sorted({k for r in rows for k in r})
+    keys = list(dict.fromkeys(k for p in patterns for k in logged if fnmatch.fnmatchcase(k, p)))
     if not keys:
         raise ConfigError("--keys", patterns, f"no metric of {metrics_file} matches; it has e.g. "
                           f"{sorted({k for r in rows for k in r})[:12]}")

@@ -25,6 +25,7 @@ class QwenImageModel(PackedLatentsModel):
     default_lora_targets = JOINT_ATTENTION_LORA_TARGETS
     pipeline_class_name = "QwenImagePipeline"
     diffusers_guidance_argument = "true_cfg_scale"  # its guidance_scale is for guidance-distilled checkpoints
+    required_parts = ("transformer", "scheduler", "vae", "text_encoder")
     text_tokens_hint = ("Qwen-Image is conditioned on the text encoder's token states: use at most 1024 (the "
                         "pipeline's limit), e.g. 512")
 
@@ -38,24 +39,26 @@ class QwenImageModel(PackedLatentsModel):
     def __init__(self, path: str | Path, *, device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32",
                  max_sequence_length: int = 512, num_frames: int = 1, prompt_cache_size: int = 4096):
         super().__init__(prompt_cache_size)
-        from diffusers import AutoencoderKLQwenImage, QwenImagePipeline, QwenImageTransformer2DModel
+        from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
         from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
-        folder = self._open(path, ("transformer", "scheduler", "vae", "text_encoder"), device, dtype,
-                            max_sequence_length, num_frames)
+        folder = self._open(path, self.required_parts, device, dtype, max_sequence_length, num_frames)
         self.transformer = self._load_module(folder, "transformer", QwenImageTransformer2DModel, frozen=False)
         self.scheduler = self._load_scheduler(folder)
         self.vae = self._load_module(folder, "vae", AutoencoderKLQwenImage)
         encoder = self._load_module(folder, "text_encoder", Qwen2_5_VLForConditionalGeneration)
         tokenizer = load_part(folder, "tokenizer/", lambda: AutoTokenizer.from_pretrained(folder / "tokenizer"))
         # The diffusers pipeline over the same modules: its encode_prompt and (un)packing helpers.
-        self.pipeline = QwenImagePipeline(scheduler=self.scheduler, vae=self.vae, text_encoder=encoder,
-                                          tokenizer=tokenizer, transformer=self.transformer)
+        self.pipeline = self._pipeline(folder, dict(scheduler=self.scheduler, vae=self.vae, text_encoder=encoder,
+                                                    tokenizer=tokenizer, transformer=self.transformer))
         self.vae_scale = self.pipeline.vae_scale_factor
         self.latent_channels = self.transformer.config.in_channels // 4
         z_dim = self.vae.config.z_dim
         self.latents_mean = torch.tensor(self.vae.config.latents_mean).view(1, z_dim, 1, 1).to(self.device)
         self.latents_std = torch.tensor(self.vae.config.latents_std).view(1, z_dim, 1, 1).to(self.device)
+
+    def _pipeline(self, folder: Path, components: dict):
+        return self.pipeline_class()(**components)
 
     # --- text -----------------------------------------------------------------------------
     def _encode_uncached(self, prompts: list[str]) -> PromptEmbeds:
@@ -85,16 +88,25 @@ class QwenImageModel(PackedLatentsModel):
         return self._unpack(self._packed_forward(latents, sigmas, text), latents.shape)
 
     def _packed_forward(self, latents, sigmas, text: PromptEmbeds):
+        """The transformer on the packed target tokens, followed (Qwen-Image-Edit) by each condition
+        image's packed latents, `img_shapes` naming every image's token grid for the 2-D RoPE; the
+        prediction is the target's tokens only."""
         batch, channels, h, w = latents.shape
-        packed = self.pipeline._pack_latents(latents, batch, channels, h, w)
+        tokens, shapes = [self.pipeline._pack_latents(latents, batch, channels, h, w)], [(1, h // 2, w // 2)]
+        if text.condition_latents is not None:
+            for k in range(text.condition_latents.shape[1]):
+                cond = text.condition_latents[:, k].to(self.device, self.dtype)
+                _, _, ch, cw = cond.shape
+                tokens.append(self.pipeline._pack_latents(cond, batch, channels, ch, cw))
+                shapes.append((1, ch // 2, cw // 2))
         return self.transformer(
-            hidden_states=packed,
+            hidden_states=torch.cat(tokens, dim=1),
             timestep=sigmas.float(),  # in [0, 1]: the transformer scales it itself
             encoder_hidden_states=text.embeds.to(self.device, self.dtype),
             encoder_hidden_states_mask=text.mask.to(self.device),
-            img_shapes=[[(1, h // 2, w // 2)]] * batch,
+            img_shapes=[shapes] * batch,
             return_dict=False,
-        )[0]
+        )[0][:, :tokens[0].shape[1]]
 
     def _unpack(self, packed, shape):
         _, _, h, w = shape
