@@ -223,3 +223,28 @@ def test_a_reward_that_reads_sources_is_refused_where_there_are_none(tiny_flux_p
                         config="flow_grpo_flux_tiny")
     assert code == 2 and "reward.functions" in capsys.readouterr().err
     assert not (tmp_path / "pixelrl").exists()
+
+
+def test_generate_edits_the_image_given_and_asks_for_one(tiny_kontext_path, tiny_flux_path, tmp_path, capsys):
+    """`pixelrl generate --image` on an edit model samples edits of that source (a different source
+    gives a different grid from the same seeds); an edit model without --image, and a
+    text-to-image model with one, are one error naming --image."""
+    import numpy as np
+    from PIL import Image
+
+    from pixelrl.cli import main
+
+    Image.new("RGB", (48, 40), (220, 30, 30)).save(tmp_path / "red.png")
+    Image.new("RGB", (48, 40), (30, 30, 220)).save(tmp_path / "blue.png")
+    common = ["generate", "--model", str(tiny_kontext_path), "--prompt", "make it blue", "--n", "2", "--steps", "2",
+              "--resolution", "32"]
+    assert main([*common, "--image", str(tmp_path / "red.png"), "--out", str(tmp_path / "a.png")]) == 0
+    assert main([*common, "--image", str(tmp_path / "blue.png"), "--out", str(tmp_path / "b.png")]) == 0
+    assert not np.array_equal(np.asarray(Image.open(tmp_path / "a.png")), np.asarray(Image.open(tmp_path / "b.png")))
+    assert main([*common, "--out", str(tmp_path / "c.png")]) == 2
+    assert "--image" in capsys.readouterr().err
+    assert main(["generate", "--model", str(tiny_flux_path), "--prompt", "a cat", "--image", str(tmp_path / "red.png"),
+                 "--resolution", "32", "--out", str(tmp_path / "d.png")]) == 2
+    assert "generates from text alone" in capsys.readouterr().err
+    assert main([*common, "--image", str(tmp_path / "nowhere.png"), "--out", str(tmp_path / "e.png")]) == 2
+    assert "does not exist" in capsys.readouterr().err and not (tmp_path / "e.png").exists()

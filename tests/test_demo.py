@@ -158,7 +158,7 @@ def test_background_noise_counts_the_dim_pixels_a_detector_ignores():
     """Background = pixels whose brightest channel is below 48: their mean level and the share
     brighter than 12. Hand-computed on one 2 x 2 image: a shape pixel (200) is not background; the
     three others have brightest channels 0, 20 and 10, mean 10, one of three above 12."""
-    from pixelrl.shapes.evaluate import background_noise
+    from pixelrl.shapes.detector import background_noise
 
     image = torch.zeros(1, 2, 2, 3, dtype=torch.uint8)
     image[0, 0, 0] = torch.tensor([200, 0, 0])

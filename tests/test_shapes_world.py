@@ -323,3 +323,26 @@ def test_evaluation_reports_the_careful_judge_and_its_agreement():
     assert grey_scores["agreement"] == 0.5 and grey_scores["careful_rejects"]["stray pixels"] == 0.5
     line = format_careful(grey_scores, baseline=clean_scores)
     assert "agrees with the strict verdict on 100.0% -> 50.0%" in line and "stray pixels 50.0%" in line
+
+
+def test_background_penalty_charges_grain_the_detector_does_not_see():
+    """A clean render and the same render with a dim grain of level 10 on every 4th background
+    pixel (below the detector's threshold: the scene still scores 1): with b = 2 the grainy one
+    loses 2 x (its background level) / 255, the clean one nothing."""
+    from pixelrl.shapes.detector import background_noise
+
+    item = all_prompts()["colors"][0]
+    clean = torch.from_numpy(render(item["metadata"], 0))
+    grainy = clean.clone()
+    dark = grainy.amax(dim=-1) < 48
+    speckle = dark & (torch.arange(dark.numel()).reshape(dark.shape) % 4 == 0)
+    grainy[speckle] = 10
+    images = torch.stack([clean, grainy])
+    plain = get_reward("shapes_geneval")(images, [item["prompt"]] * 2, [item["metadata"]] * 2)["shapes_geneval"]
+    charged = get_reward("shapes_geneval", background_penalty=2.0)(images, [item["prompt"]] * 2,
+                                                                   [item["metadata"]] * 2)["shapes_geneval"]
+    level = background_noise(grainy[None])["background_level"]
+    assert plain.tolist() == [1.0, 1.0] and 2.0 < level < 3.0
+    torch.testing.assert_close(charged, torch.tensor([1.0 - 2 * background_noise(clean[None])["background_level"] / 255,
+                                                      1.0 - 2 * level / 255]))
+    assert charged[1] < charged[0]

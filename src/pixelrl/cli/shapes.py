@@ -216,15 +216,44 @@ def cmd_generate(args) -> int:
     from pixelrl.trainers.tracking import image_grid
 
     check_output_file(args.out, "--out", image_suffixes())
+    if args.image:
+        check_source_image(args.image)
     model = load_for_eval(args.model, args.checkpoint)
     sampling = sampling_options(args, model)
     images = generate(model, [args.prompt] * args.n, list(range(args.seed, args.seed + args.n)), progress=True,
-                      **sampling)
+                      condition_images=edit_sources(model, args.image, args.n, sampling["resolution"]), **sampling)
     grid = image_grid(images.numpy(), ncols=min(8, args.n), scale=4)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(grid).save(args.out)
     print(f"wrote {args.n} images of {args.prompt!r} to {args.out}")
     return 0
+
+
+def check_source_image(image: str) -> None:
+    from pixelrl.core.errors import ConfigError
+    from pixelrl.data.prompts import condition_image_problem
+
+    problem = condition_image_problem(Path(image).expanduser())
+    if problem:
+        raise ConfigError("--image", image, problem.replace(" (paths are relative to the file's folder)", ""))
+
+
+def edit_sources(model, image: str | None, n: int, resolution: int) -> list | None:
+    """Each sample's condition images for `generate`: the --image an edit family needs, decoded
+    at the output size as training rows are; none for a text-to-image family."""
+    from pixelrl.core.errors import ConfigError
+    from pixelrl.data.prompts import load_condition_image
+
+    takes = model.condition_images
+    if takes and not image:
+        raise ConfigError("--image", None, f"{type(model).__name__} edits a source image: pass --image PATH")
+    if image and not takes:
+        raise ConfigError("--image", image, f"{type(model).__name__} generates from text alone: drop --image, or "
+                          "use an edit model (flux_kontext, qwen_image_edit)")
+    if not image:
+        return None
+    source = load_condition_image(str(Path(image).expanduser()), resolution, resolution)
+    return [(source,)] * n
 
 
 def cmd_make_preferences(args) -> int:
@@ -317,7 +346,9 @@ def add_parsers(sub) -> None:
                                 "the paired gains with 95%% intervals, category changes and diversity against it")
             p.set_defaults(func=cmd_eval)
         else:
-            p.add_argument("--prompt", required=True, help="the text prompt")
+            p.add_argument("--prompt", required=True, help="the text prompt (an edit model: the instruction)")
+            p.add_argument("--image", default=None, help="the source image an edit model (flux_kontext, "
+                                                        "qwen_image_edit) edits; cropped and resized to the output")
             p.add_argument("--n", type=positive_int, default=8, help="images (seeds --seed, --seed + 1, ...)")
             p.add_argument("--out", default="runs/generate/grid.png", help="the image grid to write")
             p.set_defaults(func=cmd_generate)

@@ -75,23 +75,32 @@ def _condition_paths(path: Path, row: int, record: dict) -> tuple[str, ...]:
 
 
 def _check_condition_image(path: Path, row: int, image: Path) -> str:
+    problem = condition_image_problem(image)
+    if problem:
+        raise _row_error(path, row, problem)
+    return str(image.resolve())
+
+
+def condition_image_problem(image: Path) -> str:
+    """Why `image` cannot be a condition image ("" when it can): missing, unreadable, a colour
+    mode pixelrl does not read, or a size outside the limits."""
     from PIL import Image, UnidentifiedImageError
 
     if not image.is_file():
-        raise _row_error(path, row, f"condition image `{image}` does not exist (paths are relative to the file's folder)")
+        return f"condition image `{image}` does not exist (paths are relative to the file's folder)"
     try:
         with Image.open(image) as opened:
             mode, (width, height) = opened.mode, opened.size
             opened.verify()  # a truncated or damaged file, without decoding all of it
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
-        raise _row_error(path, row, f"condition image `{image}` is not a readable image ({err})") from None
+        return f"condition image `{image}` is not a readable image ({err})"
     if mode not in CONDITION_MODES:
-        raise _row_error(path, row, f"condition image `{image}` has colour mode {mode}; pixelrl reads "
-                                    f"{', '.join(CONDITION_MODES)}: convert it to RGB")
+        return (f"condition image `{image}` has colour mode {mode}; pixelrl reads {', '.join(CONDITION_MODES)}: "
+                "convert it to RGB")
     if min(width, height) < MIN_SIDE or max(width, height) > MAX_SIDE or width * height > MAX_PIXELS:
-        raise _row_error(path, row, f"condition image `{image}` is {width} x {height}; sides must be "
-                                    f"{MIN_SIDE} to {MAX_SIDE} px and the image at most {MAX_PIXELS // 1_000_000} MP")
-    return str(image.resolve())
+        return (f"condition image `{image}` is {width} x {height}; sides must be {MIN_SIDE} to {MAX_SIDE} px and "
+                f"the image at most {MAX_PIXELS // 1_000_000} MP")
+    return ""
 
 
 def load_condition_image(file: str, height: int, width: int) -> torch.Tensor:

@@ -269,9 +269,27 @@ def failure_mode(spec: dict, detections: list[Detection], subs: dict[str, float]
     return "wrong_object"
 
 
+# a background pixel is one whose brightest channel stays below this (the shapes are drawn bright on
+# black); grain shows as background pixels brighter than BACKGROUND_SPECK
+BACKGROUND_BELOW, BACKGROUND_SPECK = 48, 12
+
+
+def background_noise(images: torch.Tensor) -> dict[str, float]:
+    """How clean the black background is, over uint8 images [B, H, W, 3]: the mean level (0-255) of
+    the background pixels' brightest channel, and the share of them brighter than BACKGROUND_SPECK.
+    Grain a detector ignores (it counts shapes, and the careful judge only bright specks) shows
+    here: a clean render scores 0 and 0."""
+    level = images.to(torch.int16).amax(dim=-1)
+    background = level < BACKGROUND_BELOW
+    count = max(int(background.sum()), 1)
+    return {"background_level": float(level[background].float().sum()) / count,
+            "background_specks": float((background & (level > BACKGROUND_SPECK)).sum()) / count}
+
+
 @register_reward("shapes_geneval")
 def shapes_geneval(strict_weight: float = 0.0, extra_object_penalty: float = 0.0, exact_weight: float = 0.0,
-                   surplus_object_penalty: float = 0.0, object_count_weight: float = 0.0):
+                   surplus_object_penalty: float = 0.0, object_count_weight: float = 0.0,
+                   background_penalty: float = 0.0):
     """Training reward: (1 - w - e) * partial credit + w * strict + e * exact - p * (unrequested
     objects) - q * (surplus objects) + k * (object count score). Also returns `shapes_strict`,
     `shapes_exact` (0/1), `shapes_extra_objects` and `shapes_surplus_objects` for logging and
@@ -281,7 +299,9 @@ def shapes_geneval(strict_weight: float = 0.0, extra_object_penalty: float = 0.0
     costs more than leaving it out; q charges only objects beyond the number asked for, which the
     hack needs and an attempt does not; e pays the full-marks bonus only for a scene with nothing
     extra. k pays for drawing as many objects as asked, right or wrong, so that a failed attempt
-    at a second object can earn more than leaving it out (docs/shapes.md measures each)."""
+    at a second object can earn more than leaving it out (docs/shapes.md measures each).
+    `background_penalty` b subtracts b x the image's background level / 255 (`background_noise`):
+    grain below the detector's threshold, which no other term sees."""
     def reward(images, prompts, metadata):
         arrays = images.detach().cpu().numpy()
         rows = []
@@ -295,6 +315,9 @@ def shapes_geneval(strict_weight: float = 0.0, extra_object_penalty: float = 0.0
         score = ((1 - strict_weight - exact_weight) * partial + strict_weight * strict + exact_weight * exact
                  - extra_object_penalty * extra - surplus_object_penalty * surplus
                  + object_count_weight * column("object_count"))
+        if background_penalty:
+            levels = torch.tensor([background_noise(image[None])["background_level"] for image in images.detach().cpu()])
+            score = score - background_penalty * levels / 255
         return {"shapes_geneval": score, "shapes_strict": strict, "shapes_exact": exact, "shapes_extra_objects": extra,
                 "shapes_surplus_objects": surplus}
 
@@ -310,6 +333,8 @@ def _check_shapes_geneval(options: dict, field: str) -> None:
                         "a number >= 0: reward subtracted per object beyond the number the prompt asks for (0 = off)")
     check_number_option(options, field, "object_count_weight", 0.0, lambda v: 0 <= v < float("inf"),
                         "a number >= 0: reward for drawing as many objects as the prompt asks for (0 = off)")
+    check_number_option(options, field, "background_penalty", 0.0, lambda v: 0 <= v < float("inf"),
+                        "a number >= 0: reward subtracted per unit of background level / 255 (0 = off)")
     strict_weight = options.get("strict_weight", 0.0)
     check_number_option(options, field, "exact_weight", 0.0, lambda v: 0 <= v <= 1 - strict_weight,
                         f"a number in [0, 1 - strict_weight] = [0, {1 - strict_weight:g}]: the weight of the "

@@ -12,24 +12,8 @@ import torch
 from pixelrl.engine.evaluate import generate
 from pixelrl.models.base import DiffusionModel
 from pixelrl.shapes.careful import REASONS, careful_verdict
-from pixelrl.shapes.detector import CATEGORIES, FAILURE_MODES, detect, score_detections
+from pixelrl.shapes.detector import CATEGORIES, FAILURE_MODES, background_noise, detect, score_detections
 
-
-# a background pixel is one whose brightest channel stays below this (the shapes are drawn bright on
-# black); grain shows as background pixels brighter than BACKGROUND_SPECK
-BACKGROUND_BELOW, BACKGROUND_SPECK = 48, 12
-
-
-def background_noise(images: torch.Tensor) -> dict[str, float]:
-    """How clean the black background is, over uint8 images [B, H, W, 3]: the mean level (0-255) of
-    the background pixels' brightest channel, and the share of them brighter than BACKGROUND_SPECK.
-    Grain a detector ignores (it counts shapes, and the careful judge only bright specks) shows
-    here: a clean render scores 0 and 0."""
-    level = images.to(torch.int16).amax(dim=-1)
-    background = level < BACKGROUND_BELOW
-    count = max(int(background.sum()), 1)
-    return {"background_level": float(level[background].float().sum()) / count,
-            "background_specks": float((background & (level > BACKGROUND_SPECK)).sum()) / count}
 
 
 def geneval_scores(images: torch.Tensor, items: list[dict]) -> dict:
