@@ -248,3 +248,29 @@ def test_generate_edits_the_image_given_and_asks_for_one(tiny_kontext_path, tiny
     assert "generates from text alone" in capsys.readouterr().err
     assert main([*common, "--image", str(tmp_path / "nowhere.png"), "--out", str(tmp_path / "e.png")]) == 2
     assert "does not exist" in capsys.readouterr().err and not (tmp_path / "e.png").exists()
+
+
+def test_an_edit_run_on_a_rollout_pool_reproduces_the_colocated_run_bitwise(tiny_kontext_path, tmp_path):
+    """The sources travel to a separate rollout worker and back with the samples: at zero staleness
+    the pooled edit run's rewards and weights are the colocated run's bits (a pool that sampled
+    without the sources, or with another row's, would differ)."""
+    from safetensors.torch import load_file
+
+    from conftest import read_metrics, train_cli
+
+    file = _write_edit_rows(tmp_path / "data", EDIT_ROWS)
+    common = ("model.type=flux_kontext", "model.max_sequence_length=16", f"data.train_files=[{file}]",
+              "data.train_batch_size=2", "rollout.n=2", "actor.ppo_micro_batch_size=2", "trainer.backend=local",
+              "trainer.logger=[jsonl]", "trainer.total_training_steps=2", "trainer.save_freq=2",
+              "reward.functions=[{name: source_preservation}]", "trainer.experiment_name=edit")
+    runs = {}
+    for name, extra in (("colocated", ()), ("pooled", ("rollout.n_workers=1", "trainer.mode=async",
+                                                         "trainer.max_staleness=0"))):
+        code, _ = train_cli(tmp_path / name, tiny_kontext_path, *common, *extra, config="flow_grpo_flux_tiny")
+        assert code == 0
+        runs[name] = tmp_path / name / "pixelrl" / "edit"
+    rewards = {name: [m["critic/rewards/mean"] for m in read_metrics(run)] for name, run in runs.items()}
+    assert rewards["colocated"] == rewards["pooled"] and len(rewards["pooled"]) == 2
+    weights = {name: load_file(str(run / "checkpoints" / "global_step_2" / "actor" / "trainable.safetensors"))
+               for name, run in runs.items()}
+    assert all(torch.equal(weights["colocated"][k], weights["pooled"][k]) for k in weights["colocated"])

@@ -241,6 +241,21 @@ def test_pixelrl_plan_on_a_paper_config_names_the_missing_folder(capsys):
     assert "not checked on this machine: config field `model.path`" in out
 
 
+def test_a_plan_names_every_missing_path_at_once(capsys):
+    """The edit recipe's reward model, model folder and data files are all elsewhere: each is
+    named on its own line (a stand-in takes each one's place so the checks after it still run),
+    where the plan used to stop at the first."""
+    from pixelrl.cli import main
+
+    assert main(["plan", "--config-name", "flow_grpo_qwen_image_edit", "--gpus", "8", "--gpu-memory", "80"]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("not checked on this machine")]
+    named = " ".join(notes)
+    assert len(notes) == 4
+    for field in ("reward.functions[0].options.path", "model.path", "data.train_files", "data.val_files"):
+        assert f"`{field}`" in named
+    assert "/models/Qwen-Image-Edit-2511" in named and "data/edit/train.jsonl" in named
+
+
 def test_fit_to_memory_gb_chooses_the_micro_batches_at_start_up(tmp_path, tiny_sd3_path, capsys):
     from pixelrl.config import load_config
 

@@ -83,7 +83,7 @@ def fit_to_memory(cfg: PixelRLConfig) -> PixelRLConfig:
         memory -= rewards
         source += f", less {rewards:.1f} GB of reward models on the same card"
     # plan_for validates the config with its choices applied (check_recipe); this run's own files
-    # passed validation before, so that check is complete here
+    # passed validation before, so its notes are empty here
     plan = plan_for(cfg, cfg.trainer.n_workers, memory, cfg.trainer.peak_tflops or 989.0, field=field,
                     free=auto or None)
     chosen = " ".join(o for o in plan.overrides if not o.startswith(("trainer.n_workers", "trainer.backend")))

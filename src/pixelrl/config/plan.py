@@ -327,17 +327,47 @@ MACHINE_FIELDS = ("model.path", "reward.functions", "data.train_files", "data.va
                   "vlm.ptx_files", "diffusion_loss.teacher")
 
 
-def check_recipe(cfg: PixelRLConfig) -> str:
-    """Every config check; returns the message of one about this machine's files (or "")."""
+def check_recipe(cfg: PixelRLConfig) -> list[str]:
+    """Every config check. A recipe error is raised; one about this machine's files (MACHINE_FIELDS)
+    is noted and a stand-in takes its place (a rule reward, a scratch folder) so that the checks
+    after it still run: a plan made away from the data and models names every missing path at
+    once. The data files, which only a run's start reads, are looked for too."""
+    import copy
+    import tempfile
+
+    from pixelrl.config.step_size import DriverMemoryError
     from pixelrl.config.validation import validate
 
-    try:
-        validate(cfg)
-    except ConfigError as err:
-        if not err.field.startswith(MACHINE_FIELDS):
-            raise
-        return str(err)
-    return ""
+    notes, cfg = [], copy.deepcopy(cfg)
+    with tempfile.TemporaryDirectory(prefix="pixelrl_plan_") as scratch:
+        for _ in MACHINE_FIELDS:
+            try:
+                validate(cfg)
+                break
+            except ConfigError as err:
+                if not (err.field.startswith(MACHINE_FIELDS) or isinstance(err, DriverMemoryError)):
+                    raise
+                notes.append(str(err))
+                if not _stand_in(cfg, err.field, scratch):  # the driver's memory is checked last: done
+                    break
+    for field in ("data.train_files", "data.val_files"):
+        missing = [f for f in getattr(cfg.data, field.split(".")[1]) if ":" not in str(f) and not Path(f).is_file()]
+        if missing:
+            notes.append(f"config field `{field}`: {missing} not found here")
+    return notes
+
+
+def _stand_in(cfg: PixelRLConfig, field: str, scratch: str) -> bool:
+    """Put a stand-in for what `field` names on another machine; False when there is none."""
+    if field.startswith("reward.functions"):
+        cfg.reward.functions = [{"name": "jpeg_compressibility", "weight": 1.0}]
+    elif field == "model.path":
+        cfg.model.path = scratch
+    elif field == "trainer.default_local_dir":
+        cfg.trainer.default_local_dir = scratch
+    else:
+        return False
+    return True
 
 
 @dataclass
@@ -349,7 +379,7 @@ class Plan:
     choice: Choice
     estimate: Estimate
     changes: list  # (field, was, now, why)
-    unchecked: str  # a machine-specific check that failed here ("" = none)
+    unchecked: list[str]  # the machine-specific checks that failed here
     samples_per_optimizer_step: int  # per worker
     link_gb_per_s: float = LINK_GB_PER_S
 
@@ -556,8 +586,7 @@ def describe(cfg: PixelRLConfig, plan: Plan, config_name: str | None = None) -> 
                      f"{e.communication_s:.1f} s at {plan.link_gb_per_s:g} GB/s, counted as if none of it "
                      "overlapped compute")
     lines.append(_run_total(cfg, step_s))
-    if plan.unchecked:
-        lines.append(f"not checked on this machine: {plan.unchecked}")
+    lines.extend(f"not checked on this machine: {note}" for note in plan.unchecked)
     command = " ".join(["pixelrl train"] + ([f"--config-name {config_name}"] if config_name else []) + plan.overrides)
     lines.append(f"run: {command}")
     return "\n".join(lines)

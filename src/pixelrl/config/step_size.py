@@ -10,6 +10,11 @@ from pixelrl.engine.config import images_per_step
 from pixelrl.core.errors import AUTO, ConfigError
 
 MAX_STEP_HOURS = 24.0
+
+
+class DriverMemoryError(ConfigError):
+    """A step larger than this machine's memory: about the machine it is checked on, which a plan
+    for other machines notes rather than refuses."""
 _CPU_RATE: dict[str, float] = {}
 
 
@@ -47,7 +52,7 @@ def check_step_size(cfg: PixelRLConfig) -> None:
     stored = sampled * (shape.frames * shape.pixels * 3 + (window + 2) * shape.latent_values * 4)
     ram = psutil.virtual_memory().total
     if stored > ram:
-        raise ConfigError(field, value, f"a step samples data.train_batch_size x rollout.n = {images} images of "
+        raise DriverMemoryError(field, value, f"a step samples data.train_batch_size x rollout.n = {images} images of "
                           f"{r.resolution} px{f' x {shape.frames} frames' if shape.frames > 1 else ''}; their pixels "
                           f"and stored trajectories take {stored / 1e9:.0f} GB on the driver, more than this "
                           f"machine's {ram / 1e9:.0f} GB of memory: {fix}")
