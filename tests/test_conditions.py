@@ -274,3 +274,24 @@ def test_an_edit_run_on_a_rollout_pool_reproduces_the_colocated_run_bitwise(tiny
     weights = {name: load_file(str(run / "checkpoints" / "global_step_2" / "actor" / "trainable.safetensors"))
                for name, run in runs.items()}
     assert all(torch.equal(weights["colocated"][k], weights["pooled"][k]) for k in weights["colocated"])
+
+
+def test_an_edit_run_on_two_ray_workers_scores_its_sources_as_one_worker(ray_cluster, tiny_kontext_path, tmp_path):
+    """The sources cross Ray's object store to two DDP workers (each samples and trains on its rows
+    with their own sources) and the first step's rewards, sampled before any update, are one
+    worker's up to float reordering."""
+    from conftest import read_metrics, train_cli
+
+    file = _write_edit_rows(tmp_path / "data", EDIT_ROWS)
+    common = ("model.type=flux_kontext", "model.max_sequence_length=16", f"data.train_files=[{file}]",
+              "data.train_batch_size=2", "rollout.n=2", "actor.ppo_micro_batch_size=1", "trainer.logger=[jsonl]",
+              "trainer.total_training_steps=1", "trainer.save_freq=-1", "trainer.experiment_name=edit",
+              "reward.functions=[{name: source_preservation}]")
+    rewards = {}
+    for name, extra in (("one", ("trainer.backend=local",)),
+                        ("two", ("trainer.backend=ray", "trainer.n_workers=2", "trainer.strategy=ddp"))):
+        code, _ = train_cli(tmp_path / name, tiny_kontext_path, *common, *extra, config="flow_grpo_flux_tiny")
+        assert code == 0
+        rewards[name] = read_metrics(tmp_path / name / "pixelrl" / "edit")[0]["critic/rewards/mean"]
+    assert 0 < rewards["one"] < 1
+    assert rewards["two"] == pytest.approx(rewards["one"], rel=1e-4)

@@ -95,3 +95,38 @@ def test_bad_folders_are_named(tmp_path, clip_path):
     (damaged / "head.safetensors").write_bytes(b"\x00" * 16)
     with pytest.raises(ModelFolderError, match="head.safetensors"):
         get_reward("aesthetic", path=str(damaged))(images(1), ["x"], [{}])
+
+
+def test_clip_source_similarity_is_the_cosine_of_the_edit_and_its_source(clip_path):
+    """cos(CLIP image embedding of the edit, of its source) from transformers' own model: 1 for an
+    untouched source; a source decoded at another size is resized to the edit's first."""
+    from transformers import CLIPModel, CLIPProcessor
+
+    from pixelrl.rewards.source import first_sources
+
+    model, processor = CLIPModel.from_pretrained(clip_path).eval(), CLIPProcessor.from_pretrained(clip_path)
+    edits, sources = images(seed=3), images(seed=4)
+
+    def embed(batch):
+        with torch.no_grad():
+            out = model.get_image_features(**processor(images=list(batch.numpy()), return_tensors="pt"))
+        out = out if isinstance(out, torch.Tensor) else out.pooler_output
+        return out / out.norm(dim=-1, keepdim=True)
+
+    reward = get_reward("clip_source_similarity", path=str(clip_path))
+    scores = reward(edits, PROMPTS, [{}] * 5, condition_images=[(s,) for s in sources])["clip_source_similarity"]
+    torch.testing.assert_close(scores, (embed(edits) * embed(sources)).sum(-1), rtol=1e-5, atol=1e-6)
+    same = reward(sources, PROMPTS, [{}] * 5, condition_images=[(s,) for s in sources])["clip_source_similarity"]
+    torch.testing.assert_close(same, torch.ones(5), rtol=1e-5, atol=1e-5)
+    large = torch.nn.functional.interpolate(sources.permute(0, 3, 1, 2).float(), scale_factor=2, mode="nearest")
+    large = large.to(torch.uint8).permute(0, 2, 3, 1)
+    assert torch.equal(first_sources([(s,) for s in large], (40, 40)), sources)  # 2 x 2 blocks average back
+    resized = reward(edits, PROMPTS, [{}] * 5, condition_images=[(s,) for s in large])["clip_source_similarity"]
+    torch.testing.assert_close(resized, scores, rtol=1e-5, atol=1e-6)
+    # in a weighted sum, samples without sources are refused by the reward's name
+    from pixelrl.core.errors import RewardError
+    from pixelrl.rewards import WeightedReward
+
+    weighted = WeightedReward.from_functions([{"name": "clip_source_similarity", "options": {"path": str(clip_path)}}])
+    with pytest.raises(RewardError, match="clip_source_similarity"):
+        weighted(edits, PROMPTS, [{}] * 5)

@@ -83,11 +83,11 @@ def loaded_on_first_call(load: Callable[[], object], score: Callable) -> RewardF
     first call: `score(model, images, prompts)` gives the reward's outputs."""
     model = None
 
-    def reward(images, prompts, metadata):
+    def reward(images, prompts, metadata, **sources):  # condition_images= for a reward that reads them
         nonlocal model
         if model is None:
             model = load()
-        return score(model, images, prompts)
+        return score(model, images, prompts, **sources)
 
     return reward
 

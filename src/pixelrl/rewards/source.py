@@ -1,15 +1,31 @@
 """Rewards of an edit that read its source image (the row's condition image).
 
 A reward function that reads the sources sets `reads_condition_images = True`; `WeightedReward`
-then calls it with `condition_images=` (row i's tuple of uint8 [H, W, 3] sources, at the edited
-image's size), and refuses a batch without sources by the reward's name.
+then calls it with `condition_images=` (row i's tuple of uint8 [H, W, 3] sources, at the run's
+`rollout.condition_resolution`, the edited image's size unless set), and refuses a batch without
+sources by the reward's name.
 """
 
 from __future__ import annotations
 
 import torch
 
-from pixelrl.rewards.registry import check_number_option, register_reward
+from pixelrl.rewards.registry import (check_model_folder_option, check_number_option, loaded_on_first_call,
+                                      register_reward)
+
+
+def first_sources(condition_images, size: tuple[int, int]) -> torch.Tensor:
+    """Each row's first source as uint8 [B, H, W, 3] at `size`, when the run decodes sources at
+    another size than it generates (`rollout.condition_resolution`): area averages to shrink
+    (each output pixel the mean of the source pixels it covers), bilinear to enlarge."""
+    sources = torch.stack([row[0] for row in condition_images])
+    if tuple(sources.shape[1:3]) == tuple(size):
+        return sources
+    shrink = sources.shape[1] >= size[0] and sources.shape[2] >= size[1]
+    resized = torch.nn.functional.interpolate(sources.permute(0, 3, 1, 2).float(), size=size,
+                                              mode="area" if shrink else "bilinear",
+                                              **({} if shrink else {"align_corners": False}))
+    return resized.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
 
 
 @register_reward("source_preservation")
@@ -19,9 +35,7 @@ def source_preservation(scale: float = 1.0):
     times `scale`; 1 for an untouched source, 0 for its opposite."""
 
     def reward(images, prompts, metadata, condition_images=None):
-        sources = torch.stack([row[0] for row in condition_images]).to(torch.float32)
-        if sources.shape != images.shape:
-            raise ValueError(f"sources {tuple(sources.shape)} and edited images {tuple(images.shape)} differ in size")
+        sources = first_sources(condition_images, tuple(images.shape[1:3])).to(torch.float32)
         difference = (images.to(torch.float32) - sources).abs().mean(dim=(1, 2, 3)) / 255.0
         return {"source_preservation": (1.0 - difference) * scale}
 
@@ -37,3 +51,29 @@ def _check_scale(options: dict, field: str) -> None:
 source_preservation.check_options = _check_scale
 # the config check refuses it for a text-to-image family (no sources) before any worker starts
 source_preservation.reads_condition_images = True
+
+
+@register_reward("clip_source_similarity")
+def clip_source_similarity(path: str = "", batch_size: int = 32, processor_path: str | None = None):
+    """Semantic preservation of the source: the cosine of the CLIP image embeddings of the edit and
+    of its first source (a local CLIP folder, as `clip_score`'s); 1 for the same picture. Paired
+    with an instruction-following reward it keeps an edit from redrawing the whole scene."""
+    from pixelrl.rewards.clip import ClipBackbone
+
+    check_model_folder_option({"path": path}, "reward.functions[].options")
+
+    def score(clip, images, prompts, condition_images):
+        sources = first_sources(condition_images, tuple(images.shape[1:3]))
+        return {"clip_source_similarity": (clip.image_embeds(images) * clip.image_embeds(sources)).sum(-1).cpu()}
+
+    scored = loaded_on_first_call(lambda: ClipBackbone(path, batch_size, processor_path), score)
+
+    def reward(images, prompts, metadata, condition_images=None):
+        return scored(images, prompts, metadata, condition_images=condition_images)
+
+    reward.reads_condition_images = True
+    return reward
+
+
+clip_source_similarity.check_options = lambda options, field: check_model_folder_option(options, field)
+clip_source_similarity.reads_condition_images = True
