@@ -1,4 +1,4 @@
-"""`pixelrl plan` on every SD3.5, FLUX, Qwen-Image and Wan paper config for 1, 2 and 8 GPUs, as the
+"""`pixelrl plan` on every SD3.5, FLUX, FLUX.1 Kontext, Qwen-Image, Qwen-Image-Edit and Wan paper config for 1, 2 and 8 GPUs, as the
 markdown table in docs/planning.md ("Every paper config on 1, 2 and 8 GPUs of 80 GB").
 
     python benchmarks/plan_paper_configs.py [--gpu-memory 80] [--peak-tflops 989] [--gpus 1,2,8]
@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 
 CONFIGS = Path(__file__).resolve().parents[1] / "src" / "pixelrl" / "configs"
-ORDER = ("_sd35", "_flux", "_qwen_image", "_wan")  # families in this order, configs by name within each
+ORDER = ("_sd35", "_flux", "_flux_kontext", "_qwen_image", "_qwen_image_edit", "_wan")  # families in this order
 
 
 def paper_configs() -> list[str]:

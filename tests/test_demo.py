@@ -78,15 +78,18 @@ def test_the_demo_runs_end_to_end_and_writes_its_summary(tmp_path, capsys):
 
 
 def test_grid_captions_break_between_words():
-    """A caption wider than its cell breaks at a space, never inside a word ("a triang / le")."""
+    """A caption wider than its cell breaks at a space, never inside a word ("a triang / le"), and is
+    drawn whole: the caption band grows to the longest caption's lines."""
     from unittest import mock
 
     from pixelrl.trainers import tracking
 
     drawn = []
     with mock.patch.object(tracking.ImageDraw.ImageDraw, "text", lambda self, xy, text, **kw: drawn.append(text)):
-        tracking.image_grid(np.zeros((1, 16, 16, 3), np.uint8), ["two red squares and a blue triangle"], scale=3)
-    assert drawn == ["two red", "squares"]  # 8 characters a line in a 48-pixel cell, two lines
+        grid = tracking.image_grid(np.zeros((2, 16, 16, 3), np.uint8), ["two red squares and a blue triangle", "a"],
+                                   scale=3)
+    assert drawn == ["two red", "squares", "and a", "blue", "triangle", "a"]  # 8 characters a line, 48 px cells
+    assert grid.shape == (48 + 5 * 11 + 2, 2 * 48, 3)
 
 
 def test_curve_axes_sum_step_times_and_images():

@@ -28,18 +28,19 @@ def image_grid(images: np.ndarray, captions: list[str] | None = None, ncols: int
     count, h, w, _ = images.shape
     ncols = min(ncols, count)
     nrows = math.ceil(count / ncols)
-    cell_w, text_h = w * scale, (24 if captions else 0)
+    cell_w = w * scale
+    # every caption whole, broken between words (a word longer than a line is broken inside it);
+    # the caption band is as tall as the longest needs
+    wrapped = [textwrap.wrap(c, width=max(4, cell_w // 6)) for c in captions] if captions else []
+    text_h = 11 * max(map(len, wrapped), default=0) + 2 if captions else 0
     canvas = Image.new("RGB", (ncols * cell_w, nrows * (h * scale + text_h)), (255, 255, 255))
     pen = ImageDraw.Draw(canvas)
     for i in range(count):
         row, col = divmod(i, ncols)
         x, y = col * cell_w, row * (h * scale + text_h)
         canvas.paste(Image.fromarray(images[i]).resize((cell_w, h * scale), Image.NEAREST), (x, y))
-        if captions:
-            # two lines broken between words (a word longer than a line is broken inside it)
-            lines = textwrap.wrap(captions[i], width=max(4, cell_w // 6))[:2]
-            for j, line in enumerate(lines):
-                pen.text((x + 1, y + h * scale + 11 * j), line, fill=(0, 0, 0))
+        for j, line in enumerate(wrapped[i] if captions else []):
+            pen.text((x + 1, y + h * scale + 11 * j), line, fill=(0, 0, 0))
     return np.asarray(canvas)
 
 
