@@ -161,3 +161,21 @@ def test_offline_needs_dpo_and_a_file(tmp_path, tiny_pixel_path, capsys):
     code, _ = train_cli(tmp_path, tiny_pixel_path, "trainer.backend=local", "algorithm.sample_source=offline",
                         f"data.train_files=[{tmp_path / 'p.jsonl'}]", config="dpo_tiny")
     assert code == 2 and "row 1: `chosen` image" in capsys.readouterr().err
+
+
+def test_make_preferences_shows_its_sampling_progress_and_writes_pairs(tmp_path, capsys):
+    """`pixelrl make-preferences` samples for minutes on a real prompt set: it prints a progress
+    line per batch of images (count, elapsed, ETA) on stderr, then the pairs it wrote."""
+    import json
+
+    from pixelrl.cli import main
+
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [{"prompt": "a red circle", "metadata": {"category": "single_object", "relation": None,
+                                                    "objects": [{"shape": "circle", "colour": "red", "count": 1}]}}]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["make-preferences", str(tmp_path / "prefs"), "--prompts", str(prompts), "--n", "4", "--steps", "2",
+                 "--margin", "0"]) == 0
+    captured = capsys.readouterr()
+    assert "generated images: 4/4" in captured.err and "eta" in captured.err
+    assert (tmp_path / "prefs" / "preferences.jsonl").is_file() and "pairs from" in captured.out

@@ -553,3 +553,14 @@ def test_a_bf16_policy_and_critic_step_float32_weights_and_compute_in_bf16(tiny_
     assert seen and set(seen) == {torch.bfloat16}
     moved = [(p != b).float().mean().item() for p, b in zip([*engine.trainable, *critic], before)]
     assert sum(moved) / len(moved) > 0.5, moved
+
+
+def test_demo_vlm_shows_each_step_with_its_reward_and_progress(capsys):
+    """demo-vlm trained silently for minutes: each step's line now shows, cut to its reward and
+    progress; other trainer lines pass whole."""
+    from pixelrl.cli.vlm import demo_console
+
+    demo_console("step 3: critic/rewards/mean=0.4125  actor/pg_loss=-0.01  response/length=3.2  [3/40, 12s, eta 2m05s]")
+    demo_console("resumed from runs/x (global step 2)")
+    assert capsys.readouterr().out.splitlines() == ["step 3: critic/rewards/mean=0.4125  [3/40, 12s, eta 2m05s]",
+                                                   "resumed from runs/x (global step 2)"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 from pixelrl.cli.arguments import non_negative_int, positive_int
@@ -18,6 +19,17 @@ def cmd_pretrain_vlm(args) -> int:
                                log=lambda line: print(line, flush=True))
     print(f"final model folder: {final}")
     return 0
+
+
+def demo_console(line: str, stream=None) -> None:
+    """The trainer's lines as the demo shows them: a step's line cut to its reward and progress
+    (`step 3: critic/rewards/mean=0.41  [3/40, 12s, eta 2m05s]`), anything else whole."""
+    import re
+
+    if line.startswith("step ") and line.endswith("]"):
+        reward = re.search(r"critic/rewards/mean=\S+", line)
+        line = f"{line.split(':', 1)[0]}: {reward.group(0) + '  ' if reward else ''}{line[line.rfind('['):]}"
+    print(line, file=stream or sys.stdout, flush=True)
 
 
 def cmd_demo_vlm(args) -> int:
@@ -38,7 +50,7 @@ def cmd_demo_vlm(args) -> int:
           f"{cfg.rollout.n} answers per step, {cfg.trainer.total_training_steps} steps; held-out accuracy on "
           f"{cfg.vlm.val_items} test questions (greedy)")
     start = time.time()
-    result = VLMPPOTrainer(cfg, console=lambda line: None).fit()
+    result = VLMPPOTrainer(cfg, console=demo_console).fit()
     before, after = result["val"][0], result["val"][-1]
     minutes = (time.time() - start) / 60
     # balanced accuracy: a policy that gives one answer to every question of a type scores 1/K there;

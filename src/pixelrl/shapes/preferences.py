@@ -40,7 +40,8 @@ def make_preferences(model, rows: list[dict], reward_fn, out: Path, *, n: int, s
     prompts = [r["prompt"] for r in rows for _ in range(n)]
     metadata = [r["metadata"] for r in rows for _ in range(n)]
     seeds = [seed + i for i in range(len(prompts))]
-    images = generate(model, prompts, seeds, num_steps=num_steps, guidance_scale=guidance_scale, resolution=resolution)
+    images = generate(model, prompts, seeds, num_steps=num_steps, guidance_scale=guidance_scale, resolution=resolution,
+                      progress=True)  # a line per batch on stderr: the sampling takes minutes
     scores = reward_fn(images, prompts, metadata)
     if score_key not in scores:
         raise KeyError(f"the reward returned {sorted(scores)}; --score {score_key!r} is not one of them")
