@@ -162,6 +162,12 @@ def paper_config(name, *overrides):
                                       *overrides])
 
 
+def random_sources(seed: int, count: int = 2) -> list[tuple[torch.Tensor]]:
+    """One random 32 px uint8 source image per row, as edit data rows give them."""
+    generator = torch.Generator().manual_seed(seed)
+    return [(torch.randint(0, 256, (32, 32, 3), generator=generator, dtype=torch.uint8),) for _ in range(count)]
+
+
 def check_edits_match_pipeline(engine, pipe, pipeline_latents, our_latents, sources, tmp_path):
     """pixelrl's edits equal the pipeline's and depend on the source, before and after a random
     LoRA (B made non-zero) that the checkpoint writes and the pipeline loads."""

@@ -4,19 +4,13 @@ model family that takes them (FLUX.1 Kontext here) to every forward that re-read
 import pytest
 import torch
 
-from conftest import check_edits_match_pipeline, tiny_config
+from conftest import check_edits_match_pipeline, random_sources, tiny_config
 from pixelrl.core.batch import Batch
 from pixelrl.core.errors import ConfigError
 from pixelrl.engine import PolicyEngine
 from pixelrl.models import model_family
 
 PROMPTS = ["make the red circle blue", "add a square"]
-
-
-def _sources(seed: int, count: int = 2) -> list[tuple[torch.Tensor]]:
-    """One random 32 px uint8 source image per row, as data rows give them."""
-    generator = torch.Generator().manual_seed(seed)
-    return [(torch.randint(0, 256, (32, 32, 3), generator=generator, dtype=torch.uint8),) for _ in range(count)]
 
 
 def _kontext_config(path, **overrides):
@@ -35,7 +29,7 @@ def test_kontext_ode_sample_and_saved_lora_equal_flux_kontext_pipeline(tiny_kont
     cfg = _kontext_config(tiny_kontext_path, rollout__num_steps=4)
     engine = PolicyEngine.from_config(cfg)
     pipe = model_family("flux_kontext").load_pipeline(engine.model.path)
-    sources = _sources(0)
+    sources = random_sources(0)
 
     def pipeline_latents():
         out = []
@@ -60,7 +54,7 @@ def test_a_condition_survives_rollout_rescore_and_reference_bitwise(tiny_kontext
     policy) and the reference see exactly the rollout's input: their log-probs are the rollout's
     bits. The same rows scored with each other's sources are not."""
     engine = PolicyEngine.from_config(_kontext_config(tiny_kontext_path))
-    sources = _sources(1)
+    sources = random_sources(1)
     batch = engine.rollout(PROMPTS, [5, 6], condition_images=sources)
     assert batch["condition_images"] == sources
     assert batch["log_probs"].shape[1] > 0
@@ -74,7 +68,7 @@ def test_condition_latents_do_not_depend_on_the_rows_around_them(tiny_kontext_pa
     """Each source is encoded alone and cached by content: a row's condition latents are the same
     bits alone, in a batch, and after the cache is emptied."""
     model = model_family("flux_kontext")(tiny_kontext_path, max_sequence_length=16)
-    sources = _sources(2, 3)
+    sources = random_sources(2, 3)
     together = model.encode_conditions(PROMPTS + ["remove the circle"], sources).condition_latents
     model._image_cache.clear()
     alone = model.encode_conditions(PROMPTS[1:2], sources[1:2]).condition_latents
@@ -85,9 +79,9 @@ def test_condition_latents_do_not_depend_on_the_rows_around_them(tiny_kontext_pa
 def test_a_family_refuses_a_number_of_condition_images_it_cannot_take(tiny_flux_path, tiny_kontext_path):
     flux = model_family("flux")(tiny_flux_path, max_sequence_length=16)
     with pytest.raises(ConfigError, match="takes 0 per sample"):
-        flux.encode_conditions(PROMPTS, _sources(3))
+        flux.encode_conditions(PROMPTS, random_sources(3))
     kontext = model_family("flux_kontext")(tiny_kontext_path, max_sequence_length=16)
-    two = [row + row for row in _sources(3)]
+    two = [row + row for row in random_sources(3)]
     with pytest.raises(ConfigError, match="takes 1 per sample"):
         kontext.encode_conditions(PROMPTS, two)
     # text-to-image rows (no condition) stay as they were on a text-to-image family
@@ -141,7 +135,7 @@ def test_the_same_prompt_with_two_sources_is_two_groups():
     instruction and different sources give two groups, each with its own source."""
     from pixelrl.trainers.step import expand_prompts
 
-    sources = _sources(4)
+    sources = random_sources(4)
     request = expand_prompts(["make it blue"] * 2, [{}, {}], 3, seed=1, condition_images=sources)
     assert len(set(request["uids"][:3])) == 1 and len(set(request["uids"][3:])) == 1
     assert request["uids"][0] != request["uids"][3]

@@ -4,16 +4,11 @@ as well as the instruction, checked against the diffusers pipeline on a tiny fol
 import pytest
 import torch
 
-from conftest import check_edits_match_pipeline, tiny_config
+from conftest import check_edits_match_pipeline, random_sources, tiny_config
 from pixelrl.engine import PolicyEngine
 from pixelrl.models import model_family
 
 PROMPTS = ["make the red circle blue", "add a square"]
-
-
-def _sources(seed: int, count: int = 2) -> list[tuple[torch.Tensor]]:
-    generator = torch.Generator().manual_seed(seed)
-    return [(torch.randint(0, 256, (32, 32, 3), generator=generator, dtype=torch.uint8),) for _ in range(count)]
 
 
 def _model(path):
@@ -37,7 +32,7 @@ def test_the_text_embedding_reads_the_source_and_both_branches_carry_it(tiny_qwe
     in it), cached by content: the same bits alone and in a batch; the negative prompt is encoded
     under each row's source too."""
     model = _model(tiny_qwen_edit_path)
-    first, second = _sources(0)
+    first, second = random_sources(0)
     both = model.encode_conditions(["make it blue"] * 2, [first, second])
     assert not torch.equal(both.embeds[0], both.embeds[1])
     model._prompt_cache.clear()
@@ -66,7 +61,7 @@ def test_ode_edit_and_saved_lora_equal_qwen_image_edit_plus_pipeline(tiny_qwen_e
                       rollout__num_steps=4, rollout__guidance_scale=guidance, rollout__negative_prompt=" ")
     engine = PolicyEngine.from_config(cfg)
     pipe = model_family("qwen_image_edit").load_pipeline(engine.model.path)
-    sources = _sources(1)
+    sources = random_sources(1)
 
     def pipeline_latents():
         out = []
@@ -91,7 +86,7 @@ def test_a_condition_survives_rollout_rescore_and_reference_bitwise(tiny_qwen_ed
     engine = PolicyEngine.from_config(tiny_config(tiny_qwen_edit_path, model__type="qwen_image_edit",
                                                   model__max_sequence_length=64, rollout__guidance_scale=4.0,
                                                   rollout__negative_prompt=" "))
-    sources = _sources(2)
+    sources = random_sources(2)
     batch = engine.rollout(PROMPTS, [5, 6], condition_images=sources)
     assert torch.equal(engine.score(batch, "current")["old_log_probs"], batch["log_probs"])
     assert torch.equal(engine.score(batch, "reference")["ref_log_probs"], batch["log_probs"])
@@ -112,6 +107,6 @@ def test_a_full_export_is_a_folder_the_edit_pipeline_loads(tiny_qwen_edit_path, 
     out = export_checkpoint(tmp_path / "actor", tiny_qwen_edit_path, tmp_path / "export", model_type="qwen_image_edit")
     assert json.loads((out / "model_index.json").read_text())["processor"] == ["transformers", "Qwen2VLProcessor"]
     assert (out / "processor" / "preprocessor_config.json").is_file()
-    source = _sources(5, 1)
+    source = random_sources(5, 1)
     exported = _model(out).encode_conditions(["make it blue"], source)
     assert torch.equal(exported.embeds, _model(tiny_qwen_edit_path).encode_conditions(["make it blue"], source).embeds)

@@ -235,7 +235,7 @@ def check_source_image(image: str) -> None:
 
     problem = condition_image_problem(Path(image).expanduser())
     if problem:
-        raise ConfigError("--image", image, problem.replace(" (paths are relative to the file's folder)", ""))
+        raise ConfigError("--image", image, problem)
 
 
 def edit_sources(model, image: str | None, n: int, resolution: int) -> list | None:

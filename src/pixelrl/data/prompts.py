@@ -75,19 +75,19 @@ def _condition_paths(path: Path, row: int, record: dict) -> tuple[str, ...]:
 
 
 def _check_condition_image(path: Path, row: int, image: Path) -> str:
-    problem = condition_image_problem(image)
+    problem = condition_image_problem(image, " (paths are relative to the file's folder)")
     if problem:
         raise _row_error(path, row, problem)
     return str(image.resolve())
 
 
-def condition_image_problem(image: Path) -> str:
-    """Why `image` cannot be a condition image ("" when it can): missing, unreadable, a colour
-    mode pixelrl does not read, or a size outside the limits."""
+def condition_image_problem(image: Path, where: str = "") -> str:
+    """Why `image` cannot be a condition image ("" when it can): missing (`where` says how its
+    path was read), unreadable, a colour mode pixelrl does not read, or a size outside the limits."""
     from PIL import Image, UnidentifiedImageError
 
     if not image.is_file():
-        return f"condition image `{image}` does not exist (paths are relative to the file's folder)"
+        return f"condition image `{image}` does not exist{where}"
     try:
         with Image.open(image) as opened:
             mode, (width, height) = opened.mode, opened.size

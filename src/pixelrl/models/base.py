@@ -268,13 +268,15 @@ class DiffusionModel(ABC):
                               f"{type(self).__name__} ({self.pipeline_class_name}) takes {self.condition_images} "
                               "per sample: give each row that many (`image` / `images`), or use a family that "
                               "takes this many")
-        text = self._encode_text_seeing(prompts, images)
-        latents = torch.stack([torch.stack([self._condition_latents(image) for image in row]) for row in images])
+        keys = [tuple(map(self._image_key, row)) for row in images]  # each source hashed once per call
+        text = self._encode_text_seeing(prompts, images, keys)
+        latents = torch.stack([torch.stack([self._condition_latents(image, key) for image, key in zip(row, row_keys)])
+                               for row, row_keys in zip(images, keys)])
         return PromptEmbeds(text.embeds, text.pooled, text.mask, latents)
 
-    def _encode_text_seeing(self, prompts: list[str], images: list) -> PromptEmbeds:
-        """The text embeddings of an edit batch: the text alone, unless the family's text encoder
-        also reads the condition images (Qwen-Image-Edit)."""
+    def _encode_text_seeing(self, prompts: list[str], images: list, keys: list[tuple[str, ...]]) -> PromptEmbeds:
+        """The text embeddings of an edit batch (`keys`: each row's image content keys): the text
+        alone, unless the family's text encoder also reads the condition images (Qwen-Image-Edit)."""
         return self.encode_prompts(prompts)
 
     @staticmethod
@@ -284,8 +286,7 @@ class DiffusionModel(ABC):
         image = image.contiguous()
         return f"{tuple(image.shape)}:{hashlib.sha1(image.numpy().tobytes()).hexdigest()}"
 
-    def _condition_latents(self, image: torch.Tensor) -> torch.Tensor:
-        key = self._image_key(image)
+    def _condition_latents(self, image: torch.Tensor, key: str) -> torch.Tensor:
         if key not in self._image_cache:
             with torch.no_grad():
                 self._image_cache[key] = self.encode(image.unsqueeze(0))[0]

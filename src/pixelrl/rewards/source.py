@@ -66,14 +66,10 @@ def clip_source_similarity(path: str = "", batch_size: int = 32, processor_path:
         sources = first_sources(condition_images, tuple(images.shape[1:3]))
         return {"clip_source_similarity": (clip.image_embeds(images) * clip.image_embeds(sources)).sum(-1).cpu()}
 
-    scored = loaded_on_first_call(lambda: ClipBackbone(path, batch_size, processor_path), score)
-
-    def reward(images, prompts, metadata, condition_images=None):
-        return scored(images, prompts, metadata, condition_images=condition_images)
-
+    reward = loaded_on_first_call(lambda: ClipBackbone(path, batch_size, processor_path), score)
     reward.reads_condition_images = True
     return reward
 
 
-clip_source_similarity.check_options = lambda options, field: check_model_folder_option(options, field)
+clip_source_similarity.check_options = check_model_folder_option
 clip_source_similarity.reads_condition_images = True

@@ -57,8 +57,9 @@ class FluxModel(PackedLatentsModel):
         clip_tok = load_part(folder, "tokenizer/", lambda: CLIPTokenizer.from_pretrained(folder / "tokenizer"))
         t5_tok = load_part(folder, "tokenizer_2/", lambda: AutoTokenizer.from_pretrained(folder / "tokenizer_2"))
         # The diffusers pipeline over the same modules: its encode_prompt and (un)packing helpers.
-        self.pipeline = self.pipeline_class()(scheduler=self.scheduler, vae=self.vae, text_encoder=clip, tokenizer=clip_tok,
-                                     text_encoder_2=t5, tokenizer_2=t5_tok, transformer=self.transformer)
+        self.pipeline = self.pipeline_class()(scheduler=self.scheduler, vae=self.vae, text_encoder=clip,
+                                              tokenizer=clip_tok, text_encoder_2=t5, tokenizer_2=t5_tok,
+                                              transformer=self.transformer)
         self.vae_scale = self.pipeline.vae_scale_factor
         self.latent_channels = self.transformer.config.in_channels // 4
         self.guidance_embeds = bool(self.transformer.config.guidance_embeds)

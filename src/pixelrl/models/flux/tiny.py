@@ -59,6 +59,7 @@ def build_tiny_flux(path: str | Path, *, resolution: int = 32, guidance_embeds: 
     scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True,
                                                 base_shift=0.5, max_shift=1.15, base_image_seq_len=256,
                                                 max_image_seq_len=4096)
-    (pipeline_class or FluxPipeline)(scheduler=scheduler, vae=vae, text_encoder=clip, tokenizer=clip_tok, text_encoder_2=t5,
-                 tokenizer_2=t5_tok, transformer=transformer).save_pretrained(path, safe_serialization=True)
+    (pipeline_class or FluxPipeline)(scheduler=scheduler, vae=vae, text_encoder=clip, tokenizer=clip_tok,
+                                     text_encoder_2=t5, tokenizer_2=t5_tok,
+                                     transformer=transformer).save_pretrained(path, safe_serialization=True)
     return path

@@ -54,8 +54,8 @@ class QwenImageEditModel(QwenImageModel):
         super().save_pipeline(pipeline, folder)
         write_processor(folder, pipeline.processor)
 
-    def _encode_text_seeing(self, prompts: list[str], images: list) -> PromptEmbeds:
-        keys = [(prompt, *map(self._image_key, row)) for prompt, row in zip(prompts, images)]
+    def _encode_text_seeing(self, prompts: list[str], images: list, keys: list[tuple[str, ...]]) -> PromptEmbeds:
+        keys = [(prompt, *row_keys) for prompt, row_keys in zip(prompts, keys)]
         rows = dict(zip(keys, images))
         return self._cached_embeds(keys, lambda key: self._encode_with_images(key[0], rows[key]))
 
