@@ -325,9 +325,11 @@ def test_demo_vlm_prints_the_validated_accuracies_before_and_after(tiny_vlm_path
     assert main(["demo-vlm", f"model.path={tiny_vlm_path}", f"trainer.default_local_dir={tmp_path}",
                  "data.train_batch_size=4", "rollout.n=2", "actor.ppo_mini_batch_size=8",
                  "actor.ppo_micro_batch_size=8", "vlm.val_items=12", "trainer.total_training_steps=1",
-                 "trainer.test_freq=1", "trainer.save_freq=-1", "trainer.logger=[jsonl]",
+                 "trainer.test_freq=1", "trainer.save_freq=-1", "trainer.logger=[console,jsonl]",
                  "trainer.backend=local", "trainer.n_workers=1"]) == 0
     out = capsys.readouterr().out.splitlines()
+    # each step shows, cut to its reward and progress (the demo's console was a no-op)
+    assert any(line.startswith("step 1: rewards/mean=") and "[1/1, " in line for line in out)
     rows = {line.split()[0]: [float(x) for x in line.split()[1:]] for line in out
             if line.split() and line.split()[0] in ("colour", "count", "position", "overall")}
     records = [json.loads(line) for line in (tmp_path / "pixelrl" / "vlm_grpo_shapes_qa" / "metrics.jsonl").open()]
@@ -560,7 +562,7 @@ def test_demo_vlm_shows_each_step_with_its_reward_and_progress(capsys):
     progress; other trainer lines pass whole."""
     from pixelrl.cli.vlm import demo_console
 
-    demo_console("step 3: critic/rewards/mean=0.4125  actor/pg_loss=-0.01  response/length=3.2  [3/40, 12s, eta 2m05s]")
+    demo_console("step 3: rewards/mean=0.4125  pg_loss=-0.01  grad_norm=0.2  [3/40, 12s, eta 2m05s]")
     demo_console("resumed from runs/x (global step 2)")
-    assert capsys.readouterr().out.splitlines() == ["step 3: critic/rewards/mean=0.4125  [3/40, 12s, eta 2m05s]",
+    assert capsys.readouterr().out.splitlines() == ["step 3: rewards/mean=0.4125  [3/40, 12s, eta 2m05s]",
                                                    "resumed from runs/x (global step 2)"]

@@ -23,11 +23,12 @@ def cmd_pretrain_vlm(args) -> int:
 
 def demo_console(line: str, stream=None) -> None:
     """The trainer's lines as the demo shows them: a step's line cut to its reward and progress
-    (`step 3: critic/rewards/mean=0.41  [3/40, 12s, eta 2m05s]`), anything else whole."""
+    (`step 3: rewards/mean=0.41  [3/40, 12s, eta 2m05s]`; the tracker prints critic/rewards/mean
+    without its section), anything else whole."""
     import re
 
     if line.startswith("step ") and line.endswith("]"):
-        reward = re.search(r"critic/rewards/mean=\S+", line)
+        reward = re.search(r"(?<!\S)rewards/mean=\S+", line)
         line = f"{line.split(':', 1)[0]}: {reward.group(0) + '  ' if reward else ''}{line[line.rfind('['):]}"
     print(line, file=stream or sys.stdout, flush=True)
 
