@@ -18,7 +18,7 @@ def test_ode_is_the_euler_step():
     out = sde_step(x, v, 0.8, 0.6, noise_level=0.7, sde_type="ode")
     dt = torch.tensor(0.6) - torch.tensor(0.8)  # float32, as the step computes it
     assert torch.equal(out.prev_sample, x + v * dt)
-    assert out.log_prob is None
+    assert torch.equal(out.log_prob, torch.zeros(3))  # no density: no weight
 
 
 def test_sde_with_zero_noise_is_exactly_the_euler_step():

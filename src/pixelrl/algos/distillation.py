@@ -10,8 +10,9 @@ Gaussian transitions of one variance. `diffusion_loss.distill_variance` chooses 
 - `scheduler` (verl-omni's DistillKLLoss): the scheduler's std_dev_t^2, which for sde leaves out
   the sqrt(-dt): each step's loss is 1 / (-dt) times its KL, about 10x on a 10-step grid and
   unequal along it, i.e. a larger learning rate that differs per step.
-A step of zero variance (none is stored today: the rollout refuses ODE windows) would divide by 1,
-as Flow-Factory does for ODE rollouts.
+A step of zero variance (`rollout.sde_type: ode`, DiffusionOPD's own point: the rollout stores
+its deterministic Euler steps) divides by 1 under either choice: D = 0.5 mean((mu - mu_teacher)^2),
+the surrogate DiffusionOPD and Flow-Factory use for ODE rollouts.
 """
 
 from __future__ import annotations

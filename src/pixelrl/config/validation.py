@@ -111,6 +111,7 @@ def _check_loss_against_run(cfg: PixelRLConfig, bound) -> None:
     """The loss fits the trainer type, the sampler, the batch and the adapter."""
     from pixelrl.algos.advantages import ADVANTAGE_ESTIMATORS
     from pixelrl.algos.losses import LOSSES
+    from pixelrl.sampling.rollout import stores_transitions
 
     r, m, name = cfg.rollout, cfg.model, cfg.diffusion_loss.name
     loss = LOSSES.get(name)
@@ -119,6 +120,16 @@ def _check_loss_against_run(cfg: PixelRLConfig, bound) -> None:
     if r.solver == "sa_solver" and loss.objective != "forward_process":
         raise ConfigError("rollout.solver", r.solver, "SA-Solver's steps have no log-probability to re-score: it "
                           f"samples for forward-process losses (AWM's sampler), not `{name}`: use rollout.solver=euler")
+    if r.sde_type == "ode" and (loss.objective != "transition" or "log_prob" in loss.step_keys_needed(bound)):
+        raise ConfigError("rollout.sde_type", "ode", f"ODE steps have no log-probability, and `{name}` "
+                          f"{'reads one' if loss.objective == 'transition' else 'trains on no stored transition'}: "
+                          "the ODE window serves distill_kl (on-policy distillation compares step means); use "
+                          "rollout.sde_type=sde with noise_level > 0")
+    if loss.objective == "transition" and not stores_transitions(r.noise_level, r.solver, r.sde_type):
+        raise ConfigError("rollout.noise_level", r.noise_level, f"`{name}` trains on the rollout's stored SDE "
+                          f"transitions, and noise_level 0 samples the ODE, which stores none: set "
+                          f"rollout.noise_level > 0 (Flow-GRPO: 0.7)" + (
+                              " or, for distill_kl, rollout.sde_type=ode" if name == "distill_kl" else ""))
     if name == "grpo_guard" and r.sde_type == "cps":
         raise ConfigError("rollout.sde_type", r.sde_type, "grpo_guard rescales by the step's std, and the cps "
                           "log-prob has no variance term: use rollout.sde_type=sde with grpo_guard")

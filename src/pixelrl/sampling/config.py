@@ -33,7 +33,9 @@ class RolloutConfig(GroupSamplingConfig):
     guidance_scale: float = 4.5
     negative_prompt: str = ""
     noise_level: float = 0.7
-    sde_type: str = "sde"  # sde | cps | dance_sde
+    # sde | cps | dance_sde; ode: the window's steps are deterministic Euler steps, stored for
+    # on-policy distillation from ODE rollouts (DiffusionOPD's own point; noise_level 0)
+    sde_type: str = "sde"
     # euler: SDE steps in the window with noise_level > 0, Euler ODE steps elsewhere; dpm2:
     # DPM-Solver++ 2M (DiffusionNFT's), deterministic (noise_level 0); sa_solver: SA-Solver (AWM's),
     # noise_level its tau for t in [0.3, 0.9]. The multistep solvers serve the forward-process losses.
@@ -69,7 +71,7 @@ class RolloutConfig(GroupSamplingConfig):
 
         check_choice("rollout.logprob_reduction", self.logprob_reduction, ("mean", "sum"))
         check_choice("rollout.sigma_schedule", self.sigma_schedule, SIGMA_SCHEDULES)
-        check_choice("rollout.sde_type", self.sde_type, [s for s in SDE_TYPES if s != "ode"])
+        check_choice("rollout.sde_type", self.sde_type, SDE_TYPES)
         check_number("rollout.guidance_scale", self.guidance_scale, allow_zero=True)
         check_number("rollout.sigma_shift", self.sigma_shift, allow_zero=True)
         if self.sigma_shift and self.sigma_schedule == "scheduler":
@@ -89,11 +91,16 @@ class RolloutConfig(GroupSamplingConfig):
                               "rollout.noise_level=0, or rollout.solver=sa_solver (stochastic) or euler")
         if self.solver == "sa_solver" and self.num_steps < 2:
             raise ConfigError("rollout.num_steps", self.num_steps, "SA-Solver's second-order steps need at least 2")
+        if self.sde_type == "ode" and (self.noise_level > 0 or self.solver != "euler"):
+            field, value = ("rollout.noise_level", self.noise_level) if self.noise_level > 0 else \
+                ("rollout.solver", self.solver)
+            raise ConfigError(field, value, "rollout.sde_type=ode stores deterministic Euler steps: set "
+                              "rollout.noise_level=0 and rollout.solver=euler (or another sde_type for noise)")
         from pixelrl.sampling.rollout import stores_transitions
 
-        if stores_transitions(self.noise_level, self.solver) and self.num_steps < 2:
+        if stores_transitions(self.noise_level, self.solver, self.sde_type) and self.num_steps < 2:
             raise ConfigError("rollout.num_steps", self.num_steps, "needs at least 2 denoising steps: the last step "
-                              "is never stochastic, so one step leaves no SDE transition to train")
+                              "is never in the window, so one step leaves no transition to train")
         check_choice("rollout.sde_window_schedule", self.sde_window_schedule, WINDOW_SCHEDULES)
         window_params(self.sde_window_schedule, self.sde_window_params)
         if self.sde_window_size and self.sde_window_schedule == "random":

@@ -34,16 +34,17 @@ class SamplingSettings:
 
     @property
     def stores_transitions(self) -> bool:
-        return stores_transitions(self.noise_level, self.solver)
+        return stores_transitions(self.noise_level, self.solver, self.sde_type)
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def stores_transitions(noise_level: float, solver: str) -> bool:
-    """Whether sampling takes SDE steps whose transitions (latents, log-probs) a loss re-scores:
-    only the Euler sampler with noise does; otherwise the window is empty."""
-    return noise_level > 0 and solver == "euler"
+def stores_transitions(noise_level: float, solver: str, sde_type: str = "sde") -> bool:
+    """Whether sampling stores the window's transitions for a loss to re-score: the Euler sampler
+    with noise does (SDE steps), and with `sde_type: ode` (its deterministic steps, for a loss that
+    compares step means only: on-policy distillation from ODE rollouts); otherwise the window is empty."""
+    return solver == "euler" and (noise_level > 0 or sde_type == "ode")
 
 
 @dataclass

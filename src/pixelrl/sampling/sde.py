@@ -21,7 +21,9 @@ _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 @dataclass
 class StepOutput:
     prev_sample: torch.Tensor  # the next (less noisy) sample
-    log_prob: torch.Tensor | None  # [B], mean over dims; None for deterministic steps
+    # [B], mean over dims. A deterministic (ODE) step has no density: 0, as DiffusionOPD's stored
+    # ODE transitions carry, so only a loss that reads no log-prob may train on one
+    log_prob: torch.Tensor
     mean: torch.Tensor  # mean of the Gaussian transition
     std_dev_t: torch.Tensor  # [B, 1, ...]: sde/dance: the diffusion coefficient; cps: the step's std
     sqrt_dt: torch.Tensor  # [B, 1, ...]: sqrt(-dt)
@@ -93,7 +95,8 @@ def sde_step(
         # Deterministic Euler step; `sde` with a = 0 reduces to exactly this.
         mean = x + v * dt
         zero = torch.zeros_like(s)
-        return StepOutput(mean if prev_sample is None else prev_sample.float(), None, mean, zero, sqrt_dt, is_cps)
+        return StepOutput(mean if prev_sample is None else prev_sample.float(), x.new_zeros(x.shape[0]), mean, zero,
+                          sqrt_dt, is_cps)
 
     if sde_type == "sde":
         s_max_next = _per_sample(sigma_max_next if sigma_max_next is not None else s_next, x)

@@ -139,7 +139,10 @@ def validation_settings(cfg: PixelRLConfig) -> SamplingSettings:
     SA-Solver samples and evaluates with the deterministic Euler step at 40 steps; DGPO evaluates
     with its DPM-Solver at 14)."""
     vk = cfg.val_kwargs
-    return SamplingSettings(noise_level=vk.noise_level, sde_type=cfg.rollout.sde_type, solver=vk.solver,
+    # an `ode` rollout stores its deterministic steps for training; validation stores nothing and
+    # takes its own noise level with the SDE step
+    sde_type = "sde" if cfg.rollout.sde_type == "ode" else cfg.rollout.sde_type
+    return SamplingSettings(noise_level=vk.noise_level, sde_type=sde_type, solver=vk.solver,
                             guidance_scale=validation_guidance(cfg), logprob_reduction=cfg.rollout.logprob_reduction)
 
 

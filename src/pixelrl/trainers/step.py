@@ -122,13 +122,14 @@ def plan_rollout(prompts: list[str], metadata: list[dict], global_step: int, cfg
                  data_sources: list[str] | None = None, condition_images: list | None = None) -> tuple[Batch, Window]:
     """What step `global_step` samples: prompts with uids repeated n times, per-sample seeds (and
     DanceGRPO's shared group noise seeds), and the SDE window. A deterministic sampler
-    (noise_level 0) or a multistep solver stores no transition, so its window is empty."""
+    (noise_level 0, unless sde_type is `ode`) or a multistep solver stores no transition, so its
+    window is empty."""
     r = cfg.rollout
     seed = step_seed(r.seed, global_step)
     request = expand_prompts(prompts, metadata, r.n, seed, uids, data_sources, condition_images)
     if r.same_noise_per_group:
         request["noise_seeds"] = group_noise_seeds(request["seeds"], r.n)
-    if not stores_transitions(r.noise_level, r.solver):
+    if not stores_transitions(r.noise_level, r.solver, r.sde_type):
         return request, Window(0, 0)
     return request, choose_window(r.num_steps, r.sde_window_size, r.sde_window_range, seed,
                                   schedule=r.sde_window_schedule, global_step=global_step, params=r.sde_window_params)
