@@ -64,6 +64,35 @@ def test_scores_through_the_server_equal_the_reward_in_process_for_both_encoding
             assert json.loads(answer.read()) == {"status": "ok", "protocol": PROTOCOL}
 
 
+def test_an_edits_sources_travel_to_a_server_reward_that_reads_them():
+    """remote(send_sources=True) sends each row's sources as PNG: the server's source_preservation
+    scores what it scores in process (two requests, for both encodings of the edits); without
+    them the server names the option; the sources count toward the request's pixel limit; the
+    start-up check sees a remote that sends sources as a reward reading them."""
+    from pixelrl.rewards.remote import remote as remote_factory
+
+    edits, sources = images(3, seed=1), [(s,) for s in images(3, seed=2)]
+    sources[1] = (sources[1][0], images(1, seed=3)[0])  # a row may hold several sources; the reward reads the first
+    local = get_reward("source_preservation")(edits, ["p"] * 3, [{}] * 3, condition_images=sources)
+    with RewardServer("source_preservation") as server:
+        for encoding in ("png", "raw"):
+            fn = remote(server.url, send_sources=True, encoding=encoding, batch_size=2)
+            assert fn.reads_condition_images
+            out = fn(edits, ["p"] * 3, [{}] * 3, condition_images=sources)
+            assert torch.equal(out["remote"], local["source_preservation"]), encoding
+        with pytest.raises(RewardError, match="send_sources: true"):
+            remote(server.url, retries=0)(edits, ["p"] * 3, [{}] * 3)
+        body = encode_request(edits.numpy(), ["p"] * 3, [{}] * 3, sources=[(s[0].numpy(),) for s in sources])
+        assert post(server.url, body)[0] == 200
+    with RewardServer("source_preservation", limits=Limits(max_total_pixels=3 * 64 + 2 * 64)) as server:
+        status, answer = post(server.url, body)  # 3 edits and 3 sources of 8 x 8: 384 pixels
+        assert status == 413 and "pixels in all" in answer["error"]
+    assert remote_factory.reads_condition_images({"send_sources": True})
+    assert not remote_factory.reads_condition_images({"url": "http://127.0.0.1:1"})
+    with pytest.raises(ConfigError, match="send_sources"):
+        remote("http://127.0.0.1:8765", send_sources="yes")
+
+
 def test_a_request_without_the_token_is_refused(monkeypatch):
     body = encode_request(images(1).numpy(), ["p"], [{}])
     with RewardServer("jpeg_compressibility", token=TOKEN) as server:

@@ -66,14 +66,21 @@ def check_remote_options(options: dict, field: str) -> None:
     check_number_option(options, field, "batch_size", 1, lambda v: v >= 1, "an integer >= 1", integer=True)
     if options.get("encoding", "png") not in ENCODINGS:
         raise ConfigError(f"{field}.encoding", options.get("encoding"), f"one of {list(ENCODINGS)}")
+    if not isinstance(options.get("send_sources", False), bool):
+        raise ConfigError(f"{field}.send_sources", options.get("send_sources"), "true (send each edit's source "
+                          "images, for a server reward that reads them) or false")
 
 
 @register_reward("remote")
 def remote(url: str = "", key: str | None = None, token_env: str = "PIXELRL_REWARD_TOKEN", timeout_s: float = 60.0,
-           retries: int = 3, backoff_s: float = 1.0, batch_size: int = 64, encoding: str = "png"):
-    """Scores of the server at `url`; `key` picks the main score when the server's reward returns several."""
+           retries: int = 3, backoff_s: float = 1.0, batch_size: int = 64, encoding: str = "png",
+           send_sources: bool = False):
+    """Scores of the server at `url`; `key` picks the main score when the server's reward returns several.
+    `send_sources`: each edit's source images go with it (as PNG), for a server reward that reads
+    them (`source_preservation`, `clip_source_similarity`)."""
     check_remote_options({"url": url, "timeout_s": timeout_s, "retries": retries, "backoff_s": backoff_s,
-                          "batch_size": batch_size, "encoding": encoding}, "reward.functions[].options")
+                          "batch_size": batch_size, "encoding": encoding, "send_sources": send_sources},
+                         "reward.functions[].options")
     endpoint = url.rstrip("/") + "/score"
 
     def post(body: bytes) -> bytes:
@@ -113,12 +120,14 @@ def remote(url: str = "", key: str | None = None, token_env: str = "PIXELRL_REWA
         raise RewardError(f"reward server {url} failed {retries + 1} time(s), last: {last}; is `pixelrl serve-reward` "
                           "running there? (the step stops rather than scoring 0)")
 
-    def reward(images, prompts, metadata):
+    def reward(images, prompts, metadata, condition_images=None):
         arrays = images.detach().cpu().numpy()
         parts: dict[str, list[torch.Tensor]] = {}
         for start in range(0, len(prompts), batch_size):
             end = start + batch_size
-            body = encode_request(arrays[start:end], prompts[start:end], metadata[start:end], encoding)
+            sources = None if condition_images is None else [
+                tuple(source.cpu().numpy() for source in row) for row in condition_images[start:end]]
+            body = encode_request(arrays[start:end], prompts[start:end], metadata[start:end], encoding, sources)
             try:
                 scores = decode_scores(post(body), len(prompts[start:end]))
             except WireError as err:
@@ -132,6 +141,7 @@ def remote(url: str = "", key: str | None = None, token_env: str = "PIXELRL_REWA
                               f"reward's option `key`" + (f" (`{key}` is not among them)" if key else ""))
         return {"remote": out.pop(main), **{f"remote/{name}": value for name, value in out.items()}}
 
+    reward.reads_condition_images = send_sources
     return reward
 
 
@@ -143,3 +153,5 @@ def _server_message(err: urllib.error.HTTPError) -> str:
 
 
 remote.check_options = check_remote_options
+# the start-up check asks this of the config's options (a text-to-image run cannot send sources)
+remote.reads_condition_images = lambda options: bool(options.get("send_sources", False))

@@ -150,9 +150,15 @@ class RewardServer:
         # decoding holds the same lock as scoring: one request's decoded images (at most
         # limits.max_total_pixels) are in memory at a time, however many clients send at once
         with self._score_lock, torch.no_grad():
-            images, prompts, metadata = decode_request(body, self.limits)
+            images, prompts, metadata, sources = decode_request(body, self.limits)
+            extra = {}
+            if getattr(self.reward_fn, "reads_condition_images", False):
+                if sources is None:
+                    raise WireError(f"reward `{self.name}` reads each edit's source images and the request sent none: "
+                                    "set the remote reward's option send_sources: true")
+                extra["condition_images"] = [tuple(torch.from_numpy(a) for a in row) for row in sources]
             try:
-                out = self.reward_fn(torch.from_numpy(images), prompts, metadata)
+                out = self.reward_fn(torch.from_numpy(images), prompts, metadata, **extra)
                 scores = check_reward_output(self.name, out, len(prompts))
             except Exception as err:  # the client must see why; nothing here is retried
                 raise WireError(f"reward `{self.name}` failed on this request: {type(err).__name__}: {err}",

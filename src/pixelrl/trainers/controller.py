@@ -79,7 +79,11 @@ def check_conditions(cfg: PixelRLConfig, dataset: PromptDataset, field: str) -> 
         raise ConfigError("rollout.condition_resolution", cfg.rollout.condition_resolution,
                           f"sizes an edit family's condition images, and model.type={cfg.model.type} takes none: "
                           "leave it at 0")
-    reading = [f["name"] for f in cfg.reward.functions if getattr(REWARDS.get(f["name"]), "reads_condition_images", False)]
+    def reads_sources(function: dict) -> bool:  # a reward whose options decide (remote) says so as a function
+        reads = getattr(REWARDS.get(function["name"]), "reads_condition_images", False)
+        return reads(dict(function.get("options") or {})) if callable(reads) else bool(reads)
+
+    reading = [f["name"] for f in cfg.reward.functions if reads_sources(f)]
     if reading and not takes:
         raise ConfigError("reward.functions", reading, f"read each sample's source image, and model.type="
                           f"{cfg.model.type} edits none: use an edit family (model.type=flux_kontext or qwen_image_edit) with rows that "
