@@ -170,6 +170,13 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("stored ODE steps for a loss that reads log-probabilities",
      [*SHAPES, "rollout.noise_level=0", "rollout.sde_type=ode"], "rollout.sde_type"),
     ("ODE steps asked to inject noise", [*SHAPES, "rollout.sde_type=ode"], "rollout.noise_level"),
+    ("a CPS noise level past all noise", [*SHAPES, "rollout.sde_type=cps", "rollout.noise_level=1.5"],
+     "rollout.noise_level"),
+    ("a resolution past the model's position table", [*SHAPES, "rollout.resolution=64"], "rollout.resolution"),
+    ("generate past the model's position table", ["generate", "--prompt", "a red circle", "--resolution", "64",
+                                                  "--out", "{tmp}/big.png"], "--resolution"),
+    ("build-tiny onto a file", ["build-tiny", "{file}"], "is a file"),
+    ("a prompt file that is not UTF-8", [*SHAPES, "data.train_files=[{not_utf8}]"], "not UTF-8"),
     ("validation with DPM-Solver++ asked to inject noise",
      ["train", "--config-name", "shapes_demo", "val_kwargs.solver=dpm2", "val_kwargs.noise_level=0.5"],
      "val_kwargs.solver"),
@@ -201,7 +208,7 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("a device torch cannot name", [*SHAPES, "model.device=gpu0"], "model.device"),
     ("more GPU workers than this machine has GPUs, on a Ray cluster started here",
      [*SHAPES, "model.device=cuda"], "trainer.n_workers"),
-    ("a step whose images alone outgrow the machine", [*SHAPES, "rollout.n=200000", "rollout.resolution=512"],
+    ("a step whose images alone outgrow the machine", [*SHAPES, "rollout.n=2000000"],
      "rollout.n"),
     ("a step whose stored trajectories outgrow the machine",
      [*SHAPES, "rollout.n=2000", "rollout.num_steps=200", "rollout.sde_window_size=150", "rollout.sde_window_range=null"],
@@ -448,6 +455,7 @@ def _make_places(root: Path) -> None:
     Image.new("RGB", (32, 32), (200, 40, 40)).save(root / "edits" / "source.png")
     (root / "edits" / "edits.jsonl").write_text('{"prompt": "make it blue", "image": "source.png"}\n')
     (root / "edits" / "missing.jsonl").write_text('{"prompt": "make it blue", "image": "gone.png"}\n')
+    (root / "not_utf8.jsonl").write_bytes(b'{"prompt": "a red circle"}\n{"prompt": "a caf\xe9"}\n')  # Latin-1
     # an adapter whose weights file was cut short (a header promising more bytes than follow)
     (root / "ckpt_torn" / "actor" / "adapter").mkdir(parents=True)
     (root / "ckpt_torn" / "config.yaml").write_text("model:\n  path: runs/tiny_sd3\n")
@@ -470,7 +478,7 @@ def replay(argv: list[str], root: Path, workdir: Path) -> tuple[int, str]:
               "{ckpt_torn}": str(root / "ckpt_torn"), "{prefs}": str(root / "prefs"),
               "{broken_plugin}": str(root / "broken_plugin.py"), "{pretrain_run}": str(root / "pretrain_run"),
               "{ckpt_on_base}": str(root / "ckpt_on_base"), "{dangling}": str(root / "dangling"),
-              "{edits}": str(root / "edits")}
+              "{edits}": str(root / "edits"), "{not_utf8}": str(root / "not_utf8.jsonl")}
     filled = []
     for arg in argv:
         for mark, path in places.items():

@@ -8,6 +8,12 @@ from PIL import Image
 from pixelrl.core.errors import ConfigError
 
 
+
+class NoFolder:
+    """A model whose folder is not on this machine: the side checks (which read its config files)
+    have nothing to read."""
+    path = "/no/such/model/folder"
+
 def test_generate_samples_at_the_models_own_size(tmp_path, capsys):
     """A 64-px folder gives 64-px images (generate always sampled at 32 before); --resolution wins."""
     from pixelrl.cli import main
@@ -37,15 +43,15 @@ def test_a_checkpoint_samples_as_its_run_validated(tmp_path, capsys):
     cfg.val_kwargs.num_steps = 7
     (tmp_path / "config.yaml").write_text(saved_yaml(cfg))
     args = Namespace(checkpoint=str(tmp_path), resolution=None, steps=None, cfg=None)
-    assert sampling_options(args, model=None) == {"resolution": 48, "num_steps": 7, "guidance_scale": 3.0,
+    assert sampling_options(args, NoFolder()) == {"resolution": 48, "num_steps": 7, "guidance_scale": 3.0,
                                                   "negative_prompt": "blurry", "sigma_schedule": "scheduler",
                                                   "sigma_shift": 0.0}
     assert "sampling at 48 px, 7 steps, guidance 3 (the checkpoint's run validated with)" in capsys.readouterr().out
     cfg.val_kwargs.guidance_scale = 1.0
     (tmp_path / "config.yaml").write_text(saved_yaml(cfg))
-    assert sampling_options(args, model=None)["guidance_scale"] == 1.0
+    assert sampling_options(args, NoFolder())["guidance_scale"] == 1.0
     args.cfg, args.resolution = 2.5, 32
-    assert sampling_options(args, model=None) == {"resolution": 32, "num_steps": 7, "guidance_scale": 2.5,
+    assert sampling_options(args, NoFolder()) == {"resolution": 32, "num_steps": 7, "guidance_scale": 2.5,
                                                   "negative_prompt": "blurry", "sigma_schedule": "scheduler",
                                                   "sigma_shift": 0.0}
 
@@ -58,7 +64,7 @@ def test_an_exported_folder_samples_as_its_sampler_file_says(tmp_path, capsys):
     from pixelrl.cli.shapes import sampling_options
     from pixelrl.core.errors import ModelFolderError
 
-    class Folder:
+    class Folder(NoFolder):
         def default_resolution(self):
             return 64
 

@@ -102,6 +102,9 @@ def sampling_options(args, model) -> dict:
     if chosen["resolution"] is None:
         raise ConfigError("--resolution", None, "this model's pipeline has no single default size (a video "
                           "family): pass --resolution")
+    from pixelrl.models.loader import check_image_side
+
+    check_image_side(type(model), model.path, chosen["resolution"], "--resolution")
     overridden = [flag for flag, key in (("--resolution", "resolution"), ("--steps", "num_steps"),
                                          ("--cfg", "guidance_scale")) if flags[key] is not None]
     on_grid = "" if grid["sigma_schedule"] == "scheduler" else \

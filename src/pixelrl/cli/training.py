@@ -208,6 +208,9 @@ def cmd_build_tiny(args) -> int:
                if not options[option] and option not in spec.tiny_options]
     if dropped:
         raise ConfigError("--family", args.family, f"this family's tiny folder cannot take {' / '.join(dropped)}: drop it")
+    from pixelrl.core.paths import check_output_dir
+
+    check_output_dir(args.path, "<path>")
     path = spec.build_tiny(args.path, resolution=args.resolution, seed=args.seed,
                            **{k: v for k, v in options.items() if k in spec.tiny_options})
     print(f"wrote a tiny {args.family} pipeline to {path}")

@@ -280,21 +280,17 @@ def _check_model_against_run(cfg: PixelRLConfig) -> None:
     """The family takes these options and this resolution; the folder exists and agrees; the
     step fits the machine (needs the model's shape: last)."""
     from pixelrl.core.assets import resolve
-    from pixelrl.models.loader import latent_unit, model_family
+    from pixelrl.models.loader import check_image_side, model_family
 
     m, r = cfg.model, cfg.rollout
     if not m.path:
         raise ConfigError("model.path", m.path, "set it to a local diffusers pipeline folder")
     folder = Path(resolve(str(m.path)))
     model_family(m.type).check_options(m.max_sequence_length, m.num_frames, folder if folder.is_dir() else None)
-    unit = latent_unit(m.type, m.path)
-    if unit and r.resolution % unit:
-        raise ConfigError("rollout.resolution", r.resolution,
-                          f"this model needs a multiple of {unit} (VAE scale x patch size), e.g. {r.resolution // unit * unit or unit}")
-    if unit and r.condition_resolution % unit:
-        raise ConfigError("rollout.condition_resolution", r.condition_resolution,
-                          f"this model's condition images need a multiple of {unit} (VAE scale x patch size), e.g. "
-                          f"{r.condition_resolution // unit * unit or unit}")
+    check_image_side(model_family(m.type), m.path, r.resolution, "rollout.resolution")
+    if r.condition_resolution:
+        check_image_side(model_family(m.type), m.path, r.condition_resolution, "rollout.condition_resolution",
+                         "this model's condition images")
     m.check_folder()
     from pixelrl.config.step_size import check_step_size
 

@@ -123,17 +123,28 @@ def load_condition_image(file: str, height: int, width: int) -> torch.Tensor:
     return torch.from_numpy(np.array(image, dtype=np.uint8))
 
 
+def text_lines(path: Path):
+    """(row number, line) of a UTF-8 text file, its byte-order mark dropped; a line that is not
+    UTF-8 names the file, the row and the byte (rather than a decoder's traceback)."""
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                yield number, raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as err:
+                raise _row_error(path, number, f"not UTF-8 text (byte {raw[err.start]:#04x} at column {err.start + 1}): "
+                                               "save the file as UTF-8") from None
+
+
 def read_records(path: Path, required_key: str, kinds: str = ".jsonl, .parquet or .txt"):
     """(row number, record) of a .jsonl or .parquet file; a bad line names the file and row."""
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json"):
-        with path.open(encoding="utf-8-sig") as handle:  # a byte-order mark is not part of the first row
-            for number, line in enumerate(handle, start=1):
-                if line.strip():
-                    try:
-                        yield number, json.loads(line)
-                    except json.JSONDecodeError as err:
-                        raise _row_error(path, number, f"not valid JSON ({err.msg} at column {err.colno})") from None
+        for number, line in text_lines(path):
+            if line.strip():
+                try:
+                    yield number, json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise _row_error(path, number, f"not valid JSON ({err.msg} at column {err.colno})") from None
     elif suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -153,7 +164,7 @@ def read_prompt_file(path: str | Path, prompt_key: str = "prompt") -> list[dict]
         raise DatasetError(f"prompt file `{path}` does not exist: check data.train_files / data.val_files")
     if path.suffix.lower() == ".txt":
         rows = [{"prompt": line.strip(), "data_source": path.stem, "metadata": {}}
-                for line in path.read_text(encoding="utf-8-sig").splitlines() if line.strip()]
+                for _, line in text_lines(path) if line.strip()]
     else:
         rows = [_prompt_row(path, number, record, prompt_key) for number, record in read_records(path, prompt_key)]
     if not rows:

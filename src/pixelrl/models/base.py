@@ -194,6 +194,12 @@ class DiffusionModel(ABC):
         (no weights loaded); None when the folder cannot tell (loading it reports why)."""
         return None
 
+    @classmethod
+    def max_side(cls, folder: Path) -> int | None:
+        """The largest image side this folder's denoiser has positions for, from its config files;
+        None when it has no such limit (rotary positions) or the folder cannot tell."""
+        return None
+
     # --- schedule and parallelism ---------------------------------------------------------
     def image_seq_len(self, height: int, width: int) -> int:
         """Image tokens the denoiser sees at this resolution (resolution-dependent shifting)."""

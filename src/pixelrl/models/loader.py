@@ -70,6 +70,24 @@ def latent_unit(model_type: str, path) -> int | None:
     return model_family(model_type).latent_unit(folder) if folder.is_dir() else None
 
 
+def check_image_side(family: type[DiffusionModel], path, side: int, field: str, what: str = "this model") -> None:
+    """A ConfigError naming `field` unless an image side of `side` px fits the model folder: a
+    multiple of its VAE scale x patch size, within its position table (SD3). Read from the config
+    files before any weight loads; nothing to check while the folder is not there (loading says so)."""
+    from pixelrl.core.assets import resolve
+
+    folder = Path(resolve(str(path)))
+    if not folder.is_dir():
+        return
+    unit, largest = family.latent_unit(folder), family.max_side(folder)
+    if unit and side % unit:
+        raise ConfigError(field, side, f"{what} needs a multiple of {unit} (VAE scale x patch size), e.g. "
+                          f"{side // unit * unit or unit}")
+    if largest and side > largest:
+        raise ConfigError(field, side, f"{what} takes at most {largest} px a side (its transformer's position "
+                          f"table, pos_embed_max_size, covers no more): use {largest} or less")
+
+
 def folder_pipeline_class(path) -> str | None:
     """The pipeline class a folder's model_index.json names (None without a readable index)."""
     from pixelrl.core.assets import resolve

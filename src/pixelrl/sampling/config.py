@@ -91,6 +91,10 @@ class RolloutConfig(GroupSamplingConfig):
                               "rollout.noise_level=0, or rollout.solver=sa_solver (stochastic) or euler")
         if self.solver == "sa_solver" and self.num_steps < 2:
             raise ConfigError("rollout.num_steps", self.num_steps, "SA-Solver's second-order steps need at least 2")
+        if self.sde_type == "cps" and self.noise_level > 1:
+            raise ConfigError("rollout.noise_level", self.noise_level, "CPS keeps sin(a pi / 2) of sigma_next as noise, "
+                              "which grows only up to a = 1 (all noise), so a > 1 repeats a smaller level: use a in "
+                              "[0, 1] (the reference: 0.8)")
         if self.sde_type == "ode" and (self.noise_level > 0 or self.solver != "euler"):
             field, value = ("rollout.noise_level", self.noise_level) if self.noise_level > 0 else \
                 ("rollout.solver", self.solver)

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from pixelrl.data.preferences import _image_source, _open
-from pixelrl.data.prompts import DatasetError, _normalise, _row_error, read_records
+from pixelrl.data.prompts import DatasetError, _normalise, _row_error, read_records, text_lines
 
 
 def read_qa_file(path: str | Path, question_key: str = "prompt", field: str = "data.train_files") -> list[dict]:
@@ -65,8 +65,7 @@ def read_text_file(path: str | Path, field: str) -> list[dict] | None:
         raise DatasetError(f"file `{path}` does not exist: check {field}")
     if path.suffix.lower() == ".txt":
         rows = [{"text": line.strip(), "file": str(path), "row": number}
-                for number, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), start=1)
-                if line.strip()]
+                for number, line in text_lines(path) if line.strip()]
     else:
         records = read_records(path, "text", kinds=".jsonl, .parquet or .txt")
         first = next(records, None)

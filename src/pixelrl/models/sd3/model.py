@@ -38,6 +38,15 @@ class SD3Model(DiffusionModel):
             return None
         return int(transformer.get("patch_size", 1)) * vae_scale_factor(folder)
 
+    @classmethod
+    def max_side(cls, folder: Path) -> int | None:
+        """SD3's position embedding is a learned table of pos_embed_max_size patches a side: a
+        larger image has no positions (SD3.5-M: 384 x 2 x 8 = 6144 px; the shapes model: 32)."""
+        transformer = read_component_config(folder, "transformer")
+        if transformer is None or not transformer.get("pos_embed_max_size"):
+            return None
+        return int(transformer["pos_embed_max_size"]) * cls.latent_unit(folder)
+
     def __init__(
         self,
         path: str | Path,
