@@ -191,6 +191,32 @@ def test_rows_with_sources_for_a_text_to_image_family_are_refused_before_any_wor
     assert not (tmp_path / "out" / "pixelrl").exists()
 
 
+def test_the_sources_a_row_gives_are_checked_against_the_family(tmp_path):
+    """Qwen-Image-Edit-Plus takes one to three pictures a sample, FLUX.1 Kontext one; a run's rows
+    give the same number each (a batch stacks their latents), refused by the file's field."""
+    from pixelrl.config.sections import PixelRLConfig
+    from pixelrl.core.errors import ConfigError
+    from pixelrl.data.prompts import PromptDataset
+    from pixelrl.trainers.controller import check_conditions
+
+    def rows(*counts):
+        file = _write_edit_rows(tmp_path, [{"prompt": "p", "images": [f"source_{i}.png" for i in range(n)]}
+                                           for n in counts])
+        return PromptDataset.from_files([file], output_size=(32, 32))
+
+    cfg = PixelRLConfig()
+    cfg.model.type, cfg.data.train_files = "qwen_image_edit", ["edits.jsonl"]
+    check_conditions(cfg, rows(2, 2), "data.train_files")
+    check_conditions(cfg, rows(3), "data.train_files")
+    for counts, message in (((1, 2), r"1 to 3 \(the same number on every row\).*1 rows with 1, 1 rows with 2"),
+                            ((4,), r"1 to 3.*1 rows with 4")):
+        with pytest.raises(ConfigError, match=rf"data\.train_files.*{message}"):
+            check_conditions(cfg, rows(*counts), "data.train_files")
+    cfg.model.type = "flux_kontext"
+    with pytest.raises(ConfigError, match=r"takes 1 condition image\(s\) per prompt.*1 rows with 2"):
+        check_conditions(cfg, rows(2), "data.train_files")
+
+
 def test_source_preservation_scores_the_edit_against_its_source_by_hand():
     from pixelrl.rewards import WeightedReward
 

@@ -43,12 +43,13 @@ def test_the_text_embedding_reads_the_source_and_both_branches_carry_it(tiny_qwe
     assert not torch.equal(negative.embeds[0], negative.embeds[1])
 
 
-@pytest.mark.parametrize("guidance", [1.0, 4.0])
+@pytest.mark.parametrize("guidance, pictures", [(1.0, 1), (4.0, 1), (4.0, 2)])
 def test_ode_edit_and_saved_lora_equal_qwen_image_edit_plus_pipeline(tiny_qwen_edit_path, tmp_path, monkeypatch,
-                                                                       guidance):
+                                                                       guidance, pictures):
     """pixelrl's ODE edit of a source from a seed is `QwenImageEditPlusPipeline`'s (the text encoder
     seeing the source, its latents appended with their own img_shapes, 2511's zero_cond_t, true
-    CFG with both branches on the source), before and after a LoRA the checkpoint writes. The
+    CFG with both branches on the source), before and after a LoRA the checkpoint writes; with two
+    pictures a row ("Picture 1: ... Picture 2: ...", both latents appended) as with one. The
     pipeline's VAE view of the source is set to the output's area, pixelrl's rule (the module's
     1024 x 1024 area is the releases' training size)."""
     from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_plus
@@ -62,11 +63,13 @@ def test_ode_edit_and_saved_lora_equal_qwen_image_edit_plus_pipeline(tiny_qwen_e
     engine = PolicyEngine.from_config(cfg)
     pipe = model_family("qwen_image_edit").load_pipeline(engine.model.path)
     sources = random_sources(1)
+    if pictures == 2:
+        sources = [(first, second) for (first,), (second,) in zip(sources, random_sources(7))]
 
     def pipeline_latents():
         out = []
-        for prompt, (source,), seed in zip(PROMPTS, sources, (3, 4)):
-            packed = pipe(prompt=prompt, image=[Image.fromarray(source.numpy())], height=32, width=32,
+        for prompt, row, seed in zip(PROMPTS, sources, (3, 4)):
+            packed = pipe(prompt=prompt, image=[Image.fromarray(source.numpy()) for source in row], height=32, width=32,
                           num_inference_steps=4, true_cfg_scale=guidance, negative_prompt=" ", output_type="latent",
                           generator=torch.Generator().manual_seed(seed)).images
             out.append(pipe._unpack_latents(packed, 32, 32, pipe.vae_scale_factor)[:, :, 0])
@@ -110,3 +113,22 @@ def test_a_full_export_is_a_folder_the_edit_pipeline_loads(tiny_qwen_edit_path, 
     source = random_sources(5, 1)
     exported = _model(out).encode_conditions(["make it blue"], source)
     assert torch.equal(exported.embeds, _model(tiny_qwen_edit_path).encode_conditions(["make it blue"], source).embeds)
+
+
+def test_generate_takes_up_to_three_pictures(tiny_qwen_edit_path, tmp_path):
+    """`pixelrl generate --image a --image b` gives every sample both pictures in order; a fourth is
+    refused by the flag, before anything samples."""
+    from PIL import Image
+
+    from pixelrl.cli.shapes import edit_sources
+    from pixelrl.core.errors import ConfigError
+
+    model = _model(tiny_qwen_edit_path)
+    for i, colour in enumerate([(200, 0, 0), (0, 0, 200)]):
+        Image.new("RGB", (32, 32), colour).save(tmp_path / f"{i}.png")
+    pictures = [str(tmp_path / "0.png"), str(tmp_path / "1.png")]
+    rows = edit_sources(model, pictures, 3, 32)
+    assert len(rows) == 3 and all(len(row) == 2 for row in rows)
+    assert tuple(rows[0][0][0, 0].tolist()) == (200, 0, 0) and tuple(rows[0][1][0, 0].tolist()) == (0, 0, 200)
+    with pytest.raises(ConfigError, match=r"--image.*at most 3"):
+        edit_sources(model, pictures * 2, 1, 32)

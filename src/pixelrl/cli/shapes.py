@@ -219,8 +219,8 @@ def cmd_generate(args) -> int:
     from pixelrl.trainers.tracking import image_grid
 
     check_output_file(args.out, "--out", image_suffixes())
-    if args.image:
-        check_source_image(args.image)
+    for image in args.image or ():
+        check_source_image(image)
     model = load_for_eval(args.model, args.checkpoint)
     sampling = sampling_options(args, model)
     images = generate(model, [args.prompt] * args.n, list(range(args.seed, args.seed + args.n)), progress=True,
@@ -241,22 +241,26 @@ def check_source_image(image: str) -> None:
         raise ConfigError("--image", image, problem)
 
 
-def edit_sources(model, image: str | None, n: int, resolution: int) -> list | None:
-    """Each sample's condition images for `generate`: the --image an edit family needs, decoded
-    at the output size as training rows are; none for a text-to-image family."""
+def edit_sources(model, images: list[str] | None, n: int, resolution: int) -> list | None:
+    """Each sample's condition images for `generate`: the --image (or several) an edit family
+    needs, decoded at the output size as training rows are; none for a text-to-image family."""
     from pixelrl.core.errors import ConfigError
     from pixelrl.data.prompts import load_condition_image
 
-    takes = model.condition_images
-    if takes and not image:
+    takes, most = model.condition_range()
+    images = list(images or [])
+    if takes and not images:
         raise ConfigError("--image", None, f"{type(model).__name__} edits a source image: pass --image PATH")
-    if image and not takes:
-        raise ConfigError("--image", image, f"{type(model).__name__} generates from text alone: drop --image, or "
-                          "use an edit model (flux_kontext, qwen_image_edit)")
-    if not image:
+    if images and not takes:
+        raise ConfigError("--image", images[0], f"{type(model).__name__} generates from text alone: drop --image, "
+                          "or use an edit model (flux_kontext, qwen_image_edit)")
+    if len(images) > most:
+        raise ConfigError("--image", images, f"{type(model).__name__} edits from at most {most} source image(s): "
+                          f"pass --image at most {most} time(s)")
+    if not images:
         return None
-    source = load_condition_image(str(Path(image).expanduser()), resolution, resolution)
-    return [(source,)] * n
+    sources = tuple(load_condition_image(str(Path(image).expanduser()), resolution, resolution) for image in images)
+    return [sources] * n
 
 
 def cmd_make_preferences(args) -> int:
@@ -350,8 +354,9 @@ def add_parsers(sub) -> None:
             p.set_defaults(func=cmd_eval)
         else:
             p.add_argument("--prompt", required=True, help="the text prompt (an edit model: the instruction)")
-            p.add_argument("--image", default=None, help="the source image an edit model (flux_kontext, "
-                                                        "qwen_image_edit) edits; cropped and resized to the output")
+            p.add_argument("--image", action="append", default=None,
+                           help="the source image an edit model (flux_kontext, qwen_image_edit) edits, cropped and "
+                                "resized to the output; repeat it for several (qwen_image_edit: up to 3)")
             p.add_argument("--n", type=positive_int, default=8, help="images (seeds --seed, --seed + 1, ...)")
             p.add_argument("--out", default="runs/generate/grid.png", help="the image grid to write")
             p.set_defaults(func=cmd_generate)

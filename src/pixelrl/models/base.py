@@ -92,8 +92,15 @@ class DiffusionModel(ABC):
     # this fix; None where zero tokens is meaningful (SD3 without T5)
     text_tokens_hint: str | None = None
 
-    # condition images a sample takes besides its text (0: text-to-image; 1: an edit family)
+    # condition images a sample takes besides its text (0: text-to-image; 1: an edit family), and
+    # the most it can take (None: exactly condition_images); every sample of a batch takes as many
     condition_images: int = 0
+    most_condition_images: int | None = None
+
+    @classmethod
+    def condition_range(cls) -> tuple[int, int]:
+        """(fewest, most) condition images a sample of this family takes."""
+        return cls.condition_images, cls.most_condition_images or cls.condition_images
 
     # full fine-tuning of a low-precision model: float32 denoiser weights, forwards under autocast
     float32_master_weights: bool = False
@@ -267,13 +274,14 @@ class DiffusionModel(ABC):
         if len(images) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(images)} rows of condition images")
         counts = {len(row) for row in images}
-        if counts != {self.condition_images}:
+        fewest, most = self.condition_range()
+        if len(counts) != 1 or not fewest <= min(counts) <= most:
             from pixelrl.core.errors import ConfigError
 
+            takes = f"{fewest}" if fewest == most else f"{fewest} to {most}"
             raise ConfigError("data.train_files", f"{sorted(counts)} condition images per row",
-                              f"{type(self).__name__} ({self.pipeline_class_name}) takes {self.condition_images} "
-                              "per sample: give each row that many (`image` / `images`), or use a family that "
-                              "takes this many")
+                              f"{type(self).__name__} ({self.pipeline_class_name}) takes {takes} per sample, the "
+                              "same number on every row of a batch: give each row that many (`image` / `images`)")
         keys = [tuple(map(self._image_key, row)) for row in images]  # each source hashed once per call
         text = self._encode_text_seeing(prompts, images, keys)
         latents = torch.stack([torch.stack([self._condition_latents(image, key) for image, key in zip(row, row_keys)])

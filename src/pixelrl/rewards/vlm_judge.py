@@ -24,6 +24,9 @@ from pixelrl.core.errors import ConfigError, ModelFolderError, RewardError
 from pixelrl.rewards.registry import check_model_folder_option, register_reward, scoring_device
 
 DEFAULT_TEMPLATE = 'Does this image show "{prompt}"? Answer yes or no.'
+# with_source: the judge sees each row's source picture(s), then the edit
+DEFAULT_EDIT_TEMPLATE = ('The last picture is an edit of the picture before it, asked to "{prompt}". Does it follow the '
+                         'instruction and keep the rest? Answer yes or no.')
 # answer_judge: a reward model for the vision-language trainer's answers
 DEFAULT_ANSWER_TEMPLATE = "Question: {question}\nAnswer: {answer}\nIs the answer correct? Answer yes or no."
 _PLACEHOLDER = re.compile(r"\{(prompt|question|answer)\}")
@@ -47,7 +50,10 @@ def _check_options(options: dict, field: str, default: str, required: str) -> No
 
 
 def check_judge_options(options: dict, field: str) -> None:
-    _check_options(options, field, DEFAULT_TEMPLATE, "prompt")
+    if not isinstance(options.get("with_source", False), bool):
+        raise ConfigError(f"{field}.with_source", options.get("with_source"), "true (the judge sees each edit's source "
+                          "before the edit: an instruction-following judge for edit families) or false")
+    _check_options(options, field, DEFAULT_EDIT_TEMPLATE if options.get("with_source") else DEFAULT_TEMPLATE, "prompt")
 
 
 def check_answer_judge_options(options: dict, field: str) -> None:
@@ -74,7 +80,8 @@ class _Judge:
         self.model = self.ids = None
 
     @torch.no_grad()
-    def p_yes(self, images: list[np.ndarray], questions: list[str]) -> torch.Tensor:
+    def p_yes(self, images: list, questions: list[str]) -> torch.Tensor:
+        """P(yes) per (image, question); an image may be a tuple of pictures shown in order."""
         if self.model is None:
             from pixelrl.models.qwen_vl.model import QwenVLModel
 
@@ -102,21 +109,30 @@ def item_images(metadata: list[dict], image_key: str, reward: str) -> list[np.nd
 
 
 @register_reward("vlm_judge")
-def vlm_judge(path: str = "", template: str = DEFAULT_TEMPLATE, yes: str = "yes", no: str = "no",
-              two_way: bool = True, batch_size: int = 16):
-    """P(yes) of a local VLM asked `template` about each image."""
-    check_judge_options({"path": path, "template": template, "yes": yes, "no": no, "batch_size": batch_size},
-                        "reward.functions[].options")
+def vlm_judge(path: str = "", template: str | None = None, yes: str = "yes", no: str = "no",
+              two_way: bool = True, batch_size: int = 16, with_source: bool = False):
+    """P(yes) of a local VLM asked `template` about each image; `with_source`: shown each row's
+    source picture(s) first and the edit last, asked whether the edit follows the instruction
+    (an edit family's instruction-following judge)."""
+    template = template if template is not None else DEFAULT_EDIT_TEMPLATE if with_source else DEFAULT_TEMPLATE
+    check_judge_options({"path": path, "template": template, "yes": yes, "no": no, "batch_size": batch_size,
+                         "with_source": with_source}, "reward.functions[].options")
     judge = _Judge(path, yes, no, two_way, batch_size)
 
-    def reward(images, prompts, metadata):
+    def reward(images, prompts, metadata, condition_images=None):
         arrays = list(np.asarray(images.detach().cpu().numpy(), dtype=np.uint8))
+        if with_source:  # each item: the row's sources, then its edit
+            arrays = [(*(np.asarray(s.cpu().numpy(), dtype=np.uint8) for s in row), edit)
+                      for row, edit in zip(condition_images, arrays)]
         return {"vlm_judge": judge.p_yes(arrays, [fill(template, {"prompt": p}) for p in prompts])}
 
+    reward.reads_condition_images = with_source
     return reward
 
 
 vlm_judge.check_options = check_judge_options
+# the start-up check asks this of the config's options (a text-to-image run has no sources to show)
+vlm_judge.reads_condition_images = lambda options: bool(options.get("with_source", False))
 
 
 @register_reward("answer_judge")

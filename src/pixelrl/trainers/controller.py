@@ -74,11 +74,12 @@ def check_conditions(cfg: PixelRLConfig, dataset: PromptDataset, field: str) -> 
 
     from pixelrl.rewards.registry import REWARDS
 
-    takes = model_family(cfg.model.type).condition_images
+    takes, most = model_family(cfg.model.type).condition_range()
     if cfg.rollout.condition_resolution and not takes:
         raise ConfigError("rollout.condition_resolution", cfg.rollout.condition_resolution,
                           f"sizes an edit family's condition images, and model.type={cfg.model.type} takes none: "
                           "leave it at 0")
+
     def reads_sources(function: dict) -> bool:  # a reward whose options decide (remote) says so as a function
         reads = getattr(REWARDS.get(function["name"]), "reads_condition_images", False)
         return reads(dict(function.get("options") or {})) if callable(reads) else bool(reads)
@@ -88,13 +89,15 @@ def check_conditions(cfg: PixelRLConfig, dataset: PromptDataset, field: str) -> 
         raise ConfigError("reward.functions", reading, f"read each sample's source image, and model.type="
                           f"{cfg.model.type} edits none: use an edit family (model.type=flux_kontext or qwen_image_edit) with rows that "
                           "name an `image`, or another reward")
-    wrong = {n: rows for n, rows in dataset.condition_counts().items() if n != takes}
-    if wrong:
-        given = ", ".join(f"{rows} rows with {n}" for n, rows in sorted(wrong.items()))
-        fix = ("remove `image` / `images` from the rows, or use an edit family (model.type=flux_kontext or qwen_image_edit)" if takes == 0
-               else f"give every row {takes} (`image`: a path relative to the file)")
+    counts = dataset.condition_counts()
+    wrong = {n: rows for n, rows in counts.items() if not takes <= n <= most}
+    if wrong or len(counts) > 1:  # a batch stacks its rows' condition latents: one count per run
+        given = ", ".join(f"{rows} rows with {n}" for n, rows in sorted((wrong or counts).items()))
+        span = f"{takes}" if takes == most else f"{takes} to {most} (the same number on every row)"
+        fix = ("remove `image` / `images` from the rows, or use an edit family (model.type=flux_kontext or qwen_image_edit)"
+               if takes == 0 else f"give every row {span} (`image`, or `images` for several: paths relative to the file)")
         raise ConfigError(field, list(getattr(cfg.data, field.split(".")[1])),
-                          f"model.type={cfg.model.type} takes {takes} condition image(s) per prompt, but the file has "
+                          f"model.type={cfg.model.type} takes {span} condition image(s) per prompt, but the file has "
                           f"{given}: {fix}")
 
 

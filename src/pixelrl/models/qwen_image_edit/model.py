@@ -27,6 +27,9 @@ from pixelrl.models.qwen_image.model import QwenImageModel
 class QwenImageEditModel(QwenImageModel):
     pipeline_class_name = "QwenImageEditPlusPipeline"
     condition_images = 1
+    # 2509 and 2511 edit from one to three pictures ("Picture 1: ... Picture 2: ..." in the prompt,
+    # each picture's latents appended with its own img_shapes entry): the releases' stated range
+    most_condition_images = 3
 
     def _pipeline(self, folder: Path, components: dict):
         from pixelrl.models.qwen_image_edit.processor import load_processor

@@ -10,11 +10,11 @@ from pixelrl.models.qwen_image.tiny import build_qwen_image_tokenizer, tiny_qwen
 from pixelrl.models.tiny import DEFAULT_WORDS
 
 # The edit pipeline's system prompt, which it drops after encoding (its first 64 tokens, up to the
-# user turn), and the words of the "Picture 1: " prefix it writes before each instruction.
+# user turn), and the words of the "Picture k: " prefixes it writes before the instruction (k <= 3).
 EDIT_TEMPLATE_WORDS = ("system Describe the key features of the input image color shape size texture objects "
                        "background then explain how the user text instruction should alter or modify the image "
                        "Generate a new image that meets the user requirements while maintaining consistency with "
-                       "the original input where appropriate user assistant Picture 1").split()
+                       "the original input where appropriate user assistant Picture 1 2 3").split()
 # Qwen2's BPE spells "user's" as two tokens and "), " as one: so must the tiny tokenizer, for the
 # template to be the pipeline's 64 tokens.
 EDIT_SPLIT = r"'s|\),|\n|\w+|[^\w\s]"

@@ -120,20 +120,28 @@ class QwenVLModel:
         return master_weights_autocast(self.device, self.dtype, self.float32_master_weights)
 
     # --- inputs --------------------------------------------------------------------------
-    def prompt_text(self, question: str) -> str:
-        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+    def prompt_text(self, question: str, pictures: int = 1) -> str:
+        messages = [{"role": "user", "content": [*[{"type": "image"}] * pictures, {"type": "text", "text": question}]}]
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
-    def prompts(self, images: list[np.ndarray], questions: list[str]) -> TokenBatch:
-        """Left-padded prompts for (image uint8 [H, W, 3], question) pairs."""
+    def prompts(self, images: list, questions: list[str]) -> TokenBatch:
+        """Left-padded prompts for (image, question) pairs; an item's image is a uint8 [H, W, 3]
+        array, or a tuple of them for a question about several pictures (an edit judge's source
+        and result), shown in that order."""
         from PIL import Image
 
-        vision = self.image_processor([Image.fromarray(np.asarray(im)) for im in images], return_tensors="pt")
+        items = [tuple(im) if isinstance(im, (tuple, list)) else (im,) for im in images]
+        flat = [Image.fromarray(np.asarray(im)) for item in items for im in item]
+        vision = self.image_processor(flat, return_tensors="pt")
         merge = self.image_processor.merge_size ** 2
+        counts = iter([int(grid.prod()) // merge for grid in vision["image_grid_thw"]])  # in the pictures' order
         texts = []
-        for question, grid in zip(questions, vision["image_grid_thw"]):
-            text = self.prompt_text(question)
-            texts.append(text.replace(self.image_token, self.image_token * (int(grid.prod()) // merge), 1))
+        for question, item in zip(questions, items):
+            # each picture's placeholder becomes as many image tokens as its grid has merged patches
+            parts = self.prompt_text(question, len(item)).split(self.image_token)
+            if len(parts) != len(item) + 1:
+                raise ValueError(f"a question holds the image token {self.image_token!r} itself: {question[:80]!r}")
+            texts.append(parts[0] + "".join(self.image_token * next(counts) + part for part in parts[1:]))
         enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         return TokenBatch(enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device),
                           vision["pixel_values"].to(self.device, self.dtype), vision["image_grid_thw"].to(self.device),
