@@ -176,6 +176,10 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("generate past the model's position table", ["generate", "--prompt", "a red circle", "--resolution", "64",
                                                   "--out", "{tmp}/big.png"], "--resolution"),
     ("build-tiny onto a file", ["build-tiny", "{file}"], "is a file"),
+    ("inline prompts given as one string", [*SHAPES, "data.train_files=[]", "data.prompts=a red circle"],
+     "must be a list"),
+    ("a learning rate in words", [*SHAPES, "actor.lr=fast"], "must be a number"),
+    ("a recipe extending a config that is nowhere", ["train", "--config-name", "{recipe}"], "no_such_base"),
     ("a prompt file that is not UTF-8", [*SHAPES, "data.train_files=[{not_utf8}]"], "not UTF-8"),
     ("validation with DPM-Solver++ asked to inject noise",
      ["train", "--config-name", "shapes_demo", "val_kwargs.solver=dpm2", "val_kwargs.noise_level=0.5"],
@@ -455,6 +459,7 @@ def _make_places(root: Path) -> None:
     Image.new("RGB", (32, 32), (200, 40, 40)).save(root / "edits" / "source.png")
     (root / "edits" / "edits.jsonl").write_text('{"prompt": "make it blue", "image": "source.png"}\n')
     (root / "edits" / "missing.jsonl").write_text('{"prompt": "make it blue", "image": "gone.png"}\n')
+    (root / "recipe.yaml").write_text("defaults: [no_such_base]\nrollout:\n  n: 2\n")  # extends nothing there
     (root / "not_utf8.jsonl").write_bytes(b'{"prompt": "a red circle"}\n{"prompt": "a caf\xe9"}\n')  # Latin-1
     # an adapter whose weights file was cut short (a header promising more bytes than follow)
     (root / "ckpt_torn" / "actor" / "adapter").mkdir(parents=True)
@@ -478,7 +483,8 @@ def replay(argv: list[str], root: Path, workdir: Path) -> tuple[int, str]:
               "{ckpt_torn}": str(root / "ckpt_torn"), "{prefs}": str(root / "prefs"),
               "{broken_plugin}": str(root / "broken_plugin.py"), "{pretrain_run}": str(root / "pretrain_run"),
               "{ckpt_on_base}": str(root / "ckpt_on_base"), "{dangling}": str(root / "dangling"),
-              "{edits}": str(root / "edits"), "{not_utf8}": str(root / "not_utf8.jsonl")}
+              "{edits}": str(root / "edits"), "{not_utf8}": str(root / "not_utf8.jsonl"),
+              "{recipe}": str(root / "recipe.yaml")}
     filled = []
     for arg in argv:
         for mark, path in places.items():

@@ -24,6 +24,18 @@ def test_pixelrl_config_prints_the_merged_config_and_checks_it(tmp_path, capsys)
     assert "rollout.n" in captured.err + captured.out and "# valid" not in captured.out
 
 
+def test_a_recipe_of_ones_own_extends_a_bundled_config_or_a_file_beside_it(tmp_path):
+    """`defaults:` in a YAML file names a file next to it, else a bundled config (it was looked
+    for only next to the file, so `defaults: [flow_grpo_sd35]` in a user's recipe failed)."""
+    from pixelrl.config import load_config
+
+    (tmp_path / "mine.yaml").write_text("defaults: [shapes_flow_grpo]\nrollout:\n  n: 2\n")
+    (tmp_path / "shared.yaml").write_text("actor:\n  lr: 0.002\n")
+    (tmp_path / "two.yaml").write_text("defaults: [mine, shared]\n")  # later entries win
+    cfg = load_config(str(tmp_path / "two.yaml"), [f"trainer.default_local_dir={tmp_path}"])
+    assert (cfg.rollout.n, cfg.actor.lr, cfg.rollout.resolution, cfg.diffusion_loss.name) == (2, 0.002, 32, "flow_grpo")
+
+
 @pytest.mark.parametrize("override, suggestion, value", [("actor.lrr=1e-4", "lr", 1e-4),
                                                          ("rollout.num_step=4", "num_steps", 4),
                                                          ("trainer.total_training_step=3", "total_training_steps", 3)])

@@ -32,8 +32,23 @@ def config_path(name: str) -> Path:
     raise ConfigError("--config-name", name, f"no such config; use a YAML path or one of {known}")
 
 
+def _parent_path(path: Path, parent) -> Path:
+    """A `defaults` entry of the YAML file `path`: a file next to it (name without .yaml), else a
+    bundled config of that name (so a recipe of one's own extends `flow_grpo_sd35`)."""
+    beside = path.parent / f"{parent}.yaml"
+    if beside.is_file():
+        return beside
+    bundled = CONFIG_DIR / f"{parent}.yaml"
+    if isinstance(parent, str) and "/" not in parent and bundled.is_file():
+        return bundled
+    raise ConfigError(f"{path}: defaults", parent, f"neither {beside} nor a bundled config of that name exists: "
+                      f"name a file next to {path.name} (without .yaml) or a bundled config "
+                      "(`pixelrl train --help` lists them)")
+
+
 def _load_yaml_chain(path: Path, seen: tuple = ()):
-    """A YAML file, merged over the configs it lists under `defaults` (each relative to it)."""
+    """A YAML file, merged over the configs it lists under `defaults` (each a file next to it, or
+    a bundled config)."""
     from omegaconf import OmegaConf
 
     if path in seen:
@@ -55,7 +70,7 @@ def _load_yaml_chain(path: Path, seen: tuple = ()):
     parents = node.pop("defaults", []) if "defaults" in node else []
     merged = OmegaConf.create()
     for parent in parents:
-        merged = OmegaConf.merge(merged, _load_yaml_chain(config_path(str(path.parent / f"{parent}.yaml")), seen + (path,)))
+        merged = OmegaConf.merge(merged, _load_yaml_chain(_parent_path(path, parent), seen + (path,)))
     return OmegaConf.merge(merged, node)
 
 
@@ -155,10 +170,28 @@ def build_config(schema: type, layers: list):
             raise ConfigError(field, layered_value(layers, field, None),
                               f"unknown key{_did_you_mean(field.rsplit('.', 1)[-1], known)}; known keys here: "
                               f"{known}") from None
-        raise ConfigError(field, getattr(err, "value", None), first_line) from None
+        raise ConfigError(field, getattr(err, "value", None), _plain_type_error(first_line)) from None
     # the run's workers get these values; files and trackers get the interpolation text (saved_yaml)
     cfg._from_environment = from_environment
     return cfg
+
+
+def _plain_type_error(message: str) -> str:
+    """OmegaConf's type errors in the words of a config file: "Value 'fast' of type 'str' could not
+    be converted to Float" -> "must be a number (float)"; a scalar where a list goes -> "must be a
+    list"; anything else as OmegaConf says it."""
+    import re
+
+    converted = re.search(r"could not be converted to (\w+)", message)
+    if converted:
+        kind = {"Float": "a number (float)", "Integer": "a whole number", "Boolean": "true or false"}.get(
+            converted.group(1), f"a {converted.group(1)}")
+        return f"must be {kind}"
+    if "is not a ListConfig" in message:
+        return "must be a list, e.g. [a, b] (on the command line: key=[a cat, a dog])"
+    if "is not a DictConfig" in message or ("Cannot assign" in message and "Dict[" in message):
+        return "must be a mapping of keys to values, e.g. {name: x}"
+    return message
 
 
 def _did_you_mean(key: str, known: list[str]) -> str:
