@@ -279,6 +279,11 @@ def cmd_make_preferences(args) -> int:
     check_output_dir(args.out, "OUT")  # before anything samples, not after
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     options = reward_options(args)
+    from pixelrl.core.assets import resolve
+
+    if not Path(resolve(str(args.prompts), "--prompts")).is_file():
+        raise ConfigError("--prompts", args.prompts, "no such prompt file: give a .jsonl, .parquet or .txt file of "
+                          "prompts, or builtin:shapes/train_balanced")
     rows = PromptDataset.from_files([args.prompts]).rows
     rewards = RewardGroup([{"name": args.reward, "weight": 1.0, "options": options}], backend="local")
     # the keys the reward returns, from one blank image, so that a --score it lacks stops here
@@ -301,6 +306,7 @@ def cmd_pretrain_shapes(args) -> int:
 
     from pixelrl.shapes.pretrain import SHAPES_ARCH, parse_category_weights, pretrain_shapes
 
+    check_output_dir(args.out, "OUT")
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     arch = None  # the shipped architecture, or with --init the init pipeline's
     if args.text_width or args.text_layers:

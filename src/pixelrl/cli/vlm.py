@@ -12,8 +12,10 @@ from pixelrl.cli.arguments import non_negative_int, positive_int
 def cmd_pretrain_vlm(args) -> int:
     import torch
 
+    from pixelrl.core.paths import check_output_dir
     from pixelrl.shapes.qa_model import pretrain_shapes_qa
 
+    check_output_dir(args.out, "OUT")
     torch.set_num_threads(args.threads)
     final = pretrain_shapes_qa(args.out, steps=args.steps, seed=args.seed, eval_every=args.eval_every,
                                log=lambda line: print(line, flush=True))
