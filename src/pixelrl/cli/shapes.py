@@ -279,12 +279,7 @@ def cmd_make_preferences(args) -> int:
     check_output_dir(args.out, "OUT")  # before anything samples, not after
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     options = reward_options(args)
-    from pixelrl.core.assets import resolve
-
-    if not Path(resolve(str(args.prompts), "--prompts")).is_file():
-        raise ConfigError("--prompts", args.prompts, "no such prompt file: give a .jsonl, .parquet or .txt file of "
-                          "prompts, or builtin:shapes/train_balanced")
-    rows = PromptDataset.from_files([args.prompts]).rows
+    rows = PromptDataset.from_files([args.prompts], field="--prompts").rows
     rewards = RewardGroup([{"name": args.reward, "weight": 1.0, "options": options}], backend="local")
     # the keys the reward returns, from one blank image, so that a --score it lacks stops here
     returned = rewards(torch.zeros(1, args.resolution, args.resolution, 3, dtype=torch.uint8), [rows[0]["prompt"]],

@@ -285,11 +285,11 @@ def _check_model_against_run(cfg: PixelRLConfig) -> None:
     m, r = cfg.model, cfg.rollout
     if not m.path:
         raise ConfigError("model.path", m.path, "set it to a local diffusers pipeline folder")
-    folder = Path(resolve(str(m.path)))
-    model_family(m.type).check_options(m.max_sequence_length, m.num_frames, folder if folder.is_dir() else None)
-    check_image_side(model_family(m.type), m.path, r.resolution, "rollout.resolution")
+    folder, family = Path(resolve(str(m.path))), model_family(m.type)
+    family.check_options(m.max_sequence_length, m.num_frames, folder if folder.is_dir() else None)
+    check_image_side(family, folder, r.resolution, "rollout.resolution")
     if r.condition_resolution:
-        check_image_side(model_family(m.type), m.path, r.condition_resolution, "rollout.condition_resolution",
+        check_image_side(family, folder, r.condition_resolution, "rollout.condition_resolution",
                          "this model's condition images")
     m.check_folder()
     from pixelrl.config.step_size import check_step_size

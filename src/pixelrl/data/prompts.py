@@ -156,12 +156,13 @@ def read_records(path: Path, required_key: str, kinds: str = ".jsonl, .parquet o
         raise DatasetError(f"data file `{path}`: unsupported type `{suffix}`; use {kinds}")
 
 
-def read_prompt_file(path: str | Path, prompt_key: str = "prompt") -> list[dict]:
+def read_prompt_file(path: str | Path, prompt_key: str = "prompt", field: str = "data.train_files") -> list[dict]:
+    """The rows of a prompt file; `field` is where the path was given (named when it is wrong)."""
     from pixelrl.core.assets import resolve
 
-    path = Path(resolve(str(path), "data.train_files"))
+    path = Path(resolve(str(path), field))
     if not path.is_file():
-        raise DatasetError(f"prompt file `{path}` does not exist: check data.train_files / data.val_files")
+        raise DatasetError(f"prompt file `{path}` does not exist: check {field}")
     if path.suffix.lower() == ".txt":
         rows = [{"prompt": line.strip(), "data_source": path.stem, "metadata": {}}
                 for _, line in text_lines(path) if line.strip()]
@@ -181,8 +182,9 @@ class PromptDataset(torch.utils.data.Dataset):
         self.output_size = output_size
 
     @classmethod
-    def from_files(cls, files, prompt_key: str = "prompt", output_size: tuple[int, int] | None = None) -> "PromptDataset":
-        return cls([row for f in files for row in read_prompt_file(f, prompt_key)], output_size)
+    def from_files(cls, files, prompt_key: str = "prompt", output_size: tuple[int, int] | None = None,
+                   field: str = "data.train_files") -> "PromptDataset":
+        return cls([row for f in files for row in read_prompt_file(f, prompt_key, field)], output_size)
 
     def condition_counts(self) -> dict[int, int]:
         """How many rows have each number of condition images."""

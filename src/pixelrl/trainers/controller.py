@@ -61,7 +61,7 @@ def datasets_of(cfg: PixelRLConfig):
         if d.source_weights:
             check_source_weights(d.source_weights, {row["data_source"] for row in train.rows})
             train = train.weighted(d.source_weights)
-    val = PromptDataset.from_files(d.val_files, d.prompt_key, size) if d.val_files else None
+    val = PromptDataset.from_files(d.val_files, d.prompt_key, size, "data.val_files") if d.val_files else None
     if val is not None:
         check_conditions(cfg, val, "data.val_files")
     return train, val
