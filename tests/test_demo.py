@@ -196,3 +196,50 @@ def test_plot_reads_a_run_killed_mid_write_and_names_a_damaged_line(tmp_path, ca
     damaged.write_text("\n".join([rows[0], '{"step": 2, "crit', rows[2]]) + "\n")
     assert main(["plot", str(damaged), "--out", str(tmp_path / "d.png")]) == 2
     assert "line 2 is not a JSON row" in capsys.readouterr().err
+
+
+def test_the_distillation_demo_says_what_share_of_the_teachers_gain_the_student_holds():
+    """Each verdict: the student against the base and the teacher with paired intervals, and
+    (student - base) / (teacher - base) when the teacher gained at all."""
+    from pixelrl.shapes.distill_demo import gain_lines
+
+    def scored(strict, exact):
+        result = _scored(strict, exact, CATS, 0.0)
+        result["overall_careful"] = float(np.mean(exact))
+        for item, passed in zip(result["items"], exact):
+            item["careful"] = float(passed)
+        return result
+
+    lines = gain_lines({"base": scored([0, 0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 0, 1, 1, 1]),
+                        "teacher": scored([1, 1, 1, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 1, 1, 1]),
+                        "student": scored([1, 1, 1, 0, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0, 1, 1])})
+    assert lines[0].startswith("strict: student +0.375 [") and "-0.125 [" in lines[0]
+    assert lines[0].endswith("of the teacher's +0.500 over the base it holds 75%")
+    assert "holds" not in lines[1] and "holds" not in lines[2]  # the teacher gained nothing there
+
+
+def test_the_distillation_demo_distils_the_demos_policy_end_to_end(tmp_path, monkeypatch, capsys):
+    """`pixelrl demo-distill` in a folder where `pixelrl demo` ran: its final checkpoint (a whole
+    fine-tuned denoiser) teaches a LoRA student; the table holds base, teacher and student, and
+    the picture their images of the same items. Where no demo ran, --teacher is asked for."""
+    from pixelrl.cli import main
+    from pixelrl.shapes.demo import run_demo
+
+    monkeypatch.chdir(tmp_path)
+    small = ["trainer.backend=local", "trainer.n_workers=1", "trainer.total_training_steps=2", "data.train_batch_size=2",
+             "rollout.n=4", "actor.ppo_micro_batch_size=8", "trainer.save_freq=2"]
+    assert main(["demo-distill", *small]) == 2
+    err = capsys.readouterr().err
+    assert "--teacher" in err and "run `make demo` first" in err
+    run_demo(small, per_category=2)
+    capsys.readouterr()
+    assert main(["demo-distill", "--per-category", "2", *small]) == 0
+    printed = capsys.readouterr().out
+    assert "runs/pixelrl/shapes_demo/checkpoints/global_step_2 into a LoRA r32" in printed
+    rows = [line for line in printed.splitlines() if line.startswith("| ") and "[" in line]
+    assert [row.split(" |")[0] for row in rows] == ["| base (builtin:shapes)", "| teacher: RL (global_step_2)",
+                                                    "| student: LoRA, 2 distillation steps"]
+    run = tmp_path / "runs" / "pixelrl" / "shapes_opd"
+    summary = json.loads((run / "demo_summary.json").read_text())
+    assert set(summary) >= {"base", "teacher", "student"} and summary["teacher_checkpoint"].endswith("global_step_2")
+    assert (run / "base_teacher_student.png").is_file()

@@ -110,6 +110,72 @@ def test_teacher_loras_replay_the_students_states_frozen_by_data_source(tiny_sd3
     assert torch.equal(base.score(batch, "teacher")["teacher_means"], base.score(batch, "reference")["ref_means"])
 
 
+def _whole_teacher(engine, seed=9, scale=0.05):
+    """The base denoiser's parameters, each moved by Gaussian noise: a whole fine-tune's weights."""
+    g = torch.Generator().manual_seed(seed)
+    return {name: param.detach().float() + scale * torch.randn(param.shape, generator=g)
+            for name, param in engine.model.transformer.named_parameters()}
+
+
+def test_a_whole_fine_tuned_teacher_replays_as_an_engine_holding_its_weights(tiny_sd3_path, tmp_path, make_engine):
+    """A teacher that is a whole denoiser (a full fine-tune's checkpoint, read as its EMA when the
+    run kept one, or a pipeline folder such as a merged export) scores the student's stored steps
+    exactly as an engine whose own denoiser holds those weights, for a LoRA student and a fully
+    fine-tuned one; it stays frozen and out of the trained parameters, and the student's own
+    weights still compute `current`. A full student distilling from `base` keeps its reference
+    copy from the start (a resumed run's first replay would otherwise copy the trained weights)."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    holder, _ = make_engine(tiny_sd3_path, model__lora_rank=0)
+    whole, ema = _whole_teacher(holder, seed=9), _whole_teacher(holder, seed=10)
+    step = tmp_path / "run" / "checkpoints" / "global_step_3"
+    (step / "actor").mkdir(parents=True)
+    save_file(whole, str(step / "actor" / "trainable.safetensors"))
+    pipeline = tmp_path / "merged"
+    shutil.copytree(tiny_sd3_path, pipeline)
+    for file in (pipeline / "transformer").glob("*.safetensors"):
+        file.unlink()
+    save_file({k: v.contiguous() for k, v in ema.items()}, str(pipeline / "transformer" / "part.safetensors"))
+
+    batch = holder.rollout(["a red circle", "two blue squares"], [1, 2])
+    expected = {}
+    for name, state in (("whole", whole), ("ema", ema)):
+        with torch.no_grad():
+            for pname, param in holder.model.transformer.named_parameters():
+                param.copy_(state[pname])
+        expected[name] = holder.score(batch, "current")["old_means"]
+    assert not torch.allclose(expected["whole"], expected["ema"], atol=1e-3)
+
+    for lora_rank in (8, 0):
+        student, _ = make_engine(tiny_sd3_path, model__lora_rank=lora_rank, diffusion_loss__name="distill_kl",
+                                 algorithm__drop_zero_advantage=False, diffusion_loss__teacher=str(step))
+        own = student.score(batch, "current")["old_means"]
+        assert torch.allclose(student.score(batch, "teacher")["teacher_means"], expected["whole"], atol=1e-5)
+        assert torch.equal(student.score(batch, "current")["old_means"], own)  # swapped back
+        trained = {id(p) for p in student.model.trainable_parameters()}
+        frozen = list(student._full_teachers["teacher_0"].parameters())
+        assert frozen and not any(p.requires_grad or id(p) in trained for p in frozen)
+    save_file(ema, str(step / "actor" / "ema.safetensors"))  # the run kept an EMA: its validated weights
+    routed, _ = make_engine(tiny_sd3_path, diffusion_loss__name="distill_kl", algorithm__drop_zero_advantage=False,
+                            diffusion_loss__teacher={"red": str(step), "*": str(pipeline)})
+    batch["data_sources"] = ["red", "blue"]
+    means = routed.score(batch, "teacher")["teacher_means"]
+    assert torch.allclose(means, expected["ema"], atol=1e-5)  # both rows: the EMA and the same weights merged
+
+    full_from_base, _ = make_engine(tiny_sd3_path, model__lora_rank=0, diffusion_loss__name="distill_kl",
+                                    algorithm__drop_zero_advantage=False)
+    assert full_from_base._frozen_reference is not None
+
+    del whole[next(iter(whole))]
+    save_file(whole, str(step / "actor" / "trainable.safetensors"))
+    (step / "actor" / "ema.safetensors").unlink()
+    with pytest.raises(ConfigError, match=r"diffusion_loss\.teacher.*not a denoiser of this model's shape"):
+        make_engine(tiny_sd3_path, diffusion_loss__name="distill_kl", algorithm__drop_zero_advantage=False,
+                    diffusion_loss__teacher=str(step))
+
+
 def test_the_distillation_term_sits_beside_flow_grpo(tiny_sd3_path, tmp_path, make_engine):
     """distill_coef x distill_kl added to the policy loss: a sub-step's loss is Flow-GRPO's plus
     coef times the KL distill_kl computes, on the same batch and (identically seeded) weights."""
@@ -200,6 +266,43 @@ def test_on_policy_distillation_pulls_the_student_onto_its_teacher(tiny_sd3_path
     assert_learned(-before, -after, 0.4 * before, "distill_kl first vs last three", kl)
 
 
+def test_the_rollout_pool_replays_the_teacher_and_the_run_is_unchanged(tiny_sd3_path, tmp_path, make_engine,
+                                                                         monkeypatch):
+    """rollout.scores_teacher: the pool replays the teacher on each shard it sampled (each row under
+    its data_source's teacher), the actor replays nothing and holds no teacher; a one_step_off run
+    trains exactly as when the actor replays it (the same per-step losses, the same weights)."""
+    from safetensors.torch import load_file
+
+    from pixelrl.workers.policy_worker import PolicyWorker
+
+    holder, _ = make_engine(tiny_sd3_path)
+    _teacher_folder(holder, tmp_path / "teacher", scale=0.5)
+    scored = []  # (role, policy) of every score call
+    score = PolicyWorker.score
+    monkeypatch.setattr(PolicyWorker, "score", lambda self, payload, policy, values=None: (
+        scored.append((self.role, policy, sorted(values or {}))), score(self, payload, policy, values))[1])
+    runs = {}
+    for on_pool in (False, True):
+        scored.clear()
+        code, run = train_cli(tmp_path / str(on_pool), tiny_sd3_path, "diffusion_loss.name=distill_kl",
+                              f"diffusion_loss.teacher={{inline: {tmp_path / 'teacher'}}}",
+                              "algorithm.drop_zero_advantage=false", "trainer.total_training_steps=3",
+                              "trainer.backend=local", "trainer.logger=[jsonl]", "rollout.n_workers=1",
+                              "trainer.mode=one_step_off", f"rollout.scores_teacher={on_pool}", "actor.lr=3e-2")
+        assert code == 0
+        runs[on_pool] = run
+        teacher_calls = [call for call in scored if call[1] == "teacher"]
+        assert teacher_calls == ([("rollout", "teacher", ["data_sources"])] if on_pool
+                                 else [("actor", "teacher", [])]) * 3
+    kl = {on_pool: [row["actor/distill_kl"] for row in read_metrics(run) if "actor/distill_kl" in row]
+          for on_pool, run in runs.items()}
+    assert len(kl[True]) == 3 and kl[True] == kl[False] and kl[True][0] > 0
+    assert not any("timing_s/teacher" in row for row in read_metrics(runs[True]))
+    weights = {on_pool: load_file(str(run / "checkpoints" / "global_step_3" / "actor" / "trainable.safetensors"))
+               for on_pool, run in runs.items()}
+    assert all(torch.equal(weights[True][k], weights[False][k]) for k in weights[False])
+
+
 def test_distillation_config_errors_name_the_field(tiny_sd3_path, tmp_path, make_engine):
     from pixelrl.config import load_config
 
@@ -215,7 +318,10 @@ def test_distillation_config_errors_name_the_field(tiny_sd3_path, tmp_path, make
              "diffusion_loss.teacher"),
             (["diffusion_loss.distill_variance=exact"], "diffusion_loss.distill_variance"),
             (["diffusion_loss.distill_coef=0.1"], "diffusion_loss.distill_coef"),  # distill_kl is the whole loss
-            (["diffusion_loss.teacher={red: ''}"], "diffusion_loss.teacher.red")):
+            (["diffusion_loss.teacher={red: ''}"], "diffusion_loss.teacher.red"),
+            (["rollout.scores_teacher=true"], "rollout.scores_teacher"),  # no rollout pool
+            (["rollout.scores_teacher=true", "rollout.n_workers=1", "trainer.mode=one_step_off",
+              "diffusion_loss.name=flow_grpo"], "rollout.scores_teacher")):  # no teacher
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
             load_config("flow_grpo_tiny", [*base, *overrides])
 
@@ -226,16 +332,16 @@ def test_a_checkpoint_teacher_is_its_ema_adapter_and_must_share_the_base(tmp_pat
     from types import SimpleNamespace
 
     from pixelrl.config.validation import _check_teacher
-    from pixelrl.engine.checkpoint import LORA_FILE, teacher_adapter_folder
+    from pixelrl.engine.checkpoint import LORA_FILE, TeacherWeights, teacher_weights
 
     step = tmp_path / "run" / "checkpoints" / "global_step_4"
     for inner in ("actor/adapter", "actor/ema_adapter"):
         (step / inner).mkdir(parents=True)
         (step / inner / LORA_FILE).write_bytes(b"")
-    assert teacher_adapter_folder(str(step)) == step / "actor" / "ema_adapter"
+    assert teacher_weights(str(step)) == TeacherWeights("lora", step / "actor" / "ema_adapter")
     (step / "actor" / "ema_adapter" / LORA_FILE).unlink()
-    assert teacher_adapter_folder(str(step)) == step / "actor" / "adapter"
-    assert teacher_adapter_folder("base") is None
+    assert teacher_weights(str(step)) == TeacherWeights("lora", step / "actor" / "adapter")
+    assert teacher_weights("base") is None
     (step / "config.yaml").write_text(f"model:\n  path: {tmp_path / 'other_base'}\n")
     (tmp_path / "other_base").mkdir()
     (tmp_path / "this_base").mkdir()
@@ -244,6 +350,36 @@ def test_a_checkpoint_teacher_is_its_ema_adapter_and_must_share_the_base(tmp_pat
         _check_teacher(cfg, "diffusion_loss.teacher", str(step))
     cfg.model.path = str(tmp_path / "other_base")
     _check_teacher(cfg, "diffusion_loss.teacher", str(step))
+
+
+def test_a_whole_teacher_is_checked_against_the_base_at_start_up(tiny_sd3_path, tmp_path):
+    """A full fine-tune's checkpoint may teach a LoRA or a fully fine-tuned student; a pipeline
+    folder whose transformer is another architecture, or one holding no weights, is refused before
+    anything loads, naming the field."""
+    import json
+    import shutil
+
+    from pixelrl.config import load_config
+
+    step = tmp_path / "run" / "checkpoints" / "global_step_3"
+    (step / "actor").mkdir(parents=True)
+    (step / "actor" / "trainable.safetensors").write_bytes(b"")
+    (step / "config.yaml").write_text(f"model:\n  path: {tiny_sd3_path}\n")
+    base = [f"model.path={tiny_sd3_path}", "diffusion_loss.name=distill_kl", "algorithm.drop_zero_advantage=false",
+            f"trainer.default_local_dir={tmp_path}"]
+    for rank in (8, 0):
+        load_config("flow_grpo_tiny", [*base, f"diffusion_loss.teacher={step}", f"model.lora_rank={rank}"])
+    other = tmp_path / "other"
+    shutil.copytree(tiny_sd3_path, other)
+    config = json.loads((other / "transformer" / "config.json").read_text())
+    config["num_layers"] += 1
+    (other / "transformer" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match=r"diffusion_loss\.teacher.*num_layers"):
+        load_config("flow_grpo_tiny", [*base, f"diffusion_loss.teacher={other}"])
+    for file in (other / "transformer").glob("*.safetensors"):
+        file.unlink()
+    with pytest.raises(ConfigError, match=r"diffusion_loss\.teacher.*no \.safetensors"):
+        load_config("flow_grpo_tiny", [*base, f"diffusion_loss.teacher={other}"])
 
 
 def test_resuming_with_another_teacher_is_refused(tmp_path):
@@ -266,6 +402,36 @@ def test_the_plan_counts_the_teachers_replay():
     opd = compose_config("opd_sd35")
     assert (opd.diffusion_loss.kl_coef, step_work(opd, 8).no_grad_passes) == (0.0, 1)
     assert step_work(compose_config("flow_grpo_fast_sd35"), 8).no_grad_passes == 0
+
+
+def test_the_plan_holds_a_whole_teacher_as_a_frozen_copy_on_every_gpu(tmp_path):
+    """opd_sd35 with a fully fine-tuned teacher (a checkpoint without an adapter) holds one more
+    bf16 copy of the 2.47B denoiser on each GPU than with a LoRA teacher, sharded or not; a full
+    fine-tune distilling from `base` keeps the base's frozen copy as the reference."""
+    from conftest import paper_config
+
+    from pixelrl.config.plan import model_shape, resident_bytes
+    from pixelrl.engine.checkpoint import LORA_FILE
+
+    whole = tmp_path / "whole" / "global_step_3"
+    (whole / "actor").mkdir(parents=True)
+    (whole / "actor" / "trainable.safetensors").write_bytes(b"")
+    lora = tmp_path / "lora"
+    lora.mkdir()
+    (lora / LORA_FILE).write_bytes(b"")
+
+    def resident(teacher, gpus, *more):
+        cfg = paper_config("opd_sd35", f"diffusion_loss.teacher={teacher}", *more)
+        return resident_bytes(cfg, model_shape(cfg), gpus)
+
+    params = model_shape(paper_config("opd_sd35", f"diffusion_loss.teacher={lora}")).denoiser_params
+    for gpus, strategy in ((1, "ddp"), (4, "fsdp2")):
+        assert (resident(whole, gpus, f"trainer.strategy={strategy}")
+                - resident(lora, gpus, f"trainer.strategy={strategy}")) == pytest.approx(params * 2, rel=1e-9)
+    full = ("model.lora_rank=0",)
+    assert resident("base", 1, *full) - resident(whole, 1, *full) == 0  # each a frozen copy
+    assert resident("{a: base, '*': " + str(whole) + "}", 1, *full) - resident(whole, 1, *full) == pytest.approx(
+        params * 2, rel=1e-9)
 
 
 def test_the_diffusion_opd_config_samples_and_updates_as_its_reference(tmp_path):

@@ -18,8 +18,9 @@ class DiffusionLossConfig:
     kl_type: str = "reference"  # reference | exact
     # On-policy distillation toward a frozen teacher (docs/algorithms/opd.md), read by the
     # `distill_kl` loss, or with distill_coef > 0 as a term beside another transition loss:
-    # `base` (the model with its adapters off), a folder holding a LoRA of the base, or
-    # {data_source: either, "*": the rest} to route each prompt's samples to its dataset's teacher
+    # `base` (the model with its adapters off), a folder holding a LoRA of the base, a checkpoint
+    # (LoRA or full fine-tune) or a pipeline folder of a fine-tune of it, or {data_source: any of
+    # those, "*": the rest} to route each prompt's samples to its dataset's teacher
     teacher: Any = "base"
     # transition: divide by the variance the step samples with (the true KL, Flow-Factory);
     # scheduler: by the scheduler's sigma_t^2 (verl-omni)

@@ -36,8 +36,8 @@ def teacher_routes(teacher) -> dict[str, str]:
     for source, spec in routes.items():
         if not isinstance(spec, str) or not spec.strip():
             raise ConfigError(f"{field}.{source}" if hasattr(teacher, "keys") else field, spec,
-                              f"`{BASE_TEACHER}` (the model with its adapters off) or a folder holding the teacher's "
-                              "LoRA (pytorch_lora_weights.safetensors)")
+                              f"`{BASE_TEACHER}` (the model with its adapters off), a folder holding the teacher's "
+                              "LoRA (pytorch_lora_weights.safetensors), a run's checkpoint or a pipeline folder")
     routes.setdefault("*", BASE_TEACHER)
     return routes
 

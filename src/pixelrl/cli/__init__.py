@@ -8,6 +8,7 @@
     pixelrl pretrain-shapes OUT [--steps N] [--world text]  pretrain a shapes model from scratch
     pixelrl make-preferences OUT [--prompts FILE]       offline DPO pairs from a model's scored samples
     pixelrl demo [key=value ...]                        AWM on the shipped shapes model, before/after
+    pixelrl demo-distill [--teacher DIR]                then distil the demo's policy into a LoRA (on-policy)
     pixelrl demo-jpeg                                   15-second Flow-GRPO run on a tiny random model
     pixelrl build-tiny PATH [--family F]                a tiny random SD3 / FLUX (Kontext) / Qwen-Image / Wan pipeline
     pixelrl pretrain-vlm OUT [--steps N]                pretrain the shapes-QA vision-language model

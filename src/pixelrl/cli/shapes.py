@@ -1,4 +1,4 @@
-"""The shapes world: `demo`, `eval`, `generate`, `pretrain-shapes`, `make-preferences`."""
+"""The shapes world: `demo`, `demo-distill`, `eval`, `generate`, `pretrain-shapes`, `make-preferences`."""
 
 from __future__ import annotations
 
@@ -17,6 +17,16 @@ def cmd_demo(args) -> int:
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     run_demo(args.overrides, per_category=args.per_category, config_name=args.config_name)
+    return 0
+
+
+def cmd_demo_distill(args) -> int:
+    import torch
+
+    from pixelrl.shapes.distill_demo import run_distill_demo
+
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    run_distill_demo(args.overrides, per_category=args.per_category, teacher=args.teacher)
     return 0
 
 
@@ -327,6 +337,14 @@ def add_parsers(sub) -> None:
     demo.add_argument("overrides", nargs="*", help="key=value overrides of the config")
     demo.add_argument("--per-category", type=positive_int, default=64, help="held-out evaluation items per category")
     demo.set_defaults(func=cmd_demo)
+    distill = sub.add_parser("demo-distill", help="RL, then distil: on-policy distillation of the demo's policy "
+                                                  "into a LoRA student, base / teacher / student scored")
+    distill.add_argument("--teacher", default=None,
+                         help="the RL-trained teacher, a global_step_N folder of a shapes run (default: the final "
+                              "checkpoint of the `pixelrl demo` run here, runs/pixelrl/shapes_demo)")
+    distill.add_argument("overrides", nargs="*", help="key=value overrides of configs/shapes_opd.yaml")
+    distill.add_argument("--per-category", type=positive_int, default=64, help="held-out evaluation items per category")
+    distill.set_defaults(func=cmd_demo_distill)
     for name, helptext in (("eval", "GenEval-style per-category table on the shapes test set"),
                            ("generate", "write an image grid for a prompt")):
         p = sub.add_parser(name, help=helptext)

@@ -211,6 +211,18 @@ def _distribution_matching_work(cfg: PixelRLConfig, loss, images: int) -> Work:
     return Work(0, cfg.rollout.num_steps, images * len(cycle), 1, 1, 1, no_grad, 1, 1, len(cycle))
 
 
+def teacher_weights_of(cfg: PixelRLConfig) -> dict:
+    """A distillation run's teachers: each distinct `diffusion_loss.teacher` entry's weights (None
+    for the base); empty when the loss reads no teacher."""
+    from pixelrl.algos.distillation import teacher_routes
+    from pixelrl.engine.checkpoint import teacher_weights
+
+    loss = LOSSES.get(cfg.diffusion_loss.name)
+    if not loss.reads_teacher(loss.bind(cfg.diffusion_loss)) or loss.objective == "distribution_matching":
+        return {}  # DMD2's teacher is the base with its adapters off
+    return {spec: teacher_weights(spec) for spec in set(teacher_routes(cfg.diffusion_loss.teacher).values())}
+
+
 def trained_roles(cfg: PixelRLConfig) -> int:
     """Networks the run trains, each with its own adapter (or weights) and optimizer state."""
     return 2 if LOSSES.get(cfg.diffusion_loss.name).objective == "distribution_matching" else 1
@@ -254,13 +266,18 @@ def resident_bytes(cfg: PixelRLConfig, shape: Shape, gpus: int) -> float:
     m = cfg.model
     width = DTYPE_BYTES.get(m.dtype, 4)
     shards = gpus if cfg.trainer.strategy == "fsdp2" else 1
+    teachers = teacher_weights_of(cfg)
+    whole_teachers = sum(1 for weights in teachers.values() if weights is not None and weights.kind == "full")
     if m.lora_rank:
         trainable = lora_parameters(cfg, shape) * trained_roles(cfg)  # DMD2: the student's and the fake score's
         frozen = shape.denoiser_params * width / shards
     else:
         loss = LOSSES.get(cfg.diffusion_loss.name)
         trainable = shape.denoiser_params / shards
-        frozen = shape.denoiser_params * width if loss.reads_reference(loss.bind(cfg.diffusion_loss)) else 0.0
+        keeps_reference = loss.reads_reference(loss.bind(cfg.diffusion_loss)) or None in teachers.values()
+        frozen = shape.denoiser_params * width if keeps_reference else 0.0
+    # a whole fine-tuned distillation teacher is a frozen copy of the denoiser, replicated as the reference
+    frozen += whole_teachers * shape.denoiser_params * width
     ema = 4 * trainable if cfg.actor.ema_decay > 0 else 0.0
     return frozen + trainable * TRAINABLE_STATE_BYTES + ema + (shape.encoder_params + shape.vae_params) * width
 

@@ -6,6 +6,7 @@ field, the value and the fix. It sits above the components whose choices it chec
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from pixelrl.config.sections import DIFFUSION_TRAINERS, SEPARATE_TRAINERS, PixelRLConfig, merge_config
@@ -60,6 +61,17 @@ def _check_rollout_pool(cfg: PixelRLConfig) -> None:
     if r.n_workers and (cfg.algorithm.trainer_type != "transition" or cfg.algorithm.sample_source != "online"):
         raise ConfigError("rollout.n_workers", r.n_workers, "a separate rollout pool serves the policy-gradient "
                           "trainer; direct-preference and offline runs sample on the actor workers (rollout.n_workers=0)")
+    if r.scores_teacher:
+        from pixelrl.algos.losses import LOSSES
+
+        loss = LOSSES.get(cfg.diffusion_loss.name)
+        if not loss.reads_teacher(loss.bind(cfg.diffusion_loss)):
+            raise ConfigError("rollout.scores_teacher", True, "there is no distillation teacher to replay (the loss is "
+                              "not distill_kl and diffusion_loss.distill_coef is 0): leave it false")
+        if r.n_workers == 0:
+            raise ConfigError("rollout.scores_teacher", True, "the rollout pool replays the teacher on what it sampled, "
+                              "and this run has none: set rollout.n_workers=1 (or more) with trainer.mode=one_step_off "
+                              "or async, or leave it false (the actor replays the teacher)")
     if r.n_workers and (cfg.data.train_batch_size * r.n) % r.n_workers:
         raise ConfigError("rollout.n_workers", r.n_workers, f"the {cfg.data.train_batch_size * r.n} images of a step "
                           "must split evenly over the rollout workers")
@@ -212,31 +224,62 @@ def _check_teachers(cfg: PixelRLConfig, loss) -> None:
 
 
 def _check_teacher(cfg: PixelRLConfig, field: str, spec: str) -> None:
-    from pixelrl.engine.checkpoint import LORA_FILE, teacher_adapter_folder
+    from pixelrl.engine.checkpoint import LORA_FILE, teacher_weights
 
-    folder = teacher_adapter_folder(spec)
-    if folder is None:
+    weights = teacher_weights(spec)
+    if weights is None:
         return
-    if cfg.model.lora_rank == 0:
+    if not weights.path.exists():
+        raise ConfigError(field, spec, "no such folder: name an RL run's global_step_N checkpoint, a LoRA folder or "
+                          "a pipeline folder of this model family, or `base`")
+    if weights.kind == "full":
+        if not (weights.path.is_file() or any(weights.path.glob("*.safetensors"))):
+            raise ConfigError(field, spec, f"a pipeline folder's teacher is its transformer's weights, and {weights.path} "
+                              "holds no .safetensors file")
+        if weights.path.name == "transformer":  # a pipeline folder: its denoiser must be the base's shape
+            _check_same_denoiser(cfg, field, spec, weights.path)
+    elif cfg.model.lora_rank == 0:
         raise ConfigError(field, spec, "a teacher LoRA sits on the base model beside the student's adapter; full "
-                          "fine-tuning (model.lora_rank=0) moves that base: train the student as a LoRA, or distil "
-                          "from teacher=base")
-    if not (folder / LORA_FILE).is_file():
+                          "fine-tuning (model.lora_rank=0) moves that base: train the student as a LoRA, distil "
+                          "from teacher=base, or name a whole fine-tuned teacher (a full fine-tune's checkpoint, or "
+                          "a pipeline folder with the LoRA merged: pixelrl export without --adapter-only)")
+    elif not (weights.path / LORA_FILE).is_file():
         raise ConfigError(field, spec, f"no {LORA_FILE} there (nor in a checkpoint's actor/ema_adapter or "
                           "actor/adapter): name an RL run's global_step_N folder, a `pixelrl export --adapter-only` "
-                          "folder, or any diffusers LoRA folder of this model family")
-    saved = next((p / "config.yaml" for p in folder.parents if (p / "config.yaml").is_file()
+                          "folder, any diffusers LoRA folder of this model family, or a pipeline folder of it")
+    saved = next((p / "config.yaml" for p in weights.path.parents if (p / "config.yaml").is_file()
                   and p.name.startswith("global_step_")), None)
-    if saved is not None:  # a checkpoint says which base its adapter was trained on
+    if saved is not None:  # a checkpoint says which base its weights were trained from
         from omegaconf import OmegaConf
 
         from pixelrl.core.assets import resolve
 
         base = OmegaConf.select(OmegaConf.load(saved), "model.path")
         if base is not None and Path(resolve(str(base))).resolve() != Path(resolve(str(cfg.model.path))).resolve():
-            raise ConfigError(field, spec, f"that checkpoint's adapter was trained on model.path={base}, this run's "
-                              f"base is {cfg.model.path}: a teacher LoRA applies to the base it was trained on; "
-                              "point model.path at that base")
+            raise ConfigError(field, spec, f"that checkpoint was trained from model.path={base}, this run's base is "
+                              f"{cfg.model.path}: a teacher is a fine-tune of the student's base (a LoRA applies to "
+                              "the base it was trained on, a whole denoiser must have its shape); point model.path "
+                              "at that base")
+
+
+def _check_same_denoiser(cfg: PixelRLConfig, field: str, spec: str, transformer: Path) -> None:
+    """A pipeline folder's transformer has the base's architecture (its config.json, leaving out
+    the `_`-prefixed bookkeeping keys), so that its weights fit the copy they are loaded into."""
+    from pixelrl.core.assets import resolve
+
+    def architecture(folder: Path) -> dict | None:
+        file = folder / "config.json"
+        if not file.is_file():
+            return None
+        return {k: v for k, v in json.loads(file.read_text()).items() if not k.startswith("_")}
+
+    theirs = architecture(transformer)
+    ours = architecture(Path(resolve(str(cfg.model.path))) / "transformer")
+    if theirs is not None and ours is not None and theirs != ours:
+        differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+        raise ConfigError(field, spec, f"its transformer is not model.path's architecture ({differ[0]}: "
+                          f"{theirs.get(differ[0])} there, {ours.get(differ[0])} in {cfg.model.path}): a whole "
+                          "teacher must be a fine-tune of the student's base")
 
 
 def _check_offline_data(cfg: PixelRLConfig) -> None:

@@ -15,6 +15,7 @@ Layout of an engine folder (written by rank 0; every rank takes part in gatherin
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -41,11 +42,23 @@ def _set_optimizer_state(engine, state: dict) -> None:
 LORA_FILE = "pytorch_lora_weights.safetensors"  # a LoRA in the family's diffusers layout
 
 
-def teacher_adapter_folder(spec: str) -> Path | None:
-    """The folder of an on-policy distillation teacher's LoRA (a `diffusion_loss.teacher` entry),
-    or None for the base model: a checkpoint (global_step_N) gives its actor's EMA adapter when it
-    kept one (the weights its validation scored), else its actor's adapter; any other folder is
-    taken as it is (checked at start-up to hold the LoRA file)."""
+@dataclass(frozen=True)
+class TeacherWeights:
+    """Where an on-policy distillation teacher's weights are: `kind` "lora" (a folder in the
+    diffusers LoRA layout, loaded as a frozen adapter beside the student's) or "full" (a whole
+    denoiser's state: a safetensors file, or a pipeline folder's `transformer/` folder of them,
+    loaded into a frozen copy of the denoiser)."""
+    kind: str
+    path: Path
+
+
+def teacher_weights(spec: str) -> TeacherWeights | None:
+    """The weights a `diffusion_loss.teacher` entry names, or None for the base model. A
+    checkpoint (global_step_N) gives the weights its validation scored: its actor's EMA when it
+    kept one, else its actor's weights, as a LoRA for a LoRA run and as a whole denoiser for a full
+    fine-tune; a pipeline folder (model_index.json: a `pixelrl export`, a merged LoRA, another
+    fine-tune of the family) gives its transformer; any other folder is taken as a LoRA folder
+    (checked at start-up to hold the LoRA file)."""
     from pixelrl.algos.distillation import BASE_TEACHER
     from pixelrl.core.assets import resolve
 
@@ -54,8 +67,23 @@ def teacher_adapter_folder(spec: str) -> Path | None:
     folder = Path(resolve(str(spec), "diffusion_loss.teacher"))
     for inner in ("actor/ema_adapter", "actor/adapter"):
         if (folder / inner / LORA_FILE).is_file():
-            return folder / inner
-    return folder
+            return TeacherWeights("lora", folder / inner)
+    if (folder / "actor").is_dir() and not (folder / "actor" / "adapter").exists():  # a full fine-tune's checkpoint
+        for name in ("ema.safetensors", "trainable.safetensors"):
+            if (folder / "actor" / name).is_file():
+                return TeacherWeights("full", folder / "actor" / name)
+    if (folder / "model_index.json").is_file():
+        return TeacherWeights("full", folder / "transformer")
+    return TeacherWeights("lora", folder)
+
+
+def teacher_state(weights: TeacherWeights) -> dict[str, torch.Tensor]:
+    """A whole-denoiser teacher's tensors by parameter name."""
+    files = [weights.path] if weights.path.is_file() else sorted(weights.path.glob("*.safetensors"))
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(read_checkpoint_file(file, lambda path: load_file(str(path))))
+    return state
 
 
 def peft_key(name: str, adapter_name: str = "default") -> str:

@@ -19,12 +19,12 @@ from pixelrl.engine.distribution_matching import DistributionMatchingObjective
 from pixelrl.engine.objectives import (ForwardProcessObjective, TransitionObjective, side_by_side, step_groups,
                                        whole_group_order)
 from pixelrl.engine.weights_ema import WeightsEMA
-from pixelrl.engine.checkpoint import teacher_adapter_folder
+from pixelrl.engine.checkpoint import teacher_state, teacher_weights
 from pixelrl.core.batch import Batch
 from pixelrl.engine.config import EngineConfig, actor_optimizer_steps
 from pixelrl.core.errors import ConfigError
 from pixelrl.models.base import DiffusionModel
-from pixelrl.algos.distillation import teacher_routes
+from pixelrl.algos.distillation import BASE_TEACHER, teacher_routes
 from pixelrl.algos.forward_process import old_policy_decay, rollout_policy
 from pixelrl.models.lora import (adapter_active, adapters_disabled, add_adapter_copy, add_adapter_from_folder, add_lora,
                                  blend_adapter)
@@ -63,6 +63,17 @@ class PolicyEngine:
         torch.manual_seed(cfg.seed)
         self.use_lora = mcfg.lora_rank > 0
         self._frozen_reference = None
+        # on-policy distillation's teachers: their specs by data_source, and each distinct one's
+        # weights by the policy name it computes under (teacher_<i>)
+        # (held where they are replayed: on the actor, or with rollout.scores_teacher on the rollout pool)
+        replays_teacher = self.loss.reads_teacher(self.loss_options) and trains != cfg.rollout.scores_teacher
+        routes = teacher_routes(self.loss_options.teacher) if replays_teacher else {}
+        teachers = {spec: teacher_weights(spec) for spec in dict.fromkeys(routes.values())}
+        names = {spec: f"teacher_{i}" for i, spec in enumerate(s for s, w in teachers.items() if w is not None)}
+        # a whole-denoiser teacher is a frozen copy of the base with its weights, taken before
+        # any adapter exists (its parameter names are the base's)
+        self._full_teachers = {names[spec]: self._teacher_copy(weights, spec)
+                               for spec, weights in teachers.items() if weights is not None and weights.kind == "full"}
         # DiffusionNFT's old policy / AWM's EMA: a second, frozen adapter that starts as a copy,
         # kept when the loss reads it under these options (AWM's ema_beta > 0) or rollouts sample it
         self.has_old_adapter = self.use_lora and ("v_old" in self.loss.step_keys_needed(self.loss_options)
@@ -76,21 +87,15 @@ class PolicyEngine:
         else:
             model.keep_float32_master_weights()
             model.transformer.requires_grad_(True)
-            if self.loss_reads_reference():
+            if self.loss_reads_reference() or BASE_TEACHER in routes.values():
                 # full fine-tuning keeps a frozen copy as the reference, taken now: a copy taken at
                 # its first use would hold a resumed checkpoint's weights, not the base model's
                 self._frozen_reference = self._reference_copy()
-        # on-policy distillation's teachers, by data_source: each a frozen LoRA read from its
-        # folder (adapter teacher_<i>), or None for `base` (the model with its adapters off)
-        self.teacher_of_source: dict[str, str | None] = {}
-        if self.loss.reads_teacher(self.loss_options):
-            adapters: dict = {}
-            for source, spec in teacher_routes(self.loss_options.teacher).items():
-                folder = teacher_adapter_folder(spec)
-                if folder is not None and folder not in adapters:
-                    adapters[folder] = f"teacher_{len(adapters)}"
-                    add_adapter_from_folder(model.transformer, adapters[folder], folder)
-                self.teacher_of_source[source] = adapters.get(folder)
+        for spec, weights in teachers.items():
+            if weights is not None and weights.kind == "lora":  # a frozen adapter beside the student's
+                add_adapter_from_folder(model.transformer, names[spec], weights.path)
+        # each data_source's teacher: a policy name, or None for `base` (adapters off, or the frozen copy)
+        self.teacher_of_source: dict[str, str | None] = {source: names.get(spec) for source, spec in routes.items()}
         self.objective.add_adapters()  # the other trained roles' (DMD2's fake score)
         if mcfg.gradient_checkpointing:
             model.transformer.enable_gradient_checkpointing()
@@ -100,8 +105,7 @@ class PolicyEngine:
             parallelize(model)
         # model FLOPs of every denoiser forward (sampling, reference, training): perf/mfu
         self._computing = "current"  # the policy `policy()` has switched to
-        self.flop_meter = FlopMeter(model.transformer, *filter(None, [self._frozen_reference]),
-                                    variant=lambda: self._computing)
+        self.flop_meter = FlopMeter(model.transformer, *self._frozen_denoisers(), variant=lambda: self._computing)
         if mcfg.compiles():
             # Each repeated block, not the whole forward: the blocks hold nearly all the work and
             # the small kernels between matmuls (modulation, gates, residuals, norms) that
@@ -116,7 +120,7 @@ class PolicyEngine:
             # adapter on / off / old x grad or not x a fixed then a dynamic batch) pass dynamo's
             # default limit of 8 per code, past which it would quietly run the rest eager
             dynamo.config.recompile_limit = max(dynamo.config.recompile_limit, 64)
-            for denoiser in filter(None, [model.transformer, self._frozen_reference]):
+            for denoiser in [model.transformer, *self._frozen_denoisers()]:
                 for block in no_split_units(denoiser):
                     self.flop_meter.compile_forward(block)
         # The optimizer side (AdamW, warm-up, clipping, non-finite policy, DDP grad-sync hook).
@@ -250,10 +254,37 @@ class PolicyEngine:
         stepped, so it needs no float32 master weights."""
         return copy.deepcopy(self.model.transformer).to(self.model.dtype).requires_grad_(False).eval()
 
+    def _teacher_copy(self, weights, spec: str) -> torch.nn.Module:
+        """A frozen copy of the base denoiser holding a whole-denoiser teacher's weights: every
+        parameter of the base must be there with its shape."""
+        teacher = self._reference_copy()
+        state = teacher_state(weights)
+        params = dict(teacher.named_parameters())
+        missing = sorted(set(params) - set(state))
+        wrong = sorted(n for n in set(params) & set(state) if state[n].shape != params[n].shape)
+        if missing or wrong:
+            detail = (f"{len(missing)} of the base's parameters are not there ({missing[:2]})" if missing else
+                      f"{wrong[0]} is {tuple(state[wrong[0]].shape)} there, {tuple(params[wrong[0]].shape)} in the base")
+            raise ConfigError("diffusion_loss.teacher", spec, f"its weights ({weights.path}) are not a denoiser of this "
+                              f"model's shape: {detail}; name a checkpoint or pipeline folder of model.path's family "
+                              "and size")
+        with torch.no_grad():
+            for name, param in params.items():
+                param.copy_(state[name])
+        return teacher
+
+    def _frozen_denoisers(self) -> list[torch.nn.Module]:
+        """The whole frozen denoisers beside the trained one: a full fine-tune's reference and
+        whole-denoiser teachers."""
+        return [*filter(None, [self._frozen_reference]), *self._full_teachers.values()]
+
     @contextlib.contextmanager
     def _weights_of(self, which: str):
         if which == "old" and self.has_old_adapter:
             with adapter_active(self.model.transformer, "old"):
+                yield
+        elif which in self._full_teachers:
+            with self._denoiser_swapped(self._full_teachers[which]):
                 yield
         elif which.startswith("teacher_") or which in self.other_roles():
             with adapter_active(self.model.transformer, which):
@@ -269,12 +300,18 @@ class PolicyEngine:
         else:
             if self._frozen_reference is None:
                 self._frozen_reference = self._reference_copy()
-            trained = self.model.transformer
-            self.model.transformer = self._frozen_reference
-            try:
+            with self._denoiser_swapped(self._frozen_reference):
                 yield
-            finally:
-                self.model.transformer = trained
+
+    @contextlib.contextmanager
+    def _denoiser_swapped(self, frozen: torch.nn.Module):
+        """Compute with a frozen whole denoiser in the trained one's place for the duration."""
+        trained = self.model.transformer
+        self.model.transformer = frozen
+        try:
+            yield
+        finally:
+            self.model.transformer = trained
 
     def step_outputs(self, micro: Batch, step: torch.Tensor, settings: SamplingSettings):
         """Re-score window step `step[i]` of sample i (a [B] index tensor)."""

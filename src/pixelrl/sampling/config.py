@@ -56,6 +56,10 @@ class RolloutConfig(GroupSamplingConfig):
     # (needed by trainer.mode one_step_off and async).
     n_workers: int = 0
     num_cpus_per_worker: int = 1
+    # On-policy distillation with a rollout pool: true = the pool's workers replay the teacher on
+    # what they sampled (and hold the teacher; the actor does not), so that replay overlaps the
+    # actor's update of the previous batch; false = the actor replays it before its update
+    scores_teacher: bool = False
 
     @property
     def condition_size(self) -> tuple[int, int]:

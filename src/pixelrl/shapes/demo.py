@@ -95,7 +95,9 @@ def plot_validation_curves(metrics_file: Path, path: Path) -> bool:
     return True
 
 
-def _before_after_grid(before, after, items, path: Path, per_category: int = 4) -> None:
+def comparison_grid(rows: list[tuple[str, object]], items, path: Path, per_category: int = 4) -> None:
+    """One band of images per (label, images) row, the same held-out items in each: the first
+    `per_category` of every category, captioned with the label and the prompt."""
     from PIL import Image
 
     from pixelrl.shapes.detector import CATEGORIES
@@ -105,9 +107,10 @@ def _before_after_grid(before, after, items, path: Path, per_category: int = 4) 
     for category in CATEGORIES:
         picks += [i for i, it in enumerate(items) if it["category"] == category][:per_category]
     captions = [items[i]["prompt"] for i in picks]
-    top = image_grid(before[picks].numpy(), [f"before: {c}" for c in captions], ncols=8, scale=3)
-    bottom = image_grid(after[picks].numpy(), [f"after: {c}" for c in captions], ncols=8, scale=3)
-    Image.fromarray(np.concatenate([top, np.full((12, top.shape[1], 3), 255, np.uint8), bottom])).save(path)
+    bands = [image_grid(images[picks].numpy(), [f"{label}: {c}" for c in captions], ncols=8, scale=3)
+             for label, images in rows]
+    gap = np.full((12, bands[0].shape[1], 3), 255, np.uint8)
+    Image.fromarray(np.concatenate([part for band in bands for part in (band, gap)][:-1])).save(path)
 
 
 def demo_report(base: dict, trained: dict, div_before: dict, div_after: dict) -> dict:
@@ -146,27 +149,33 @@ def demo_report(base: dict, trained: dict, div_before: dict, div_after: dict) ->
 DEMO_CONFIG = "shapes_demo"
 
 
-def run_demo(overrides: list[str], per_category: int = 64, config_name: str = DEMO_CONFIG) -> dict:
-    from pixelrl.config.sections import validation_guidance
+def demo_setup(config_name: str, overrides: list[str], per_category: int):
+    """A demo's config (checked to save the checkpoint the demo evaluates), its run folder, the
+    held-out items and the sampling they are judged with: as the run validates (a policy trained
+    on guided rollouts can be judged without guidance)."""
     from pixelrl.config import load_config
+    from pixelrl.config.sections import validation_guidance
     from pixelrl.core.errors import ConfigError
     from pixelrl.shapes.world import evaluation_items
-    from pixelrl.engine.evaluate import diversity
-    from pixelrl.trainers.checkpointing import load_for_eval
-    from pixelrl.shapes.evaluate import (bootstrap_overall, evaluate_geneval, format_careful, format_failures,
-                                         format_table)
-    from pixelrl.trainers.checkpointing import best_checkpoint_folder, find_resume_folder
-    from pixelrl.trainers.controller import DiffusionTrainer
     from pixelrl.trainers.run_folder import run_dir_of
 
     cfg = load_config(config_name, overrides)
     if cfg.trainer.save_freq == -1:
         raise ConfigError("trainer.save_freq", -1, "the demo evaluates the trained model from its final checkpoint: "
                           "use 0 (save only at the last step) or a positive interval")
-    run_dir = run_dir_of(cfg)
     items = evaluation_items("test", per_category=per_category)
-    # scored as the run validates (a policy trained on guided rollouts can be judged without guidance)
-    eval_kwargs = dict(num_steps=cfg.val_kwargs.num_steps, guidance_scale=validation_guidance(cfg))
+    return cfg, run_dir_of(cfg), items, dict(num_steps=cfg.val_kwargs.num_steps, guidance_scale=validation_guidance(cfg))
+
+
+def run_demo(overrides: list[str], per_category: int = 64, config_name: str = DEMO_CONFIG) -> dict:
+    from pixelrl.engine.evaluate import diversity
+    from pixelrl.trainers.checkpointing import load_for_eval
+    from pixelrl.shapes.evaluate import (bootstrap_overall, evaluate_geneval, format_careful, format_failures,
+                                         format_table)
+    from pixelrl.trainers.checkpointing import best_checkpoint_folder, find_resume_folder
+    from pixelrl.trainers.controller import DiffusionTrainer
+
+    cfg, run_dir, items, eval_kwargs = demo_setup(config_name, overrides, per_category)
     started = time.time()
 
     base = evaluate_geneval(load_for_eval(cfg.model.path), items, progress=True, **eval_kwargs)
@@ -205,7 +214,7 @@ def run_demo(overrides: list[str], per_category: int = 64, config_name: str = DE
     print(format_careful(trained, baseline=base))
     print("what went wrong (fraction of each category's images, base -> trained):")
     print(format_failures(base, trained))
-    _before_after_grid(base["images"], trained["images"], items, run_dir / "before_after.png")
+    comparison_grid([("before", base["images"]), ("after", trained["images"])], items, run_dir / "before_after.png")
     _plot_rewards(result["history"], run_dir / "reward_curve.png")
     if plot_validation_curves(run_dir / "metrics.jsonl", run_dir / "validation_curve.png"):
         print(f"wrote {run_dir / 'validation_curve.png'}")

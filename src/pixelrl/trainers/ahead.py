@@ -35,6 +35,7 @@ class InFlight:
     generation: Pending
     scoring: list
     weights_step: int
+    teacher: Pending | None = None  # the pool's replay of the distillation teacher (rollout.scores_teacher)
 
 
 class AheadProducer:
@@ -79,7 +80,13 @@ class AheadProducer:
             generation = self.pool.submit("rollout", request, *rollout_options(
                 window, policy=sampling_policy(self.cfg)))
             scoring = self.rewards.submit(generation, request["metadata"])
-            self.queue[j] = InFlight(j, request, window, generation, scoring, trained)
+            # the teacher's replay reads only the sampled states, not the actor's weights: on the
+            # pool, chained to each worker's own shard, it overlaps the actor's update
+            teacher = (self.pool.submit_on_answers("score", generation, "teacher",
+                                                   rows={"data_sources": request["data_sources"]}
+                                                   if "data_sources" in request else None)
+                       if self.cfg.rollout.scores_teacher else None)
+            self.queue[j] = InFlight(j, request, window, generation, scoring, trained, teacher)
             self.next_launch += 1
         return self._collect(step)
 
@@ -96,6 +103,8 @@ class AheadProducer:
             return item
         waited = time.perf_counter()
         batch = item.generation.result()
+        if item.teacher is not None:
+            batch.update(item.teacher.result())  # teacher_log_probs and teacher_means, row for row
         scores, reward_start, reward_end = self.rewards.collect(item.scoring)
         for pending in self._pending_sync:
             pending.result()  # surface a failed weight sync here

@@ -305,10 +305,11 @@ def load_rollouts(folder: Path) -> list:
 
 
 # What a checkpoint's weights, optimizer and data position were made for: resuming with another
-# value would load them into a different model or a different data order without a word.
+# value would load them into a different model or a different data order without a word (and
+# rollout.scores_teacher: which workers hold the teacher its queued batches were or were not scored by).
 RESUME_FIXED = ("algorithm.trainer_type", "model.type", "model.path", "model.lora_rank", "model.lora_alpha",
                 "model.lora_target_modules", "data.train_batch_size", "data.seed", "data.shuffle", "rollout.n",
-                "diffusion_loss.teacher", "diffusion_loss.params.cycle")
+                "diffusion_loss.teacher", "diffusion_loss.params.cycle", "rollout.scores_teacher")
 ADAPTER_ONLY = ("model.lora_alpha", "model.lora_target_modules")
 # RESUME_CHANGEABLE may change on resume on purpose (a reward curriculum, a new prompt set), when
 # trainer.resume_changes names them; then a warning names each. Without it, a resume that changes

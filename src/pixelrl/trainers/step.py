@@ -212,7 +212,8 @@ def train_on_transitions(actor, rollout: Rollout, cfg, num_workers: int = 1, act
         with timer.phase("ref"):
             train.update(actor.score(train, "reference"))
     loss = LOSSES.get(cfg.diffusion_loss.name)
-    if loss.reads_teacher(loss.bind(cfg.diffusion_loss)):  # on-policy distillation
+    # on-policy distillation: the teacher's replay, unless the rollout pool made it (rollout.scores_teacher)
+    if loss.reads_teacher(loss.bind(cfg.diffusion_loss)) and "teacher_means" not in train:
         with timer.phase("teacher"):
             train.update(actor.score(train, "teacher"))
     with timer.phase("update_actor"):

@@ -126,6 +126,18 @@ class _Group:
                           for s in _shards(len(batch), self.size)]
         return Pending(self, self._launch(verb, per_worker), gather)
 
+    def submit_on_answers(self, verb: str, pending: Pending, *args, rows: dict | None = None) -> Pending:
+        """Start `verb` on every worker with its own answer to `pending` (a batch call of this group
+        still in flight) followed by `args` and that shard's part of `rows` (per-row values of the
+        batch `pending` was given). On Ray the answers stay in the object store: each worker starts
+        once its own is ready, and the driver waits for nothing."""
+        parts = [None] * self.size
+        if rows:
+            count = len(next(iter(rows.values())))
+            parts = [{key: list(values[s]) for key, values in rows.items()} for s in _shards(count, self.size)]
+        return Pending(self, self._launch(verb, [(answer, *args, part) for answer, part in zip(pending.handles, parts)]),
+                       "batch")
+
     def call(self, verb: str, batch: Batch | None = None, *args, gather: str = "batch"):
         """`submit` and wait."""
         return self.submit(verb, batch, *args, gather=gather).result()

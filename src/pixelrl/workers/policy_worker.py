@@ -124,9 +124,14 @@ class PolicyWorker(RankProcess):
         batch.info.update(gen_start=started, gen_end=time.time())  # wall clock, for timelines
         return batch.to_numpy()
 
-    def score(self, payload: dict, policy: str) -> dict:
+    def score(self, payload: dict, policy: str, values: dict | None = None) -> dict:
+        """`values`: per-row values to attach first (a sampled shard's data_sources, which choose
+        each row's distillation teacher and which the sampler's answer does not carry)."""
+        batch = Batch.from_numpy(payload)
+        if values:
+            batch.update(Batch(values=values))
         with naming_the_phase("scoring"):
-            return self.engine.score(Batch.from_numpy(payload), policy).to_numpy()
+            return self.engine.score(batch, policy).to_numpy()
 
     def encode(self, payload: dict) -> dict:
         with naming_the_phase("encoding"):
