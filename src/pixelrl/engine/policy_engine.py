@@ -19,7 +19,8 @@ from pixelrl.engine.distribution_matching import DistributionMatchingObjective
 from pixelrl.engine.objectives import (ForwardProcessObjective, TransitionObjective, side_by_side, step_groups,
                                        whole_group_order)
 from pixelrl.engine.weights_ema import WeightsEMA
-from pixelrl.engine.checkpoint import teacher_state, teacher_weights
+from pixelrl.engine.checkpoint import teacher_weights
+from pixelrl.engine.teachers import holding_teacher, score_by_teacher
 from pixelrl.core.batch import Batch
 from pixelrl.engine.config import EngineConfig, actor_optimizer_steps
 from pixelrl.core.errors import ConfigError
@@ -72,7 +73,7 @@ class PolicyEngine:
         names = {spec: f"teacher_{i}" for i, spec in enumerate(s for s, w in teachers.items() if w is not None)}
         # a whole-denoiser teacher is a frozen copy of the base with its weights, taken before
         # any adapter exists (its parameter names are the base's)
-        self._full_teachers = {names[spec]: self._teacher_copy(weights, spec)
+        self._full_teachers = {names[spec]: holding_teacher(self._reference_copy(), weights, spec)
                                for spec, weights in teachers.items() if weights is not None and weights.kind == "full"}
         # DiffusionNFT's old policy / AWM's EMA: a second, frozen adapter that starts as a copy,
         # kept when the loss reads it under these options (AWM's ema_beta > 0) or rollouts sample it
@@ -254,25 +255,6 @@ class PolicyEngine:
         stepped, so it needs no float32 master weights."""
         return copy.deepcopy(self.model.transformer).to(self.model.dtype).requires_grad_(False).eval()
 
-    def _teacher_copy(self, weights, spec: str) -> torch.nn.Module:
-        """A frozen copy of the base denoiser holding a whole-denoiser teacher's weights: every
-        parameter of the base must be there with its shape."""
-        teacher = self._reference_copy()
-        state = teacher_state(weights)
-        params = dict(teacher.named_parameters())
-        missing = sorted(set(params) - set(state))
-        wrong = sorted(n for n in set(params) & set(state) if state[n].shape != params[n].shape)
-        if missing or wrong:
-            detail = (f"{len(missing)} of the base's parameters are not there ({missing[:2]})" if missing else
-                      f"{wrong[0]} is {tuple(state[wrong[0]].shape)} there, {tuple(params[wrong[0]].shape)} in the base")
-            raise ConfigError("diffusion_loss.teacher", spec, f"its weights ({weights.path}) are not a denoiser of this "
-                              f"model's shape: {detail}; name a checkpoint or pipeline folder of model.path's family "
-                              "and size")
-        with torch.no_grad():
-            for name, param in params.items():
-                param.copy_(state[name])
-        return teacher
-
     def _frozen_denoisers(self) -> list[torch.nn.Module]:
         """The whole frozen denoisers beside the trained one: a full fine-tune's reference and
         whole-denoiser teachers."""
@@ -338,13 +320,13 @@ class PolicyEngine:
         settings = SamplingSettings(**batch.info["sampling"])
         self.model.transformer.eval()
         if policy == "teacher":
-            return self._score_by_teacher(batch, settings)
+            return score_by_teacher(self, batch, settings)
         with self.policy(policy):
-            log_probs, means = self._replay(batch, settings)
+            log_probs, means = self.replay(batch, settings)
         prefix = "ref" if policy == "reference" else "old"
         return Batch({f"{prefix}_log_probs": log_probs, f"{prefix}_means": means})
 
-    def _replay(self, batch: Batch, settings: SamplingSettings) -> tuple[torch.Tensor, torch.Tensor]:
+    def replay(self, batch: Batch, settings: SamplingSettings) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs [B, W] and step means of every stored step under the weights in use."""
         log_probs, means = [], []
         for micro in batch.split(max(1, self.cfg.actor.ppo_micro_batch_size)):
@@ -358,36 +340,9 @@ class PolicyEngine:
             means.append(torch.stack(mu, 1))
         return torch.cat(log_probs), torch.cat(means)
 
-    def _score_by_teacher(self, batch: Batch, settings: SamplingSettings) -> Batch:
-        """Each row replayed under its data_source's teacher (`*`'s for a source not named, and
-        for a batch without sources); the base teacher is the reference."""
-        routes = self.teacher_of_source
-        if not routes:
-            raise ValueError("this engine has no distillation teacher: its loss is not distill_kl and "
-                             "diffusion_loss.distill_coef is 0")
-        teachers = self.teacher_of_rows(batch)
-        # under FSDP2 every rank must run the same forwards (each all-gathers the weights), while
-        # ranks hold rows of different sources: there each teacher replays every row
-        every_row = self.data_parallel_size > 1 and self.cfg.trainer.strategy == "fsdp2"
-        log_probs = means = None
-        for teacher in dict.fromkeys(routes.values() if every_row else teachers):
-            rows = torch.tensor([i for i, t in enumerate(teachers) if t == teacher], dtype=torch.long)
-            if every_row:
-                with self.policy(teacher or "reference"):
-                    lp, mu = self._replay(batch, settings)
-                lp, mu = lp[rows], mu[rows]
-            else:
-                with self.policy(teacher or "reference"):
-                    lp, mu = self._replay(batch.select(rows), settings)
-            if log_probs is None:
-                log_probs = lp.new_zeros((len(batch), *lp.shape[1:]))
-                means = mu.new_zeros((len(batch), *mu.shape[1:]))
-            log_probs[rows], means[rows] = lp, mu
-        return Batch({"teacher_log_probs": log_probs, "teacher_means": means})
-
     def teacher_of_rows(self, batch: Batch) -> list[str | None]:
         """Each row's distillation teacher: its data_source's (`*`'s for a source not named, and
-        for a batch without sources); an adapter name, or None for the base."""
+        for a batch without sources); a policy name, or None for the base."""
         routes = self.teacher_of_source
         sources = batch["data_sources"] if "data_sources" in batch else ["*"] * len(batch)
         return [routes.get(source, routes["*"]) for source in sources]
