@@ -243,3 +243,5 @@ def test_the_distillation_demo_distils_the_demos_policy_end_to_end(tmp_path, mon
     summary = json.loads((run / "demo_summary.json").read_text())
     assert set(summary) >= {"base", "teacher", "student"} and summary["teacher_checkpoint"].endswith("global_step_2")
     assert (run / "base_teacher_student.png").is_file()
+    page = (run / "report.html").read_text()  # the run report shows the table as printed, and the picture
+    assert "| student: LoRA, 2 distillation steps |" in page and 'alt="base_teacher_student.png"' in page

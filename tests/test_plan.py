@@ -193,6 +193,23 @@ def test_an_edit_family_plans_its_condition_tokens():
     assert "Kontext" in edit.name
 
 
+def test_the_plan_counts_the_pictures_the_training_rows_give(tmp_path):
+    """Qwen-Image-Edit-Plus rows with two pictures carry two sources' tokens in each row's
+    sequence: the plan reads the count from data.train_files when the file is here (one picture,
+    the family's own, when it is not)."""
+    from PIL import Image
+
+    for name in ("a.png", "b.png"):
+        Image.new("RGB", (64, 64), (200, 40, 40)).save(tmp_path / name)
+    rows = tmp_path / "edits.jsonl"
+    rows.write_text('{"prompt": "put the cat on the chair", "images": ["a.png", "b.png"]}\n' * 3)
+    one = model_shape(paper_config("flow_grpo_qwen_image_edit"))
+    two = model_shape(paper_config("flow_grpo_qwen_image_edit", f"data.train_files=[{rows}]"))
+    side = paper_config("flow_grpo_qwen_image_edit").rollout.condition_resolution // 16  # 1024 px: 4096 tokens
+    assert two.seq_tokens == one.seq_tokens + side ** 2 and two.forward_flops > one.forward_flops
+    assert "2 condition pictures a row" in two.name and "pictures" not in one.name
+
+
 def test_the_plan_keeps_the_algorithm_and_fits_the_memory():
     cfg = paper_config("flow_grpo_sd35")
     for gpus, memory in ((1, 80), (2, 80), (8, 80), (8, 40)):

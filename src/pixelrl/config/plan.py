@@ -137,11 +137,28 @@ def model_shape(cfg: PixelRLConfig) -> Shape:
         transformer, name, denoiser = release.transformer, release.name + " (published shape)", release.denoiser_params
         encoders = sum(v for k, v in release.encoder_params.items() if loaded(k))
         vae, unit = release.vae_params, 16
+    pictures = pictures_per_row(cfg, spec.model_class.condition_images)
+    if pictures > 1:
+        name += f", {pictures} condition pictures a row (data.train_files)"
     row = RowInput(r.resolution, r.resolution, max(1, m.num_frames), spec.text_tokens(m.max_sequence_length), unit,
-                   spec.model_class.condition_images, r.condition_resolution)
+                   pictures, r.condition_resolution)
     cost = spec.cost(transformer, row)
     return Shape(name, denoiser, encoders, vae, cost.layers, cost.hidden, cost.tokens, cost.latent_values,
                  cost.forward_flops, row.frames, r.resolution ** 2)
+
+
+def pictures_per_row(cfg: PixelRLConfig, family_default: int) -> int:
+    """Condition images each sample carries: the number the training rows give (one per run) when
+    its files are here, else the family's own (0 for text-to-image, 1 for an edit family)."""
+    d = cfg.data
+    if not family_default or cfg.algorithm.sample_source != "online" or not d.train_files:
+        return family_default
+    if not all(Path(f).is_file() for f in d.train_files):  # a recipe planned away from its data
+        return family_default
+    from pixelrl.data.prompts import PromptDataset
+
+    counts = PromptDataset.from_files(d.train_files, d.prompt_key).condition_counts()
+    return max(counts) if counts else family_default
 
 
 @dataclass(frozen=True)

@@ -104,5 +104,7 @@ def run_distill_demo(overrides: list[str], per_category: int = 64, teacher: str 
         "lines": printed,
     }
     (run_dir / "demo_summary.json").write_text(json.dumps(summary, indent=1))
-    print(f"wrote {grid}, {run_dir / 'demo_summary.json'} ({summary['minutes']:.1f} min)")
+    from pixelrl.trainers.report import write_report
+
+    print(f"wrote {grid}, {run_dir / 'demo_summary.json'}, {write_report(run_dir)} ({summary['minutes']:.1f} min)")
     return summary
