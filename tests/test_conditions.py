@@ -193,7 +193,8 @@ def test_rows_with_sources_for_a_text_to_image_family_are_refused_before_any_wor
 
 def test_the_sources_a_row_gives_are_checked_against_the_family(tmp_path):
     """Qwen-Image-Edit-Plus takes one to three pictures a sample, FLUX.1 Kontext one; a run's rows
-    give the same number each (a batch stacks their latents), refused by the file's field."""
+    may give different numbers when each has a batch's worth of rows (a batch holds one number),
+    refused by the file's field otherwise."""
     from pixelrl.config.sections import PixelRLConfig
     from pixelrl.core.errors import ConfigError
     from pixelrl.data.prompts import PromptDataset
@@ -206,10 +207,14 @@ def test_the_sources_a_row_gives_are_checked_against_the_family(tmp_path):
 
     cfg = PixelRLConfig()
     cfg.model.type, cfg.data.train_files = "qwen_image_edit", ["edits.jsonl"]
+    cfg.data.train_batch_size = 2
     check_conditions(cfg, rows(2, 2), "data.train_files")
     check_conditions(cfg, rows(3), "data.train_files")
-    for counts, message in (((1, 2), r"1 to 3 \(the same number on every row\).*1 rows with 1, 1 rows with 2"),
-                            ((4,), r"1 to 3.*1 rows with 4")):
+    check_conditions(cfg, rows(1, 2, 2, 1), "data.train_files")  # two numbers, each a batch's worth
+    check_conditions(cfg, rows(1, 2, 2), "data.val_files")  # validation generates each number apart
+    for counts, message in (((1, 2, 2), r"a batch holds rows of one number of pictures.*1 rows with 1 picture\(s\), "
+                                         r"fewer than data\.train_batch_size=2"),
+                            ((4,), r"1 to 3 condition image\(s\).*1 rows with 4")):
         with pytest.raises(ConfigError, match=rf"data\.train_files.*{message}"):
             check_conditions(cfg, rows(*counts), "data.train_files")
     cfg.model.type = "flux_kontext"
@@ -315,3 +320,62 @@ def test_an_edit_run_on_two_ray_workers_scores_its_sources_as_one_worker(ray_clu
         rewards[name] = read_metrics(tmp_path / name / "pixelrl" / "edit")[0]["critic/rewards/mean"]
     assert 0 < rewards["one"] < 1
     assert rewards["two"] == pytest.approx(rewards["one"], rel=1e-4)
+
+
+def test_the_loader_batches_each_number_of_pictures_apart_and_resumes_exactly():
+    """Rows of one and two pictures: every batch holds one number, each epoch covers every whole
+    batch of each number once (a number's remainder sits the epoch out) in a new order, and a
+    loader restored mid-epoch from its state continues the same stream."""
+    from pixelrl.data.prompts import EpochSampler
+
+    buckets = [1, 2, 2, 1, 2, 1, 1, 2, 2, 1, 2]  # five of 1, six of 2: batches of 2 -> 2 + 3 batches
+    sampler = EpochSampler(len(buckets), shuffle=True, seed=3, buckets=buckets, batch_size=2)
+    assert len(sampler) == 10
+    first, second = list(sampler), list(sampler)
+    for order in (first, second):
+        batches = [order[i:i + 2] for i in range(0, len(order), 2)]
+        assert all(buckets[a] == buckets[b] for a, b in batches)
+        assert sorted(buckets[a] for a, _ in batches) == [1, 1, 2, 2, 2] and len(set(order)) == 10
+    assert first != second
+    resumed = EpochSampler(len(buckets), shuffle=True, seed=3, buckets=buckets, batch_size=2)
+    stream = iter(resumed)
+    head = [next(stream) for _ in range(4)]
+    state = resumed.state_dict()
+    again = EpochSampler(len(buckets), shuffle=True, seed=3, buckets=buckets, batch_size=2)
+    again.load_state_dict(state)
+    assert head + list(again) == first
+
+
+def test_a_run_of_one_and_two_picture_rows_trains_and_validates_each(tiny_qwen_edit_path, tmp_path):
+    """Qwen-Image-Edit-Plus on rows of one and of two pictures: each step samples one number
+    (the batches' sources say so), and validation edits both kinds of row."""
+    from unittest import mock
+
+    from conftest import read_metrics, train_cli
+
+    from pixelrl.core.batch import Batch
+    from pixelrl.workers.policy_worker import PolicyWorker
+
+    rows = [{"prompt": f"edit {i}", "image": f"source_{i}.png"} for i in range(2)] + \
+        [{"prompt": f"combine {i}", "images": ["source_0.png", f"source_{i + 1}.png"]} for i in range(2)]
+    file = _write_edit_rows(tmp_path / "data", rows)
+    counts = []  # the numbers of pictures of each rollout call's rows
+    rollout = PolicyWorker.rollout
+
+    def counting(self, request, *args, **kwargs):
+        counts.append(sorted({len(images) for images in Batch.from_numpy(request)["condition_images"]}))
+        return rollout(self, request, *args, **kwargs)
+
+    with mock.patch.object(PolicyWorker, "rollout", counting):
+        code, _ = train_cli(tmp_path / "out", tiny_qwen_edit_path, "model.type=qwen_image_edit",
+                            "model.max_sequence_length=64", f"data.train_files=[{file}]", f"data.val_files=[{file}]",
+                            "data.train_batch_size=2", "rollout.n=2", "actor.ppo_micro_batch_size=2",
+                            "trainer.backend=local", "trainer.total_training_steps=4", "trainer.test_freq=4",
+                            "trainer.save_freq=4", "trainer.experiment_name=mixed",
+                            "reward.functions=[{name: source_preservation}]", config="flow_grpo_qwen_image_tiny")
+    assert code == 0
+    assert all(len(numbers) == 1 for numbers in counts)  # one number of pictures per call
+    assert {numbers[0] for numbers in counts} == {1, 2}
+    rows_metrics = read_metrics(tmp_path / "out" / "pixelrl" / "mixed")
+    assert [r["step"] for r in rows_metrics if "actor/pg_loss" in r] == [1, 2, 3, 4]
+    assert any(key.startswith("val-core/edits/reward") for r in rows_metrics for key in r)

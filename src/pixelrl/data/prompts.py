@@ -194,6 +194,13 @@ class PromptDataset(torch.utils.data.Dataset):
             counts[n] = counts.get(n, 0) + 1
         return counts
 
+    def condition_buckets(self) -> list[int] | None:
+        """Each row's number of condition images when the rows differ in it (a batch stacks its
+        rows' condition latents, so the loader batches each number apart), else None."""
+        if len(self.condition_counts()) < 2:
+            return None
+        return [len(row.get("images", ())) for row in self.rows]
+
     @classmethod
     def from_prompts(cls, prompts: list[str], data_source: str = "inline") -> "PromptDataset":
         return cls([{"prompt": p, "data_source": data_source, "metadata": {}} for p in prompts])
@@ -227,17 +234,42 @@ class EpochSampler(torch.utils.data.Sampler):
     """Indices in a fresh permutation each epoch (seeded by seed + epoch), resumable mid-epoch.
 
     The state is two integers, so a checkpoint restores exactly where the data stream was,
-    epoch boundaries included.
+    epoch boundaries included. With `buckets` (a key per row, e.g. its number of condition
+    images) and `batch_size`, every batch_size consecutive indices share one key: each key's rows
+    are permuted and cut into whole batches (a key's remainder sits the epoch out), and the
+    batches are permuted, all from seed + epoch.
     """
 
-    def __init__(self, size: int, *, shuffle: bool, seed: int):
+    def __init__(self, size: int, *, shuffle: bool, seed: int, buckets: list | None = None, batch_size: int = 1):
         self.size, self.shuffle, self.seed = size, shuffle, seed
+        self.buckets, self.batch_size = buckets, batch_size
+        if buckets is not None:
+            self.size = sum(len(rows) // batch_size * batch_size for rows in self._rows_by_key().values())
         self.epoch, self.position = 0, 0
 
+    def _rows_by_key(self) -> dict:
+        rows: dict = {}
+        for index, key in enumerate(self.buckets):
+            rows.setdefault(key, []).append(index)
+        return dict(sorted(rows.items()))
+
     def _order(self) -> list[int]:
+        if self.buckets is not None:
+            return self._bucketed_order()
         if not self.shuffle:
             return list(range(self.size))
         return torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+
+    def _bucketed_order(self) -> list[int]:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        batches = []
+        for rows in self._rows_by_key().values():
+            if self.shuffle:
+                rows = [rows[i] for i in torch.randperm(len(rows), generator=generator).tolist()]
+            batches += [rows[i:i + self.batch_size] for i in range(0, len(rows) - self.batch_size + 1, self.batch_size)]
+        if self.shuffle:
+            batches = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
+        return [index for batch in batches for index in batch]
 
     def __iter__(self):
         order = self._order()
@@ -259,12 +291,13 @@ class EpochSampler(torch.utils.data.Sampler):
 
 
 def make_loader(dataset: torch.utils.data.Dataset, batch_size: int, *, shuffle: bool, seed: int, drop_last: bool,
-                collate_fn=collate_rows):
-    """A `torchdata` StatefulDataLoader over an `EpochSampler`: its position is checkpointed."""
+                collate_fn=collate_rows, buckets: list | None = None):
+    """A `torchdata` StatefulDataLoader over an `EpochSampler`: its position is checkpointed.
+    `buckets`: a key per row that every batch holds one of (see `EpochSampler`)."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     if drop_last and len(dataset) < batch_size:
         raise DatasetError(f"the dataset has {len(dataset)} prompts, fewer than data.train_batch_size = {batch_size}")
-    sampler = EpochSampler(len(dataset), shuffle=shuffle, seed=seed)
+    sampler = EpochSampler(len(dataset), shuffle=shuffle, seed=seed, buckets=buckets, batch_size=batch_size)
     return StatefulDataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last,
                               collate_fn=collate_fn, num_workers=0)

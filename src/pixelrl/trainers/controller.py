@@ -91,14 +91,22 @@ def check_conditions(cfg: PixelRLConfig, dataset: PromptDataset, field: str) -> 
                           "name an `image`, or another reward")
     counts = dataset.condition_counts()
     wrong = {n: rows for n, rows in counts.items() if not takes <= n <= most}
-    if wrong or len(counts) > 1:  # a batch stacks its rows' condition latents: one count per run
-        given = ", ".join(f"{rows} rows with {n}" for n, rows in sorted((wrong or counts).items()))
-        span = f"{takes}" if takes == most else f"{takes} to {most} (the same number on every row)"
+    files = list(getattr(cfg.data, field.split(".")[1]))
+    if wrong:
+        given = ", ".join(f"{rows} rows with {n}" for n, rows in sorted(wrong.items()))
+        span = f"{takes}" if takes == most else f"{takes} to {most}"
         fix = ("remove `image` / `images` from the rows, or use an edit family (model.type=flux_kontext or qwen_image_edit)"
                if takes == 0 else f"give every row {span} (`image`, or `images` for several: paths relative to the file)")
-        raise ConfigError(field, list(getattr(cfg.data, field.split(".")[1])),
-                          f"model.type={cfg.model.type} takes {span} condition image(s) per prompt, but the file has "
-                          f"{given}: {fix}")
+        raise ConfigError(field, files, f"model.type={cfg.model.type} takes {span} condition image(s) per prompt, but "
+                          f"the file has {given}: {fix}")
+    # a batch holds rows of one number of pictures (their condition latents stack): a number with
+    # fewer training rows than a batch would never be trained
+    short = {n: rows for n, rows in counts.items() if rows < cfg.data.train_batch_size}
+    if field == "data.train_files" and len(counts) > 1 and short:
+        given = ", ".join(f"{rows} rows with {n} picture(s)" for n, rows in sorted(short.items()))
+        raise ConfigError(field, files, f"a batch holds rows of one number of pictures, and the file has {given}, "
+                          f"fewer than data.train_batch_size={cfg.data.train_batch_size}: add rows of that number, "
+                          "give those rows another number of pictures, or lower data.train_batch_size")
 
 
 def check_source_weights(weights: dict, sources: set[str]) -> None:
@@ -265,7 +273,8 @@ class DiffusionTrainer:
         (self.run_dir / "config.yaml").write_text(self.saved_yaml)
         offline = cfg.algorithm.sample_source == "offline"
         loader = make_loader(train_set, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed,
-                             drop_last=True, collate_fn=collate_preferences if offline else collate_rows)
+                             drop_last=True, collate_fn=collate_preferences if offline else collate_rows,
+                             buckets=None if offline else train_set.condition_buckets())
         total = t.total_training_steps or len(loader) * t.total_epochs
         self.best = BestCheckpoint(self.ckpt_root, t.best_metric) if t.best_metric else None
         try:
@@ -411,26 +420,21 @@ class DiffusionTrainer:
         """Generate `val_kwargs.n` images per validation prompt with fixed seeds and score them."""
         cfg, vk = self.cfg, self.cfg.val_kwargs
         rows = [val_set[i] for i in range(len(val_set))] * vk.n
-        real = len(rows)
-        pad = (-real) % self.actor.size  # pad to a multiple of the workers; padding is dropped
-        rows = (rows * (pad // real + 2))[:real + pad]  # cycles when there are fewer rows than workers
-        prompts = [r["prompt"] for r in rows]
-        sources = [r["condition_images"] for r in rows] if any("condition_images" in r for r in rows) else None
         seeds = [VAL_SEED_BASE + i for i in range(len(rows))]
-        settings = validation_settings(cfg)
-        window = full_window(vk.num_steps) if settings.stores_transitions else Window(0, 0)
-        # val_batch_size prompts per generation call (rounded up to a multiple of the workers)
-        chunk = len(rows) if not cfg.data.val_batch_size else -(-cfg.data.val_batch_size // self.actor.size) * self.actor.size
-        # the EMA of the trained weights when the run keeps one (flow_grpo and DiffusionNFT validate it)
-        policy = "ema" if cfg.actor.ema_decay > 0 else "current"
-        images = torch.cat([
-            self.actor.rollout(prompts[i:i + chunk], seeds[i:i + chunk], window=window, settings=settings,
-                               num_steps=vk.num_steps, policy=policy,
-                               condition_images=None if sources is None else sources[i:i + chunk])["images"]
-            for i in range(0, len(rows), chunk)])[:real]
-        rows = rows[:real]
+        sources = [r["condition_images"] for r in rows] if any("condition_images" in r for r in rows) else None
+        # rows of one number of condition pictures at a time (a call stacks their latents); each
+        # row keeps its seed, so the images do not depend on how the rows are grouped
+        by_count = defaultdict(list)
+        for i, r in enumerate(rows):
+            by_count[len(r.get("condition_images", ()))].append(i)
+        images = torch.empty(0)
+        for indices in by_count.values():
+            part = self._validation_images([rows[i] for i in indices], [seeds[i] for i in indices])
+            if images.numel() == 0:
+                images = part.new_zeros((len(rows), *part.shape[1:]))
+            images[torch.tensor(indices)] = part
         scores = self.rewards(images, [r["prompt"] for r in rows], [r["metadata"] for r in rows],
-                              **({"condition_images": sources[:real]} if sources is not None else {}))
+                              **({"condition_images": sources} if sources is not None else {}))
         overall = scores["overall"]
         # gold rewards are judged here, in the driver, on the same images
         gold = self._gold(images, [r["prompt"] for r in rows], [r["metadata"] for r in rows]) if vk.rewards else {}
@@ -457,10 +461,32 @@ class DiffusionTrainer:
                 metrics[f"val-core/{source}/diversity@{vk.n}"] = diversity(images[idx], [rows[i] for i in idx])["pairwise_l1"]
         metrics.update(mean_over_sources(metrics, list(by_source)))
         folder = Path(cfg.trainer.validation_data_dir or self.run_dir / "validation") / f"step_{step:06d}"
-        self._dump(folder, None, images=images, prompts=[r["prompt"] for r in rows], scores=scores, seeds=seeds[:real])
+        self._dump(folder, None, images=images, prompts=[r["prompt"] for r in rows], scores=scores, seeds=seeds)
         self._grid(tracker, "val/samples", None, step, images=images[:32],
-                   captions=[f"{float(overall[i]):.3f} {rows[i]['prompt']}" for i in range(min(32, real))])
+                   captions=[f"{float(overall[i]):.3f} {rows[i]['prompt']}" for i in range(min(32, len(rows)))])
         return metrics
+
+    def _validation_images(self, rows: list[dict], seeds: list[int]) -> torch.Tensor:
+        """The validation sampler's images of `rows` (one number of condition pictures), one per
+        row with its seed."""
+        cfg, vk = self.cfg, self.cfg.val_kwargs
+        real = len(rows)
+        pad = (-real) % self.actor.size  # pad to a multiple of the workers; padding is dropped
+        rows = (rows * (pad // real + 2))[:real + pad]  # cycles when there are fewer rows than workers
+        seeds = seeds + [seeds[-1] + 1 + k for k in range(pad)]  # the padding's own seeds, as a whole set's
+        prompts = [r["prompt"] for r in rows]
+        sources = [r["condition_images"] for r in rows] if "condition_images" in rows[0] else None
+        settings = validation_settings(cfg)
+        window = full_window(vk.num_steps) if settings.stores_transitions else Window(0, 0)
+        # val_batch_size prompts per generation call (rounded up to a multiple of the workers)
+        chunk = len(rows) if not cfg.data.val_batch_size else -(-cfg.data.val_batch_size // self.actor.size) * self.actor.size
+        # the EMA of the trained weights when the run keeps one (flow_grpo and DiffusionNFT validate it)
+        policy = "ema" if cfg.actor.ema_decay > 0 else "current"
+        return torch.cat([
+            self.actor.rollout(prompts[i:i + chunk], seeds[i:i + chunk], window=window, settings=settings,
+                               num_steps=vk.num_steps, policy=policy,
+                               condition_images=None if sources is None else sources[i:i + chunk])["images"]
+            for i in range(0, len(rows), chunk)])[:real]
 
     # ------------------------------------------------------------------ outputs
     def _dump(self, folder: Path, batch, *, images=None, prompts=None, scores=None, seeds=None) -> None:
