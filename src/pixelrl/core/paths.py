@@ -56,6 +56,10 @@ def check_output_file(path: str | Path, field: str, suffixes: tuple[str, ...] | 
     if suffixes is not None and path.suffix.lower() not in suffixes:
         shown = ", ".join(suffixes[:6]) + (f" (or another of {len(suffixes)} known)" if len(suffixes) > 6 else "")
         raise ConfigError(field, str(path), f"unknown file type `{path.suffix or '(none)'}`: end the name with {shown}")
+    blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:  # named with the whole path given, not only the folder it blocks
+        raise ConfigError(field, str(path), f"{blocking} is a file, so nothing can be written under it: give a path "
+                          "in a folder")
     check_output_dir(path.parent, field)
     return path
 
