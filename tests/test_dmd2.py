@@ -285,7 +285,6 @@ def test_the_teacher_is_the_rows_data_source_lora_guided_in_one_forward(tiny_pix
     from test_distillation import _holding, _teacher_folder
 
     from pixelrl.algos.distribution_matching import guided_velocity
-    from pixelrl.models.base import PromptEmbeds
 
     probe, _ = _dmd2_engine(tiny_pixel_path)
     state = _teacher_folder(probe, tmp_path / "teacher", scale=0.5)

@@ -243,7 +243,6 @@ def test_rejected_steps_leave_the_loss_mean_and_the_kl_as_verls_response_mask(ma
     steps and so is the KL. Rejecting step 1 of every sample must therefore train exactly as
     training step 0 alone: the same loss and the same gradient (where weighting them 0 but keeping
     them in the denominator divides both by the window's 5 steps)."""
-    from pixelrl.core.batch import Batch
 
     from pixelrl.models.lora import adapter_params
 

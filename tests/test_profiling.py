@@ -7,7 +7,7 @@ import json
 import torch
 
 from pixelrl.engine.memory import naming_the_phase
-from pixelrl.engine.profiling import OTHER, StepProfiler, category, summarize
+from pixelrl.engine.profiling import OTHER, StepProfiler, category
 
 
 def test_kernel_names_fall_into_their_categories():

@@ -4,7 +4,6 @@ headless Chromium renders it (installed by `make test` where the system allows).
 import json
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 from conftest import train_cli

@@ -22,7 +22,7 @@ import torch
 from diffusers.utils.torch_utils import randn_tensor
 
 from pixelrl.algos.distribution_matching import (draw_score_sigmas, fake_score_loss, guided_velocity, noised,
-                                                 student_loss, update_cycle, x0_from_velocity)
+                                                 update_cycle, x0_from_velocity)
 from pixelrl.core.batch import Batch
 from pixelrl.core.errors import ConfigError
 from pixelrl.core.seeding import derive_seed, sample_generators
