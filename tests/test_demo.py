@@ -238,10 +238,10 @@ def test_the_distillation_demo_distils_the_demos_policy_end_to_end(tmp_path, mon
     assert "runs/pixelrl/shapes_demo/checkpoints/global_step_2 into a LoRA r32" in printed
     rows = [line for line in printed.splitlines() if line.startswith("| ") and "[" in line]
     assert [row.split(" |")[0] for row in rows] == ["| base (builtin:shapes)", "| teacher: RL (global_step_2)",
-                                                    "| student: LoRA, 2 distillation steps"]
+                                                    "| student: LoRA r32, 2 distillation steps"]
     run = tmp_path / "runs" / "pixelrl" / "shapes_opd"
     summary = json.loads((run / "demo_summary.json").read_text())
     assert set(summary) >= {"base", "teacher", "student"} and summary["teacher_checkpoint"].endswith("global_step_2")
     assert (run / "base_teacher_student.png").is_file()
     page = (run / "report.html").read_text()  # the run report shows the table as printed, and the picture
-    assert "| student: LoRA, 2 distillation steps |" in page and 'alt="base_teacher_student.png"' in page
+    assert "| student: LoRA r32, 2 distillation steps |" in page and 'alt="base_teacher_student.png"' in page

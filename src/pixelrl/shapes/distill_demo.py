@@ -74,15 +74,16 @@ def run_distill_demo(overrides: list[str], per_category: int = 64, teacher: str 
 
     score("base", load_for_eval(cfg.model.path))
     score("teacher", load_for_eval(checkpoint=str(teacher_folder)))
-    print(f"pixelrl demo-distill: on-policy distillation of {teacher_folder} into a LoRA r{cfg.model.lora_rank} on "
-          f"{cfg.model.path}, {cfg.trainer.total_training_steps} steps of {cfg.data.train_batch_size} prompts x "
-          f"{cfg.rollout.n} images", flush=True)
+    student = f"LoRA r{cfg.model.lora_rank}" if cfg.model.lora_rank else "whole denoiser"
+    print(f"pixelrl demo-distill: on-policy distillation of {teacher_folder} into a {student} on {cfg.model.path}, "
+          f"{cfg.trainer.total_training_steps} steps of {cfg.data.train_batch_size} prompts x {cfg.rollout.n} images",
+          flush=True)
     DiffusionTrainer(cfg).fit()
     final = find_resume_folder(run_dir / "checkpoints", "auto")
     score("student", load_for_eval(checkpoint=str(final)))
 
     labels = {"base": f"base ({cfg.model.path})", "teacher": f"teacher: RL ({teacher_folder.name})",
-              "student": f"student: LoRA, {final.name.rsplit('_', 1)[-1]} distillation steps"}
+              "student": f"student: {student}, {final.name.rsplit('_', 1)[-1]} distillation steps"}
     printed = [f"held-out scores (GenEval-style, {len(items)} images, {eval_kwargs['num_steps']} steps, guidance "
                f"{eval_kwargs['guidance_scale']:g}; [a, b] = 95% bootstrap interval over items)",
                "| model | strict | exact scene | careful judge | images/s (sampling and judging) |", "|---|---|---|---|---|"]
