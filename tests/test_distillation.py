@@ -266,34 +266,40 @@ def test_on_policy_distillation_pulls_the_student_onto_its_teacher(tiny_sd3_path
     assert_learned(-before, -after, 0.4 * before, "distill_kl first vs last three", kl)
 
 
+@pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=pytest.mark.slow)])
 def test_the_rollout_pool_replays_the_teacher_and_the_run_is_unchanged(tiny_sd3_path, tmp_path, make_engine,
-                                                                         monkeypatch):
+                                                                         monkeypatch, request, backend):
     """rollout.scores_teacher: the pool replays the teacher on each shard it sampled (each row under
     its data_source's teacher), the actor replays nothing and holds no teacher; a one_step_off run
-    trains exactly as when the actor replays it (the same per-step losses, the same weights)."""
+    trains exactly as when the actor replays it (the same per-step losses, the same weights). On
+    Ray each pool worker's replay starts from its own sampled shard in the object store."""
     from safetensors.torch import load_file
 
     from pixelrl.workers.policy_worker import PolicyWorker
 
     holder, _ = make_engine(tiny_sd3_path)
     _teacher_folder(holder, tmp_path / "teacher", scale=0.5)
-    scored = []  # (role, policy) of every score call
-    score = PolicyWorker.score
-    monkeypatch.setattr(PolicyWorker, "score", lambda self, payload, policy, values=None: (
-        scored.append((self.role, policy, sorted(values or {}))), score(self, payload, policy, values))[1])
+    scored = []  # (role, policy) of every score call (in this process: the in-process workers)
+    if backend == "ray":
+        request.getfixturevalue("ray_cluster")
+    else:
+        score = PolicyWorker.score
+        monkeypatch.setattr(PolicyWorker, "score", lambda self, payload, policy, values=None: (
+            scored.append((self.role, policy, sorted(values or {}))), score(self, payload, policy, values))[1])
     runs = {}
     for on_pool in (False, True):
         scored.clear()
         code, run = train_cli(tmp_path / str(on_pool), tiny_sd3_path, "diffusion_loss.name=distill_kl",
                               f"diffusion_loss.teacher={{inline: {tmp_path / 'teacher'}}}",
                               "algorithm.drop_zero_advantage=false", "trainer.total_training_steps=3",
-                              "trainer.backend=local", "trainer.logger=[jsonl]", "rollout.n_workers=1",
+                              f"trainer.backend={backend}", "trainer.logger=[jsonl]", "rollout.n_workers=1",
+                              "trainer.n_workers=1",
                               "trainer.mode=one_step_off", f"rollout.scores_teacher={on_pool}", "actor.lr=3e-2")
         assert code == 0
         runs[on_pool] = run
         teacher_calls = [call for call in scored if call[1] == "teacher"]
-        assert teacher_calls == ([("rollout", "teacher", ["data_sources"])] if on_pool
-                                 else [("actor", "teacher", [])]) * 3
+        assert backend == "ray" or teacher_calls == ([("rollout", "teacher", ["data_sources"])] if on_pool
+                                                     else [("actor", "teacher", [])]) * 3
     kl = {on_pool: [row["actor/distill_kl"] for row in read_metrics(run) if "actor/distill_kl" in row]
           for on_pool, run in runs.items()}
     assert len(kl[True]) == 3 and kl[True] == kl[False] and kl[True][0] > 0
