@@ -198,7 +198,7 @@ def test_the_sources_a_row_gives_are_checked_against_the_family(tmp_path):
     from pixelrl.config.sections import PixelRLConfig
     from pixelrl.core.errors import ConfigError
     from pixelrl.data.prompts import PromptDataset
-    from pixelrl.trainers.controller import check_conditions
+    from pixelrl.trainers.controller import check_conditions, check_picture_batches
 
     def rows(*counts):
         file = _write_edit_rows(tmp_path, [{"prompt": "p", "images": [f"source_{i}.png" for i in range(n)]}
@@ -210,13 +210,14 @@ def test_the_sources_a_row_gives_are_checked_against_the_family(tmp_path):
     cfg.data.train_batch_size = 2
     check_conditions(cfg, rows(2, 2), "data.train_files")
     check_conditions(cfg, rows(3), "data.train_files")
-    check_conditions(cfg, rows(1, 2, 2, 1), "data.train_files")  # two numbers, each a batch's worth
-    check_conditions(cfg, rows(1, 2, 2), "data.val_files")  # validation generates each number apart
-    for counts, message in (((1, 2, 2), r"a batch holds rows of one number of pictures.*1 rows with 1 picture\(s\), "
-                                         r"fewer than data\.train_batch_size=2"),
-                            ((4,), r"1 to 3 condition image\(s\).*1 rows with 4")):
-        with pytest.raises(ConfigError, match=rf"data\.train_files.*{message}"):
-            check_conditions(cfg, rows(*counts), "data.train_files")
+    check_conditions(cfg, rows(1, 2, 2), "data.train_files")  # numbers may differ ...
+    check_picture_batches(cfg, rows(1, 2, 2, 1))  # ... each with a batch's worth of training rows
+    check_picture_batches(cfg, rows(1, 2, 2).weighted({"edits": 2}))  # counted after data.source_weights
+    with pytest.raises(ConfigError, match=r"data\.train_files.*a batch holds rows of one number of pictures.*"
+                                          r"1 rows with 1 picture\(s\), fewer than data\.train_batch_size=2"):
+        check_picture_batches(cfg, rows(1, 2, 2))
+    with pytest.raises(ConfigError, match=r"data\.train_files.*1 to 3 condition image\(s\).*1 rows with 4"):
+        check_conditions(cfg, rows(4), "data.train_files")
     cfg.model.type = "flux_kontext"
     with pytest.raises(ConfigError, match=r"takes 1 condition image\(s\) per prompt.*1 rows with 2"):
         check_conditions(cfg, rows(2), "data.train_files")

@@ -61,6 +61,7 @@ def datasets_of(cfg: PixelRLConfig):
         if d.source_weights:
             check_source_weights(d.source_weights, {row["data_source"] for row in train.rows})
             train = train.weighted(d.source_weights)
+        check_picture_batches(cfg, train)
     val = PromptDataset.from_files(d.val_files, d.prompt_key, size, "data.val_files") if d.val_files else None
     if val is not None:
         check_conditions(cfg, val, "data.val_files")
@@ -91,22 +92,27 @@ def check_conditions(cfg: PixelRLConfig, dataset: PromptDataset, field: str) -> 
                           "name an `image`, or another reward")
     counts = dataset.condition_counts()
     wrong = {n: rows for n, rows in counts.items() if not takes <= n <= most}
-    files = list(getattr(cfg.data, field.split(".")[1]))
     if wrong:
+        files = list(getattr(cfg.data, field.split(".")[1]))
         given = ", ".join(f"{rows} rows with {n}" for n, rows in sorted(wrong.items()))
         span = f"{takes}" if takes == most else f"{takes} to {most}"
         fix = ("remove `image` / `images` from the rows, or use an edit family (model.type=flux_kontext or qwen_image_edit)"
                if takes == 0 else f"give every row {span} (`image`, or `images` for several: paths relative to the file)")
         raise ConfigError(field, files, f"model.type={cfg.model.type} takes {span} condition image(s) per prompt, but "
                           f"the file has {given}: {fix}")
-    # a batch holds rows of one number of pictures (their condition latents stack): a number with
-    # fewer training rows than a batch would never be trained
+
+
+def check_picture_batches(cfg: PixelRLConfig, dataset: PromptDataset) -> None:
+    """A batch holds training rows of one number of pictures (their condition latents stack): a
+    number with fewer rows than a batch (after data.source_weights) would never be trained."""
+    counts = dataset.condition_counts()
     short = {n: rows for n, rows in counts.items() if rows < cfg.data.train_batch_size}
-    if field == "data.train_files" and len(counts) > 1 and short:
+    if len(counts) > 1 and short:
         given = ", ".join(f"{rows} rows with {n} picture(s)" for n, rows in sorted(short.items()))
-        raise ConfigError(field, files, f"a batch holds rows of one number of pictures, and the file has {given}, "
-                          f"fewer than data.train_batch_size={cfg.data.train_batch_size}: add rows of that number, "
-                          "give those rows another number of pictures, or lower data.train_batch_size")
+        raise ConfigError("data.train_files", list(cfg.data.train_files), f"a batch holds rows of one number of "
+                          f"pictures, and the training rows hold {given}, fewer than data.train_batch_size="
+                          f"{cfg.data.train_batch_size}: add rows of that number, give those rows another number of "
+                          "pictures, or lower data.train_batch_size")
 
 
 def check_source_weights(weights: dict, sources: set[str]) -> None:
