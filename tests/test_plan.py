@@ -196,11 +196,12 @@ def test_an_edit_family_plans_its_condition_tokens():
 def test_the_plan_counts_the_pictures_the_training_rows_give(tmp_path):
     """Qwen-Image-Edit-Plus rows with two pictures carry two sources' tokens in each row's
     sequence: the plan reads the count from data.train_files when the file is here (one picture,
-    the family's own, when it is not)."""
+    the family's own, when it is not), without opening the pictures (it runs at every config
+    load; loading the rows to train checks them: here b.png is no image at all)."""
     from PIL import Image
 
-    for name in ("a.png", "b.png"):
-        Image.new("RGB", (64, 64), (200, 40, 40)).save(tmp_path / name)
+    Image.new("RGB", (64, 64), (200, 40, 40)).save(tmp_path / "a.png")
+    (tmp_path / "b.png").write_bytes(b"not an image")
     rows = tmp_path / "edits.jsonl"
     rows.write_text('{"prompt": "put the cat on the chair", "images": ["a.png", "b.png"]}\n' * 3)
     one = model_shape(paper_config("flow_grpo_qwen_image_edit"))

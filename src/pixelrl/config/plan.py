@@ -157,7 +157,9 @@ def pictures_per_row(cfg: PixelRLConfig, family_default: int) -> int:
         return family_default
     from pixelrl.data.prompts import PromptDataset
 
-    counts = PromptDataset.from_files(d.train_files, d.prompt_key).condition_counts()
+    # counted without opening the images: this runs at every config load (the step-size check),
+    # and loading the rows for training checks each image once
+    counts = PromptDataset.from_files(d.train_files, d.prompt_key, check_images=False).condition_counts()
     return max(counts) if counts else family_default
 
 

@@ -44,10 +44,10 @@ def _normalise(path: Path, row: int, record, prompt_key: str) -> dict:
     return {"prompt": prompt, "data_source": str(record.get("data_source") or path.stem), "metadata": metadata}
 
 
-def _prompt_row(path: Path, row: int, record, prompt_key: str) -> dict:
+def _prompt_row(path: Path, row: int, record, prompt_key: str, check_images: bool = True) -> dict:
     """A prompt file's row: `_normalise`d, with its condition images when it names any."""
     normalised = _normalise(path, row, record, prompt_key)
-    images = _condition_paths(path, row, record)
+    images = _condition_paths(path, row, record, check_images)
     if images:
         normalised["images"] = images
     return normalised
@@ -59,8 +59,9 @@ CONDITION_MODES = ("RGB", "RGBA", "L", "LA", "P")
 MIN_SIDE, MAX_SIDE, MAX_PIXELS = 8, 8192, 40_000_000
 
 
-def _condition_paths(path: Path, row: int, record: dict) -> tuple[str, ...]:
-    """The row's condition images (`image` or `images`), each checked, as absolute paths."""
+def _condition_paths(path: Path, row: int, record: dict, check: bool = True) -> tuple[str, ...]:
+    """The row's condition images (`image` or `images`), each checked (opened) unless `check` is
+    false, as absolute paths."""
     if "image" in record and "images" in record:
         raise _row_error(path, row, "has both `image` and `images`: give one (`images` for several)")
     given = record.get("images", record.get("image"))
@@ -71,7 +72,8 @@ def _condition_paths(path: Path, row: int, record: dict) -> tuple[str, ...]:
     if not isinstance(entries, list) or not entries or not all(isinstance(e, str) and e.strip() for e in entries):
         raise _row_error(path, row, f"`{field}` must be {'a path' if field == 'image' else 'a non-empty list of paths'}"
                                     f" (relative to {path.parent}), got {given!r}")
-    return tuple(_check_condition_image(path, row, (path.parent / entry).expanduser()) for entry in entries)
+    images = [(path.parent / entry).expanduser() for entry in entries]
+    return tuple(_check_condition_image(path, row, image) if check else str(image.resolve()) for image in images)
 
 
 def _check_condition_image(path: Path, row: int, image: Path) -> str:
@@ -156,8 +158,10 @@ def read_records(path: Path, required_key: str, kinds: str = ".jsonl, .parquet o
         raise DatasetError(f"data file `{path}`: unsupported type `{suffix}`; use {kinds}")
 
 
-def read_prompt_file(path: str | Path, prompt_key: str = "prompt", field: str = "data.train_files") -> list[dict]:
-    """The rows of a prompt file; `field` is where the path was given (named when it is wrong)."""
+def read_prompt_file(path: str | Path, prompt_key: str = "prompt", field: str = "data.train_files",
+                     check_images: bool = True) -> list[dict]:
+    """The rows of a prompt file; `field` is where the path was given (named when it is wrong).
+    `check_images=False` leaves the rows' condition images unopened (a count of them needs none)."""
     from pixelrl.core.assets import resolve
 
     path = Path(resolve(str(path), field))
@@ -167,7 +171,8 @@ def read_prompt_file(path: str | Path, prompt_key: str = "prompt", field: str = 
         rows = [{"prompt": line.strip(), "data_source": path.stem, "metadata": {}}
                 for _, line in text_lines(path) if line.strip()]
     else:
-        rows = [_prompt_row(path, number, record, prompt_key) for number, record in read_records(path, prompt_key)]
+        rows = [_prompt_row(path, number, record, prompt_key, check_images)
+                for number, record in read_records(path, prompt_key)]
     if not rows:
         raise DatasetError(f"prompt file `{path}` has no prompts")
     return rows
@@ -183,8 +188,8 @@ class PromptDataset(torch.utils.data.Dataset):
 
     @classmethod
     def from_files(cls, files, prompt_key: str = "prompt", output_size: tuple[int, int] | None = None,
-                   field: str = "data.train_files") -> "PromptDataset":
-        return cls([row for f in files for row in read_prompt_file(f, prompt_key, field)], output_size)
+                   field: str = "data.train_files", check_images: bool = True) -> "PromptDataset":
+        return cls([row for f in files for row in read_prompt_file(f, prompt_key, field, check_images)], output_size)
 
     def condition_counts(self) -> dict[int, int]:
         """How many rows have each number of condition images."""
@@ -241,20 +246,18 @@ class EpochSampler(torch.utils.data.Sampler):
     """
 
     def __init__(self, size: int, *, shuffle: bool, seed: int, buckets: list | None = None, batch_size: int = 1):
-        self.size, self.shuffle, self.seed = size, shuffle, seed
-        self.buckets, self.batch_size = buckets, batch_size
+        self.size, self.shuffle, self.seed, self.batch_size = size, shuffle, seed, batch_size
+        self.rows_by_key = None  # with buckets: each key's row indices, in key order
         if buckets is not None:
-            self.size = sum(len(rows) // batch_size * batch_size for rows in self._rows_by_key().values())
+            grouped: dict = {}
+            for index, key in enumerate(buckets):
+                grouped.setdefault(key, []).append(index)
+            self.rows_by_key = [grouped[key] for key in sorted(grouped)]
+            self.size = sum(len(rows) // batch_size * batch_size for rows in self.rows_by_key)
         self.epoch, self.position = 0, 0
 
-    def _rows_by_key(self) -> dict:
-        rows: dict = {}
-        for index, key in enumerate(self.buckets):
-            rows.setdefault(key, []).append(index)
-        return dict(sorted(rows.items()))
-
     def _order(self) -> list[int]:
-        if self.buckets is not None:
+        if self.rows_by_key is not None:
             return self._bucketed_order()
         if not self.shuffle:
             return list(range(self.size))
@@ -263,7 +266,7 @@ class EpochSampler(torch.utils.data.Sampler):
     def _bucketed_order(self) -> list[int]:
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         batches = []
-        for rows in self._rows_by_key().values():
+        for rows in self.rows_by_key:
             if self.shuffle:
                 rows = [rows[i] for i in torch.randperm(len(rows), generator=generator).tolist()]
             batches += [rows[i:i + self.batch_size] for i in range(0, len(rows) - self.batch_size + 1, self.batch_size)]

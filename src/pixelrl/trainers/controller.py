@@ -433,11 +433,10 @@ class DiffusionTrainer:
         by_count = defaultdict(list)
         for i, r in enumerate(rows):
             by_count[len(r.get("condition_images", ()))].append(i)
-        images = torch.empty(0)
-        for indices in by_count.values():
-            part = self._validation_images([rows[i] for i in indices], [seeds[i] for i in indices])
-            if images.numel() == 0:
-                images = part.new_zeros((len(rows), *part.shape[1:]))
+        parts = [(indices, self._validation_images([rows[i] for i in indices], [seeds[i] for i in indices]))
+                 for indices in by_count.values()]
+        images = parts[0][1].new_zeros((len(rows), *parts[0][1].shape[1:]))
+        for indices, part in parts:
             images[torch.tensor(indices)] = part
         scores = self.rewards(images, [r["prompt"] for r in rows], [r["metadata"] for r in rows],
                               **({"condition_images": sources} if sources is not None else {}))
