@@ -143,15 +143,29 @@ class ScalarReads:
         return self._mode.__exit__(*exc)
 
 
+_STAND_IN: list[str] = []
+
+
+def stand_in_folder() -> str:
+    """One empty folder for the whole session, removed when it ends (a folder per call left
+    hundreds behind in /tmp)."""
+    if not _STAND_IN:
+        import atexit
+        import shutil
+        import tempfile
+
+        _STAND_IN.append(tempfile.mkdtemp(prefix="pixelrl_stand_in_"))
+        atexit.register(shutil.rmtree, _STAND_IN[0], True)
+    return _STAND_IN[0]
+
+
 def paper_config(name, *overrides):
     """A bundled config for a real checkpoint, validated with an empty folder standing in for the
     model folder this machine does not have (validation checks only that it exists), as on a GPU node."""
-    import tempfile
-
     from pixelrl.config import load_config
     from pixelrl.core.errors import ConfigError
 
-    stand_in = f"model.path={tempfile.mkdtemp(prefix='pixelrl_stand_in_')}"
+    stand_in = f"model.path={stand_in_folder()}"
     with gpu_node_memory():
         try:
             return load_config(name, [stand_in, *overrides])

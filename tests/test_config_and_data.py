@@ -9,8 +9,10 @@ from pixelrl.config import load_config
 from pixelrl.core.errors import ConfigError
 from pixelrl.data.prompts import DatasetError, PromptDataset, make_loader, read_prompt_file
 
+from conftest import stand_in_folder
+
 # validation checks the model folder exists (not what is in it): an empty one stands in
-BASE = [f"model.path={tempfile.mkdtemp(prefix='pixelrl_model_')}"]
+BASE = [f"model.path={stand_in_folder()}"]
 
 
 def _error(*overrides, config="flow_grpo_tiny"):

@@ -337,15 +337,14 @@ def test_auto_sizes_change_only_the_fields_written_auto(capsys):
         paper_config("flow_grpo_sd35", *AUTO_SD35, "rollout.micro_batch_size=48", "trainer.fit_to_memory_gb=24")
 
 
-def test_auto_reads_the_gpus_memory_or_says_how_to_give_it(capsys, monkeypatch):
+def test_auto_reads_the_gpus_memory_or_says_how_to_give_it(capsys, monkeypatch, tmp_path):
     """`model.device=cuda`: the card's total memory as torch reports it, the same plan as
     trainer.fit_to_memory_gb of that many GB; no visible GPU names trainer.fit_to_memory_gb."""
-    import tempfile
     from types import SimpleNamespace
 
     from pixelrl.config import load_config
 
-    folder = f"model.path={tempfile.mkdtemp(prefix='pixelrl_stand_in_')}"
+    folder = f"model.path={tmp_path}"
     # the workers are on a cluster's other nodes (a cluster started here has only this machine's GPUs)
     with pytest.raises(ConfigError, match="trainer.fit_to_memory_gb to each GPU's memory") as err:
         load_config("flow_grpo_sd35", [folder, *AUTO_SD35, "trainer.ray_address=10.0.0.1:6379"])

@@ -5,10 +5,11 @@
     pixelrl export CHECKPOINT OUT [--adapter-only]      a diffusers pipeline (or adapter) folder; a Qwen2-VL folder
     pixelrl eval [--model PATH | --checkpoint DIR]      GenEval-style table on the shapes test set (--task text: OCR)
     pixelrl generate --prompt "..." [--model PATH]      an image grid (PNG)
-    pixelrl pretrain-shapes OUT [--steps N] [--world text]  pretrain a shapes model from scratch
+    pixelrl pretrain-shapes OUT [--steps N] [--world W]  pretrain a shapes model from scratch (scenes, text, edit)
     pixelrl make-preferences OUT [--prompts FILE]       offline DPO pairs from a model's scored samples
     pixelrl demo [key=value ...]                        AWM on the shipped shapes model, before/after
     pixelrl demo-distill [--teacher DIR]                then distil the demo's policy into a LoRA (on-policy)
+    pixelrl demo-edit [key=value ...]                   RL on the shipped shapes editing model, before/after
     pixelrl demo-jpeg                                   15-second Flow-GRPO run on a tiny random model
     pixelrl build-tiny PATH [--family F]                a tiny random SD3 / FLUX (Kontext) / Qwen-Image / Wan pipeline
     pixelrl pretrain-vlm OUT [--steps N]                pretrain the shapes-QA vision-language model

@@ -1,4 +1,4 @@
-"""The shapes world: `demo`, `demo-distill`, `eval`, `generate`, `pretrain-shapes`, `make-preferences`."""
+"""The shapes world: `demo`, `demo-distill`, `demo-edit`, `eval`, `generate`, `pretrain-shapes`, `make-preferences`."""
 
 from __future__ import annotations
 
@@ -30,6 +30,16 @@ def cmd_demo_distill(args) -> int:
     return 0
 
 
+def cmd_demo_edit(args) -> int:
+    import torch
+
+    from pixelrl.shapes.edit_demo import run_edit_demo
+
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    run_edit_demo(args.overrides, per_edit=args.per_edit)
+    return 0
+
+
 def cmd_eval(args) -> int:
     import torch
 
@@ -46,6 +56,13 @@ def cmd_eval(args) -> int:
 
             raise ConfigError("--baseline", args.baseline, "paired comparisons are of the scenes task: drop --task text")
         return _eval_text(args)
+    if args.task == "edit":
+        if args.baseline:
+            from pixelrl.core.errors import ConfigError
+
+            raise ConfigError("--baseline", args.baseline, "paired comparisons are of the scenes task: drop --task edit "
+                              "(`pixelrl demo-edit` prints the paired gains of its run)")
+        return _eval_edit(args)
     items = evaluation_items(args.split, per_category=args.per_category or 64, seed=args.seed)
     baseline = _read_baseline(args.baseline, items) if args.baseline else None  # before the model loads
     model = load_for_eval(args.model, args.checkpoint)
@@ -221,6 +238,31 @@ def _eval_text(args) -> int:
     return _write_result(result, args.out)
 
 
+def _eval_edit(args) -> int:
+    """`pixelrl eval --task edit`: edit success per kind of edit on the editing world's held-out
+    instructions, with 95% intervals."""
+    from pixelrl.shapes import edit_world
+    from pixelrl.shapes.edit_evaluate import careful_reasons, evaluate_edits, format_edit_table
+    from pixelrl.shapes.evaluate import bootstrap_overall
+    from pixelrl.trainers.checkpointing import load_for_eval
+
+    model_path = args.model or (None if args.checkpoint else "builtin:shapes_edit")
+    model = load_for_eval(model_path, args.checkpoint)
+    items = edit_world.evaluation_items(args.split, per_edit=args.per_category or 64, seed=args.seed)
+    sampling = sampling_options(args, model)
+    result = evaluate_edits(model, items, progress=True, **sampling)
+    result.pop("images"), result.pop("sources")
+    name = Path(args.checkpoint).name if args.checkpoint else model_path
+    for score in ("exact", "followed", "kept", "careful"):
+        result[f"{score}_interval"] = bootstrap_overall(result["items"], score)
+        print(format_edit_table(result, name, score))
+    rejects = ", ".join(f"{reason} {share:.1%}" for reason, share in careful_reasons(result).items())
+    print(f"source pixels kept {result['pixels_kept']:.3f}; edits the lenient verdict passes and the careful judge "
+          f"rejects: {rejects or 'none'}; {len(items)} edits ({args.split} split), [a, b]: 95% bootstrap interval")
+    result.update(split=args.split, **sampling, model=name)
+    return _write_result(result, args.out)
+
+
 def cmd_generate(args) -> int:
     from PIL import Image
 
@@ -309,13 +351,17 @@ def cmd_make_preferences(args) -> int:
 def cmd_pretrain_shapes(args) -> int:
     import torch
 
-    from pixelrl.shapes.pretrain import SHAPES_ARCH, parse_category_weights, pretrain_shapes
+    from pixelrl.core.errors import ConfigError
+    from pixelrl.shapes.pretrain import WORLDS, parse_category_weights, pretrain_shapes
 
     check_output_dir(args.out, "OUT")
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     arch = None  # the shipped architecture, or with --init the init pipeline's
+    if args.text_layers and "text_layers" not in WORLDS[args.world].arch:
+        raise ConfigError("--text-layers", args.text_layers, f"the {args.world} world's text encoders have a fixed "
+                          "depth (FLUX's CLIP and T5 of the tiny builder); leave it out")
     if args.text_width or args.text_layers:
-        arch = dict(SHAPES_ARCH)
+        arch = dict(WORLDS[args.world].arch)
         arch["text_hidden"] = args.text_width or arch["text_hidden"]
         arch["text_layers"] = args.text_layers or arch["text_layers"]
     weights = parse_category_weights(args.category_weights) if args.category_weights else None
@@ -345,6 +391,11 @@ def add_parsers(sub) -> None:
     distill.add_argument("overrides", nargs="*", help="key=value overrides of configs/shapes_opd.yaml")
     distill.add_argument("--per-category", type=positive_int, default=64, help="held-out evaluation items per category")
     distill.set_defaults(func=cmd_demo_distill)
+    edit = sub.add_parser("demo-edit", help="RL on the shipped shapes editing model (FLUX.1 Kontext layout), edit "
+                                            "success per kind of edit before/after")
+    edit.add_argument("overrides", nargs="*", help="key=value overrides of configs/shapes_edit_demo.yaml")
+    edit.add_argument("--per-edit", type=positive_int, default=64, help="held-out evaluation items per kind of edit")
+    edit.set_defaults(func=cmd_demo_edit)
     for name, helptext in (("eval", "GenEval-style per-category table on the shapes test set"),
                            ("generate", "write an image grid for a prompt")):
         p = sub.add_parser(name, help=helptext)
@@ -363,9 +414,11 @@ def add_parsers(sub) -> None:
         if name == "eval":
             p.add_argument("--split", default="test", choices=["train", "val", "test"], help="which held-out prompts")
             p.add_argument("--per-category", type=positive_int, default=None,
-                           help="items per category (per word with --task text); default 64 (8)")
-            p.add_argument("--task", choices=["scenes", "text"], default="scenes",
-                           help="scenes: GenEval-style tables; text: the OCR reward on the text world (a sign that says \"sun\")")
+                           help="items per category (per word with --task text, per kind of edit with --task edit); "
+                                "default 64 (8 per word)")
+            p.add_argument("--task", choices=["scenes", "text", "edit"], default="scenes",
+                           help="scenes: GenEval-style tables; text: the OCR reward on the text world (a sign that says "
+                                "\"sun\"); edit: edit success per kind of edit (builtin:shapes_edit)")
             p.add_argument("--out", default="runs/eval/results.json", help="the JSON file of scores and items")
             p.add_argument("--baseline", default=None, metavar="RESULTS_JSON",
                            help="an earlier eval's results.json on the same items (e.g. the base model's): print "
@@ -385,8 +438,9 @@ def add_parsers(sub) -> None:
     pre.add_argument("--steps", type=positive_int, default=6000, help="optimizer steps")
     pre.add_argument("--seed", type=non_negative_int, default=0, help="seeds the initial weights and the data")
     pre.add_argument("--eval-every", type=positive_int, default=1500, help="steps between held-out evaluations")
-    pre.add_argument("--world", choices=["scenes", "text"], default="scenes",
-                     help='scenes: GenEval-style prompts (builtin:shapes); text: a sign that says "sun", for the ocr reward')
+    pre.add_argument("--world", choices=["scenes", "text", "edit"], default="scenes",
+                     help='scenes: GenEval-style prompts (builtin:shapes); text: a sign that says "sun", for the ocr '
+                          'reward; edit: (source, instruction, target) triples, a FLUX.1 Kontext model (builtin:shapes_edit)')
     pre.add_argument("--lr-schedule", choices=["constant", "cosine"], default="constant",
                      help="cosine: decay the learning rate to 0 at --steps (a cosine run cannot be extended)")
     pre.add_argument("--text-width", type=positive_int, default=None,

@@ -17,6 +17,11 @@ BUILTIN = {
     # the text task's 24 prompts (a sign that says "sun"); train and validation differ by seed
     "shapes_text": ASSETS / "shapes_text_sd3",  # the project-trained text-world model (pipeline folder)
     "shapes_text/words": ASSETS / "shapes_text_prompts" / "words.jsonl",
+    # the project-trained shapes editing model (FLUX.1 Kontext layout) and the editing world's
+    # (instruction, source image) rows
+    "shapes_edit": ASSETS / "shapes_edit_kontext",
+    "shapes_edit/train": ASSETS / "shapes_edit_prompts" / "train.jsonl",
+    "shapes_edit/val": ASSETS / "shapes_edit_prompts" / "val.jsonl",
     "shapes_qa_vlm": ASSETS / "shapes_qa_vlm",  # the project-trained shapes-QA Qwen2-VL (model folder)
 }
 PREFIX = "builtin:"

@@ -53,9 +53,13 @@ def _flaw(d: Detection, others: list[Detection]) -> str:
     return ""
 
 
-def careful_verdict(image: np.ndarray, spec: dict, objects: list[Detection] | None = None) -> tuple[bool, str]:
+def careful_verdict(image: np.ndarray, spec: dict, objects: list[Detection] | None = None,
+                    judge=None) -> tuple[bool, str]:
     """(passes, the first reason it does not, one of REASONS) for one uint8 image [H, W, 3];
-    `objects` are its detections when the caller has them already."""
+    `objects` are its detections when the caller has them already. `judge(objects, width)` is the
+    lenient verdict on the accepted objects, a dict with `exact` and `strict` (all asked for is
+    there, extras aside): the text-to-image world's `score_detections` against `spec` unless given
+    (the editing world passes its own)."""
     size = image.shape[0]
     scale = (size / 32) ** 2
     objects = detect(image) if objects is None else objects
@@ -69,7 +73,7 @@ def careful_verdict(image: np.ndarray, spec: dict, objects: list[Detection] | No
         return False, "stray pixels"
     flaws = [_flaw(d, objects) for d in objects]
     judged = [replace(d, shape="unknown") if flaw else d for d, flaw in zip(objects, flaws)]
-    scene = score_detections(judged, spec, image.shape[1])
+    scene = (judge or (lambda found, width: score_detections(found, spec, width)))(judged, image.shape[1])
     if scene["exact"]:
         return True, "clean"
     # an object's flaw, else an object nobody asked for, else the scene itself (counts, colours, relation)

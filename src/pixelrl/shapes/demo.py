@@ -95,17 +95,19 @@ def plot_validation_curves(metrics_file: Path, path: Path) -> bool:
     return True
 
 
-def comparison_grid(rows: list[tuple[str, object]], items, path: Path, per_category: int = 4) -> None:
+def comparison_grid(rows: list[tuple[str, object]], items, path: Path, per_category: int = 4,
+                    categories: tuple[str, ...] | None = None, key: str = "category") -> None:
     """One band of images per (label, images) row, the same held-out items in each: the first
-    `per_category` of every category, captioned with the label and the prompt."""
+    `per_category` of every category (the text-to-image world's, or `categories` of the items'
+    `key`: the editing world's kinds of edit), captioned with the label and the prompt."""
     from PIL import Image
 
     from pixelrl.shapes.detector import CATEGORIES
     from pixelrl.trainers.tracking import image_grid
 
     picks = []
-    for category in CATEGORIES:
-        picks += [i for i, it in enumerate(items) if it["category"] == category][:per_category]
+    for category in categories or CATEGORIES:
+        picks += [i for i, it in enumerate(items) if it[key] == category][:per_category]
     captions = [items[i]["prompt"] for i in picks]
     bands = [image_grid(images[picks].numpy(), [f"{label}: {c}" for c in captions], ncols=8, scale=3)
              for label, images in rows]

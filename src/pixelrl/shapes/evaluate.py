@@ -107,16 +107,18 @@ def evaluate_text(model: DiffusionModel, items: list[dict], **generate_kwargs) -
 def format_table(result: dict, title: str = "", score: str = "strict") -> str:
     """One markdown row of per-category `score` (strict or exact) with its overall, and the 95%
     interval when `result` holds one (`<score>_interval`)."""
-    cats = list(result[score])
     overall = result["overall" if score == "strict" else f"overall_{score}"]
-    cell = f"{overall:.3f}"
-    if f"{score}_interval" in result:
-        low, high = result[f"{score}_interval"]
-        cell += f" [{low:.3f}, {high:.3f}]"
-    head = f"| {'model' if score == 'strict' else f'model ({score})'} | overall | " + " | ".join(cats) + " |"
-    rule = "|---" * (len(cats) + 2) + "|"
-    row = f"| {title} | {cell} | " + " | ".join(f"{result[score][c]:.3f}" for c in cats) + " |"
-    return "\n".join([head, rule, row])
+    return score_table("model" if score == "strict" else f"model ({score})", title, overall,
+                       result.get(f"{score}_interval"), result[score])
+
+
+def score_table(head: str, title: str, overall: float, interval, columns: dict[str, float]) -> str:
+    """A markdown header, rule and one row: `title`, the overall (with its interval when given)
+    and one column per group."""
+    cell = f"{overall:.3f}" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval is not None else "")
+    rule = "|---" * (len(columns) + 2) + "|"
+    row = f"| {title} | {cell} | " + " | ".join(f"{v:.3f}" for v in columns.values()) + " |"
+    return "\n".join([f"| {head} | overall | " + " | ".join(columns) + " |", rule, row])
 
 
 def format_careful(result: dict, baseline: dict | None = None) -> str:

@@ -1,11 +1,12 @@
 """Flow-matching pretraining of the shipped shapes models on rendered (image, caption) pairs:
 the scenes world (`builtin:shapes`, GenEval-style prompts) or the text world (`builtin:shapes_text`,
-`a sign that says "sun"`, for the OCR reward).
+`a sign that says "sun"`, for the OCR reward); and of the editing model (`builtin:shapes_edit`) on
+(source, instruction, target) triples, whose own parts are in `pretrain_edit`.
 
 Rectified flow: x_t = (1 - t) x0 + t eps with logit-normal t, target v = eps - x0. The
-denoiser and both tiny CLIP text encoders train jointly; captions are dropped 10% of the time
-(replaced by "", the negative prompt) so that classifier-free guidance works. An EMA of the
-weights is what gets evaluated and saved.
+denoiser and both tiny text encoders train jointly; for the text-to-image models captions are
+dropped 10% of the time (replaced by "", the negative prompt) so that classifier-free guidance
+works. An EMA of the weights is what gets evaluated and saved.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import math
 import random
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -23,7 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from pixelrl.core.assets import resolve
 from pixelrl.core.errors import ConfigError
-from pixelrl.shapes import text as shapes_text
+from pixelrl.shapes import pretrain_edit, text as shapes_text
 from pixelrl.shapes.world import evaluation_items, prompt_splits, render, vocabulary
 from pixelrl.shapes.evaluate import evaluate_geneval, evaluate_text, format_table
 from pixelrl.engine.learner import LR_SCHEDULES, Learner
@@ -70,6 +73,12 @@ class CaptionStream:
             images.append(torch.from_numpy(image))
             captions.append("" if self.rng.random() < self.caption_dropout else prompt)
         return captions, torch.stack(images)
+
+    def loss(self, model: DiffusionModel, size: int, generator: torch.Generator) -> torch.Tensor:
+        """The flow-matching loss of the next `size` pairs."""
+        captions, images = self.batch(size)
+        text = model._encode_uncached(captions)  # with grad: the text encoders train too
+        return flow_matching_loss(model, images_to_model_space(images), text, generator)
 
 
 def parse_category_weights(text: str) -> dict[str, float]:
@@ -141,28 +150,63 @@ def _validate_text(model: DiffusionModel, split: str, per_item: int) -> tuple[di
             f"EMA ({split}): ocr {result['ocr']:.3f}, exactly readable {result['exact']:.3f}")
 
 
-# world -> (vocabulary, training stream, validation, validation items per category / word; the
-# test at the end takes twice as many)
+def _build_sd3(folder: Path, seed: int, arch: dict, log) -> None:
+    build_tiny_sd3(folder, words=vocabulary(), seed=seed, **arch)
+
+
+def _build_text_sd3(folder: Path, seed: int, arch: dict, log) -> None:
+    build_tiny_sd3(folder, words=shapes_text.vocabulary(), seed=seed, **arch)
+
+
+def _load_sd3(folder: Path) -> SD3Model:
+    # trained with CLIP tokens only: loading it with T5's zero tokens would change the model
+    return SD3Model(folder, max_sequence_length=0)
+
+
+def _load_edit(folder: Path) -> DiffusionModel:
+    from pixelrl.models.flux_kontext import FluxKontextModel
+
+    return FluxKontextModel(folder, max_sequence_length=pretrain_edit.EDIT_ARCH["text_max_length"])
+
+
+@dataclass(frozen=True)
+class World:
+    build: Callable  # (folder, seed, arch, log): a fresh pipeline folder
+    load: Callable  # folder -> DiffusionModel
+    arch: dict
+    stream: type  # (seed, category_weights=) -> an object with .rng and .loss(model, size, generator)
+    validate: Callable  # (model, split, per item) -> (log record, printable result)
+    per_item: int  # validation items per category / word / kind of edit; the test at the end takes twice as many
+
+
 WORLDS = {
-    "scenes": (vocabulary, ShapesStream, _validate_scenes, 32),
-    "text": (shapes_text.vocabulary, TextStream, _validate_text, shapes_text.VAL_SEEDS),
+    "scenes": World(_build_sd3, _load_sd3, SHAPES_ARCH, ShapesStream, _validate_scenes, 32),
+    "text": World(_build_text_sd3, _load_sd3, SHAPES_ARCH, TextStream, _validate_text, shapes_text.VAL_SEEDS),
+    "edit": World(pretrain_edit.build_edit_model, _load_edit, pretrain_edit.EDIT_ARCH, pretrain_edit.EditStream,
+                  pretrain_edit.validate_edits, 24),
 }
 
 
-def _trainable_modules(model: SD3Model) -> list[torch.nn.Module]:
-    return [model.transformer, *model.clip_encoders]
+def _trainable_modules(model: DiffusionModel) -> list[torch.nn.Module]:
+    """The denoiser and the text encoders, in the order their folders are named (TRAINED_PARTS)."""
+    if isinstance(model, SD3Model):
+        return [model.transformer, *model.clip_encoders]
+    return [model.transformer, model.pipeline.text_encoder, model.pipeline.text_encoder_2]
 
 
-def save_pipeline(model: SD3Model, template: Path, out: Path) -> None:
-    """Write `model`'s weights into a copy of the pipeline folder `template` (atomic rename)."""
+TRAINED_PARTS = ("transformer", "text_encoder", "text_encoder_2")
+
+
+def save_pipeline(model: DiffusionModel, template: Path, out: Path) -> None:
+    """Write `model`'s weights into a copy of the pipeline folder `template` (atomic rename), with
+    the text length it was trained with declared (loading the SD3 ones with T5's zero tokens, the
+    family default, would change the model)."""
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(template, tmp)
-    model.transformer.save_pretrained(tmp / "transformer", safe_serialization=True)
-    # trained with CLIP tokens only: loading it with T5's zero tokens would change the model
-    (tmp / DECLARED_OPTIONS_FILE).write_text(json.dumps({"max_sequence_length": 0}) + "\n")
-    for suffix, enc in zip(("", "_2"), model.clip_encoders):
-        enc.save_pretrained(tmp / f"text_encoder{suffix}", safe_serialization=True)
+    (tmp / DECLARED_OPTIONS_FILE).write_text(json.dumps({"max_sequence_length": model.max_sequence_length}) + "\n")
+    for part, module in zip(TRAINED_PARTS, _trainable_modules(model)):
+        module.save_pretrained(tmp / part, safe_serialization=True)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
 
@@ -185,20 +229,22 @@ def _check_same_run(out: Path, settings: dict) -> None:
                               "use that to resume it, or a new folder for a new run")
 
 
-def _save_state(out: Path, step: int, minutes: float, model: SD3Model, ema_model: SD3Model, learner: Learner,
+def _save_state(out: Path, step: int, minutes: float, model: DiffusionModel, ema_model: DiffusionModel, learner: Learner,
                 stream, generator: torch.Generator) -> None:
     """Everything a resumed run needs to continue bitwise (`out/state`, replaced atomically):
-    raw and EMA weights (safetensors), AdamW and warm-up state and the noise generator (tensors
+    raw and EMA weights (safetensors), AdamW and warm-up state and the noise generators (tensors
     only, loaded with weights_only), the step and the data stream's RNG (JSON)."""
     tmp, state, old = out / "state.tmp", out / "state", out / "state.old"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    tensors = {f"{name}.{i}.{key}": value.detach().contiguous()
+    # cloned: T5 ties its input embeddings to `shared`, and safetensors refuses tensors that share memory
+    tensors = {f"{name}.{i}.{key}": value.detach().clone().contiguous()
                for name, m in (("model", model), ("ema", ema_model))
                for i, module in enumerate(_trainable_modules(m)) for key, value in module.state_dict().items()}
     save_file(tensors, tmp / "weights.safetensors")
+    # the global generator too: dropout draws from it (the edit model's T5 has some)
     torch.save({"optimizer": learner.optimizer.state_dict(), "scheduler": learner.lr_scheduler.state_dict(),
-                "generator": generator.get_state()}, tmp / "optimizer.pt")
+                "generator": generator.get_state(), "global_generator": torch.get_rng_state()}, tmp / "optimizer.pt")
     version, internal, gauss = stream.rng.getstate()
     (tmp / "state.json").write_text(json.dumps({"step": step, "minutes": minutes,
                                                 "stream_rng": [version, list(internal), gauss]}))
@@ -209,7 +255,7 @@ def _save_state(out: Path, step: int, minutes: float, model: SD3Model, ema_model
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _load_state(out: Path, model: SD3Model, ema_model: SD3Model, learner: Learner, stream,
+def _load_state(out: Path, model: DiffusionModel, ema_model: DiffusionModel, learner: Learner, stream,
                 generator: torch.Generator) -> tuple[int, float]:
     """Restore what `_save_state` wrote (the newest complete copy); returns (step, minutes)."""
     folder = next(f for f in (out / "state", out / "state.old") if (f / "state.json").is_file())
@@ -222,6 +268,8 @@ def _load_state(out: Path, model: SD3Model, ema_model: SD3Model, learner: Learne
     learner.optimizer.load_state_dict(saved["optimizer"])
     learner.lr_scheduler.load_state_dict(saved["scheduler"])
     generator.set_state(saved["generator"])
+    if "global_generator" in saved:  # states saved before it was kept have none
+        torch.set_rng_state(saved["global_generator"])
     meta = json.loads((folder / "state.json").read_text())
     version, internal, gauss = meta["stream_rng"]
     stream.rng.setstate((version, tuple(internal), gauss))
@@ -251,8 +299,8 @@ def pretrain_shapes(out_dir: str | Path, *, steps: int = 6000, seed: int = 0, ba
     if lr_schedule == "cosine" and steps <= warmup:
         raise ConfigError("--steps", steps, f"a cosine schedule decays after the {warmup} warm-up steps; "
                           "give more steps than that, or --lr-schedule constant")
-    world_vocabulary, stream_class, validate, default_per_item = WORLDS[world]
-    per_item = eval_per_category or default_per_item
+    spec = WORLDS[world]
+    per_item = eval_per_category or spec.per_item
     init_name = None if init is None else str(init)  # as given: builtin:shapes resolves per install
     if init is not None:
         init = Path(resolve(init_name, "--init"))
@@ -263,8 +311,8 @@ def pretrain_shapes(out_dir: str | Path, *, steps: int = 6000, seed: int = 0, ba
             raise ConfigError("--init", init_name, "not a shapes pipeline folder (model_index.json, transformer/ "
                               f"and {DECLARED_OPTIONS_FILE}, as pretrain-shapes writes them): give a checkpoints/"
                               "step_N or final folder of a pretraining run, or builtin:shapes")
-    stream = stream_class(seed, category_weights=category_weights)  # refuses weights for the text world
-    arch = arch or SHAPES_ARCH
+    stream = spec.stream(seed, category_weights=category_weights)  # refuses weights for the text world
+    arch = arch or spec.arch
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     settings = {"world": world, "seed": seed, "batch_size": batch_size, "lr": lr, "warmup": warmup,
@@ -283,10 +331,9 @@ def pretrain_shapes(out_dir: str | Path, *, steps: int = 6000, seed: int = 0, ba
         if init is not None:
             shutil.copytree(init, start_from, ignore=shutil.ignore_patterns("README.md"))
         else:
-            build_tiny_sd3(start_from, words=world_vocabulary(), seed=seed, **arch)
+            spec.build(start_from, seed, arch, log)
     torch.manual_seed(seed)
-    model = SD3Model(start_from, max_sequence_length=0)
-    ema_model = SD3Model(start_from, max_sequence_length=0)
+    model, ema_model = spec.load(start_from), spec.load(start_from)
     params = [p for m in _trainable_modules(model) for p in m.parameters()]
     ema_params = [p for m in _trainable_modules(ema_model) for p in m.parameters()]
     for p in params:
@@ -311,7 +358,7 @@ def pretrain_shapes(out_dir: str | Path, *, steps: int = 6000, seed: int = 0, ba
             for m in _trainable_modules(ema_model):
                 m.eval()
             ema_model._prompt_cache.clear()
-            record = {"minutes": round(elapsed, 1), "step": step, **validate(ema_model, "val", per_item)[0]}
+            record = {"minutes": round(elapsed, 1), "step": step, **spec.validate(ema_model, "val", per_item)[0]}
             log(json.dumps(record))
             log_file.write(json.dumps(record) + "\n")
             log_file.flush()
@@ -319,9 +366,7 @@ def pretrain_shapes(out_dir: str | Path, *, steps: int = 6000, seed: int = 0, ba
             _save_state(out, step, elapsed, model, ema_model, learner, stream, gen)
         if step >= steps:
             break
-        captions, images = stream.batch(batch_size)
-        text = model._encode_uncached(captions)  # with grad: the text encoders train too
-        loss = flow_matching_loss(model, images_to_model_space(images), text, gen)
+        loss = stream.loss(model, batch_size, gen)
         learner.zero_grad()
         loss.backward()
         # a non-finite loss or gradient skips the step; three in a row stop the run
@@ -339,5 +384,5 @@ def pretrain_shapes(out_dir: str | Path, *, steps: int = 6000, seed: int = 0, ba
                 log(json.dumps(record))
     final = out / "final"
     save_pipeline(ema_model, start_from, final)
-    log(f"after {steps} steps:\n" + validate(ema_model, "test", 2 * per_item)[1])
+    log(f"after {steps} steps:\n" + spec.validate(ema_model, "test", 2 * per_item)[1])
     return final

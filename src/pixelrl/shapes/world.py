@@ -67,11 +67,13 @@ def _stable_order(prompt: str) -> str:
     return hashlib.sha256(prompt.encode()).hexdigest()
 
 
-def prompt_splits() -> dict[str, list[dict]]:
-    """Fixed train / val / test prompt lists (a deterministic hash split per category)."""
+def hash_split(groups: dict[str, list[dict]], shared_below: int = 0) -> dict[str, list[dict]]:
+    """Fixed train / val / test lists of items with a `prompt`: each group's items ordered by a
+    hash of the prompt, TEST_FRACTION of them to test and VAL_FRACTION to val (at least one each),
+    the rest to train; a group with fewer than `shared_below` items goes whole to every split."""
     splits = {"train": [], "val": [], "test": []}
-    for category, items in all_prompts().items():
-        if len(items) < HOLDOUT_MIN_PROMPTS:
+    for items in groups.values():
+        if len(items) < shared_below:
             for name in splits:
                 splits[name].extend(items)
             continue
@@ -84,20 +86,30 @@ def prompt_splits() -> dict[str, list[dict]]:
     return splits
 
 
+def prompt_splits() -> dict[str, list[dict]]:
+    """Fixed train / val / test prompt lists (a deterministic hash split per category)."""
+    return hash_split(all_prompts(), HOLDOUT_MIN_PROMPTS)
+
+
+def cycled_items(items: list[dict], key: str, groups: tuple[str, ...], per_group: int, seed: int) -> list[dict]:
+    """`per_group` items of each group (the items' `key`), cycling through that group's items,
+    each with its own sampling seed: seed * 1e6 + group index * 1e4 + k."""
+    by_group: dict[str, list[dict]] = {}
+    for item in items:
+        by_group.setdefault(item[key], []).append(item)
+    out = []
+    for g_index, group in enumerate(groups):
+        for k in range(per_group):
+            item = dict(by_group[group][k % len(by_group[group])])
+            item["seed"] = seed * 1_000_000 + g_index * 10_000 + k
+            out.append(item)
+    return out
+
+
 def evaluation_items(split: str = "test", per_category: int = 64, seed: int = 0) -> list[dict]:
     """(prompt, seed) items for evaluation: `per_category` per category, cycling through the
     split's prompts of that category, each with its own sampling seed."""
-    items = []
-    by_category: dict[str, list[dict]] = {}
-    for item in prompt_splits()[split]:
-        by_category.setdefault(item["category"], []).append(item)
-    for c_index, category in enumerate(CATEGORIES):
-        prompts = by_category[category]
-        for k in range(per_category):
-            item = dict(prompts[k % len(prompts)])
-            item["seed"] = seed * 1_000_000 + c_index * 10_000 + k
-            items.append(item)
-    return items
+    return cycled_items(prompt_splits()[split], "category", CATEGORIES, per_category, seed)
 
 
 # ---------------------------------------------------------------------------------- render

@@ -22,7 +22,8 @@ from pixelrl.trainers.tracking import read_metric_rows
 CURVES = ("critic/rewards/mean", "student/loss", "fake_score/loss", "actor/pg_loss", "actor/kl", "actor/grad_norm",
           "val-core/*", "timing_s/step")
 MAX_GRIDS = 12  # the last ones by step: a long run's page stays small
-FIGURES = ("before_after.png", "base_teacher_student.png", "reward_curve.png", "validation_curve.png")
+FIGURES = ("before_after.png", "base_teacher_student.png", "source_base_trained.png", "reward_curve.png",
+           "validation_curve.png")
 
 
 def curve_keys(rows: list[dict]) -> list[str]:
