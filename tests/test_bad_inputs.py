@@ -82,6 +82,8 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
      ["pretrain-shapes", "{tmp}/s", "--world", "text", "--category-weights", "two_object=2"], "--category-weights"),
     ("eval --task text on the train split", ["eval", "--task", "text", "--split", "train"], "--split"),
     ("eval --task edit paired against a baseline", ["eval", "--task", "edit", "--baseline", "{file}"], "--baseline"),
+    ("eval --task edit at another size than the world's", ["eval", "--task", "edit", "--resolution", "64"],
+     "--resolution"),
     ("pretrain-shapes weighting categories of the edit world",
      ["pretrain-shapes", "{tmp}/s", "--world", "edit", "--category-weights", "two_object=2"], "--category-weights"),
     ("pretrain-shapes with deeper text encoders for the edit world",

@@ -197,3 +197,18 @@ def test_the_edit_demo_runs_end_to_end_and_writes_its_summary(tmp_path, capsys):
     assert grid.size[0] == 8 * 32 * 3  # eight edits a row (two per kind), three bands
     page = (run / "report.html").read_text()
     assert "| model (exact) |" in page and 'alt="source_base_trained.png"' in page
+
+
+def test_eval_scores_an_editing_model_per_kind_of_edit(tmp_path, capsys):
+    from pixelrl.cli import main
+
+    out = tmp_path / "edit.json"
+    assert main(["eval", "--task", "edit", "--per-category", "2", "--steps", "3", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    for score in ("exact", "followed", "kept", "careful"):
+        assert f"| model ({score}) | overall | recolour | remove | add | move | count |" in printed
+    assert "| builtin:shapes_edit | " in printed and "10 edits (test split)" in printed
+    result = json.loads(out.read_text())
+    assert result["num_images"] == 10 and result["model"] == "builtin:shapes_edit" and result["num_steps"] == 3
+    low, high = result["exact_interval"]
+    assert low <= result["exact"] <= high and set(result["exact_by_edit"]) == set(edit_world.EDITS)

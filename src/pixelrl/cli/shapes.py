@@ -246,6 +246,12 @@ def _eval_edit(args) -> int:
     from pixelrl.shapes.evaluate import bootstrap_overall
     from pixelrl.trainers.checkpointing import load_for_eval
 
+    from pixelrl.core.errors import ConfigError
+
+    if args.resolution not in (None, edit_world.SIZE):
+        raise ConfigError("--resolution", args.resolution, f"the editing world's scenes are {edit_world.SIZE} px and "
+                          "an edit has its source's size: leave it out")
+    args.resolution = edit_world.SIZE  # not the family's default (FLUX.1 Kontext's pipeline samples 256 px here)
     model_path = args.model or (None if args.checkpoint else "builtin:shapes_edit")
     model = load_for_eval(model_path, args.checkpoint)
     items = edit_world.evaluation_items(args.split, per_edit=args.per_category or 64, seed=args.seed)

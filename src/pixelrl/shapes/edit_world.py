@@ -39,6 +39,7 @@ EDITS = ("recolour", "remove", "add", "move", "count")
 DIRECTIONS = {"left": "to the left", "right": "to the right", "up": "up", "down": "down"}
 POSITION_TOLERANCE = 3.0  # pixels at 32 px: an object found this close to its place has stayed
 MOVE_MIN = 4.0  # pixels at 32 px an object must move in the instructed direction
+SIZE = 32  # the scenes' side in pixels: sources, targets and the edits judged
 
 
 def _name(shape: str, colour: str, count: int = 1) -> str:
@@ -172,7 +173,7 @@ def _attempt(item: dict, rng: random.Random, size: int):
                                   "edited": [_entry(it, item["direction"])]}  # judged from its source place
 
 
-def edit_triple(item: dict, seed: int, size: int = 32) -> tuple[np.ndarray, np.ndarray, dict]:
+def edit_triple(item: dict, seed: int, size: int = SIZE) -> tuple[np.ndarray, np.ndarray, dict]:
     """(source image, one correct target image, metadata) for an instruction and a seed: uint8
     [size, size, 3] renders; the metadata is what `score_edit` checks a result against."""
     rng = random.Random(f"{item['prompt']}|{seed}")
