@@ -50,19 +50,14 @@ def cmd_eval(args) -> int:
 
     check_output_file(args.out, "--out", (".json",))
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    if args.task == "text":
+    if args.task != "scenes":
         if args.baseline:
             from pixelrl.core.errors import ConfigError
 
-            raise ConfigError("--baseline", args.baseline, "paired comparisons are of the scenes task: drop --task text")
-        return _eval_text(args)
-    if args.task == "edit":
-        if args.baseline:
-            from pixelrl.core.errors import ConfigError
-
-            raise ConfigError("--baseline", args.baseline, "paired comparisons are of the scenes task: drop --task edit "
-                              "(`pixelrl demo-edit` prints the paired gains of its run)")
-        return _eval_edit(args)
+            raise ConfigError("--baseline", args.baseline, f"paired comparisons are of the scenes task: drop --task "
+                              f"{args.task}" + (" (`pixelrl demo-edit` prints the paired gains of its run)"
+                                                if args.task == "edit" else ""))
+        return _eval_text(args) if args.task == "text" else _eval_edit(args)
     items = evaluation_items(args.split, per_category=args.per_category or 64, seed=args.seed)
     baseline = _read_baseline(args.baseline, items) if args.baseline else None  # before the model loads
     model = load_for_eval(args.model, args.checkpoint)
@@ -369,7 +364,8 @@ def cmd_pretrain_shapes(args) -> int:
     if args.text_width or args.text_layers:
         arch = dict(WORLDS[args.world].arch)
         arch["text_hidden"] = args.text_width or arch["text_hidden"]
-        arch["text_layers"] = args.text_layers or arch["text_layers"]
+        if args.text_layers:  # refused above for a world whose architecture has no such field
+            arch["text_layers"] = args.text_layers
     weights = parse_category_weights(args.category_weights) if args.category_weights else None
     final = pretrain_shapes(args.out, steps=args.steps, seed=args.seed, eval_every=args.eval_every, lr=args.lr,
                             world=args.world, arch=arch, lr_schedule=args.lr_schedule, init=args.init,
