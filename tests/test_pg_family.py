@@ -279,7 +279,10 @@ def test_rejected_steps_leave_the_loss_mean_and_the_kl_as_verls_response_mask(ma
     loss_masked, grad_masked = one_update(masked)
     loss_first, grad_first = one_update(only_first)
     assert loss_masked == pytest.approx(loss_first, rel=1e-5)
-    assert torch.allclose(grad_masked, grad_first, rtol=1e-4, atol=1e-9 * float(grad_first.abs().max()))
+    # float32 sums in another order (5 steps with 4 zero-weighted against 1): on an AMD EPYC the
+    # largest difference is 1e-6 of the largest gradient entry; the divisor 5 this test guards
+    # against would make every entry differ by 80%
+    assert torch.allclose(grad_masked, grad_first, rtol=1e-4, atol=1e-5 * float(grad_first.abs().max()))
     assert float(grad_first.abs().max()) > 0
 
 
