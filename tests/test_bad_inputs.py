@@ -433,6 +433,8 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
      "rollout.condition_resolution"),
     ("a negative condition image size", [*SHAPES, "rollout.condition_resolution=-32"],
      "rollout.condition_resolution"),
+    ("an unknown way to fit sources to the output", [*SHAPES, "data.condition_fit=squash"], "data.condition_fit"),
+    ("a source fit for a text-to-image model", [*SHAPES, "data.condition_fit=pad"], "data.condition_fit"),
 ]
 
 

@@ -49,6 +49,81 @@ def test_kontext_ode_sample_and_saved_lora_equal_flux_kontext_pipeline(tiny_kont
     check_edits_match_pipeline(engine, pipe, pipeline_latents, our_latents, sources, tmp_path)
 
 
+def test_a_wide_edit_equals_flux_kontext_pipeline_and_generate_follows_the_source(tiny_kontext_path, tmp_path,
+                                                                                    capsys):
+    """An edit whose output is not square (24 x 40 px, as a 5:3 source gives at 32 px) is
+    `FluxKontextPipeline`'s at that size; `pixelrl generate` makes its output so from a 50 x 30
+    source and says so."""
+    from PIL import Image
+
+    from pixelrl.cli import main
+    from pixelrl.sampling import SamplingSettings, Window, rollout
+
+    engine = PolicyEngine.from_config(_kontext_config(tiny_kontext_path, rollout__num_steps=3))
+    model = engine.model
+    assert model.edit_output_size(32, 50, 30) == (24, 40)  # sqrt(1024 * 5/3) = 41.3 -> 40; 24.8 -> 24 (unit 4)
+    pipe = model_family("flux_kontext").load_pipeline(model.path)
+    source = torch.randint(0, 256, (24, 40, 3), generator=torch.Generator().manual_seed(1), dtype=torch.uint8)
+    packed = pipe(prompt=PROMPTS[0], image=Image.fromarray(source.numpy()), height=24, width=40, num_inference_steps=3,
+                  guidance_scale=3.5, max_sequence_length=16, output_type="latent", _auto_resize=False,
+                  max_area=24 * 40, generator=torch.Generator().manual_seed(5)).images
+    expected = pipe._unpack_latents(packed, 24, 40, pipe.vae_scale_factor)
+    sigmas = model.sigmas(3, 24, 40)
+    with torch.no_grad():
+        ours = rollout(model, PROMPTS[:1], [5], sigmas=sigmas, window=Window(0, 0), height=24, width=40,
+                       settings=SamplingSettings(noise_level=0.0, guidance_scale=3.5),
+                       condition_images=[(source,)]).final_latents
+    assert ours.shape == expected.shape == (1, 4, 12, 20) and torch.allclose(ours, expected, atol=1e-5)
+
+    Image.new("RGB", (50, 30), (220, 30, 30)).save(tmp_path / "wide.png")
+    assert main(["generate", "--model", str(tiny_kontext_path), "--prompt", "make it blue", "--steps", "2", "--n", "1",
+                 "--resolution", "32", "--image", str(tmp_path / "wide.png"), "--out", str(tmp_path / "a.png")]) == 0
+    assert "40 x 24 px (width x height)" in capsys.readouterr().out
+    assert Image.open(tmp_path / "a.png").size == (40 * 4, 24 * 4)  # the grid draws each image 4x
+
+
+def test_a_source_is_cropped_or_letterboxed_to_the_output_by_hand(tmp_path):
+    """A 40 x 20 source (left half red, right half blue) at a 32 x 32 output: `crop` keeps its
+    centred 20 x 20 (red left of column 16, blue right of it, no white); `pad` keeps all of it,
+    scaled to 32 x 16 and centred on white (rows 8 to 23); `stretch` fills the square with it."""
+    from PIL import Image
+
+    from pixelrl.data.prompts import load_condition_image
+
+    image = Image.new("RGB", (40, 20), (255, 0, 0))
+    image.paste((0, 0, 255), (20, 0, 40, 20))
+    image.save(tmp_path / "wide.png")
+    cropped = load_condition_image(str(tmp_path / "wide.png"), 32, 32, "crop")
+    assert tuple(cropped[16, 2].tolist()) == (255, 0, 0) and tuple(cropped[16, 29].tolist()) == (0, 0, 255)
+    assert tuple(cropped[0, 2].tolist()) == (255, 0, 0)  # no white band
+    padded = load_condition_image(str(tmp_path / "wide.png"), 32, 32, "pad")
+    assert padded.shape == (32, 32, 3)
+    assert all(tuple(padded[row, 16].tolist()) == (255, 255, 255) for row in (0, 7, 24, 31))
+    assert tuple(padded[12, 2].tolist()) == (255, 0, 0) and tuple(padded[12, 29].tolist()) == (0, 0, 255)
+    assert tuple(padded[8, 4].tolist()) != (255, 255, 255) and tuple(padded[23, 4].tolist()) != (255, 255, 255)
+    stretched = load_condition_image(str(tmp_path / "wide.png"), 32, 32, "stretch")  # all of it, squeezed
+    assert tuple(stretched[0, 2].tolist()) == (255, 0, 0) and tuple(stretched[31, 29].tolist()) == (0, 0, 255)
+
+
+def test_data_condition_fit_reaches_the_rows_and_is_refused_without_sources(tiny_flux_path, tmp_path):
+    """`data.condition_fit=pad` decodes a run's rows letterboxed; on a text-to-image family it is one
+    error naming the field."""
+    from PIL import Image
+
+    from pixelrl.trainers.controller import check_conditions, datasets_of
+
+    file = _write_edit_rows(tmp_path, EDIT_ROWS[:2])
+    Image.new("RGB", (40, 20), (0, 0, 0)).save(tmp_path / "source_0.png")
+    cfg = _kontext_config(tiny_flux_path, data__train_files=[str(file)], data__condition_fit="pad",
+                          data__train_batch_size=2)
+    train, _ = datasets_of(cfg)
+    (letterboxed,) = train[0]["condition_images"]
+    assert tuple(letterboxed[0, 0].tolist()) == (255, 255, 255) and tuple(letterboxed[16, 16].tolist()) == (0, 0, 0)
+    cfg.model.type = "flux"
+    with pytest.raises(ConfigError, match=r"data.condition_fit.*takes none: leave it at crop"):
+        check_conditions(cfg, train, "data.train_files")
+
+
 def test_a_condition_survives_rollout_rescore_and_reference_bitwise(tiny_kontext_path):
     """The rollout keeps each row's condition images; re-scoring the stored transitions (old
     policy) and the reference see exactly the rollout's input: their log-probs are the rollout's

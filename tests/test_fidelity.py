@@ -32,6 +32,7 @@ PAPER_SCHEDULES = {
     "dance_grpo_wan": 2,  # the reference's Qwen-Image recipe: accumulation = num_batches_per_epoch // 2
     "flow_grpo_qwen_image_edit": 2,  # verl-omni: 32 prompts x 16, ppo_mini_batch_size 16 prompts
     "flow_grpo_flux_kontext": 2,     # Flow-Factory: gradient_step_per_epoch 2
+    "flow_grpo_counting_flux_kontext": 2,  # flow_grpo: 12 sample batches of 3 on 28 GPUs, accumulation 6
 }
 
 
@@ -50,6 +51,17 @@ def test_edit_paper_configs_sample_as_their_references():
     r = kontext.rollout
     assert (kontext.model.type, r.num_steps, r.guidance_scale, r.noise_level) == ("flux_kontext", 10, 2.5, 0.9)
     assert (r.sde_window_size, r.sde_window_range, r.resolution, r.condition_resolution) == (1, [1, 4], 384, 0)
+    counting = paper_config("flow_grpo_counting_flux_kontext")
+    r = counting.rollout
+    assert (r.num_steps, r.guidance_scale, r.noise_level, r.n, r.resolution) == (6, 2.5, 0.9, 21, 512)
+    assert r.sde_window_size == 0 and counting.data.train_batch_size * r.n == 1008  # 12 x 3 x 28 GPUs
+    assert (counting.data.condition_fit, counting.model.max_sequence_length, counting.val_kwargs.num_steps) == \
+        ("stretch", 128, 28)
+    assert "proj_mlp" in counting.model.lora_target_modules and counting.algorithm.global_std
+    from pixelrl.config.validation import compose_config  # the rewards as written (no CLIP folder here)
+
+    rewards = compose_config("flow_grpo_counting_flux_kontext", []).reward.functions
+    assert [(f["name"], f["weight"]) for f in rewards] == [("clip_source_similarity", 0.5), ("remote", 0.5)]
 
 
 @pytest.mark.parametrize("name", sorted(PAPER_SCHEDULES))

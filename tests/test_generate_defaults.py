@@ -79,9 +79,12 @@ def test_an_exported_folder_samples_as_its_sampler_file_says(tmp_path, capsys):
         capsys.readouterr().out
     args.steps = 2
     assert sampling_options(args, Folder())["num_steps"] == 2
-    (tmp_path / "pixelrl_sampler.json").write_text('{"num_steps": "four"}')
-    with pytest.raises(ModelFolderError, match="pixelrl_sampler.json"):
-        sampling_options(args, Folder())
+    (tmp_path / "pixelrl_sampler.json").write_text('{"resolution": 32}')  # the side trained at, not the pipeline's
+    assert sampling_options(args, Folder())["resolution"] == 32
+    for damaged, problem in (('{"num_steps": "four"}', "pixelrl_sampler.json"), ('{"resolution": 0}', "not an image side")):
+        (tmp_path / "pixelrl_sampler.json").write_text(damaged)
+        with pytest.raises(ModelFolderError, match=problem):
+            sampling_options(args, Folder())
 
 
 def test_a_family_without_a_default_size_asks_for_one():

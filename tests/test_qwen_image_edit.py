@@ -127,8 +127,22 @@ def test_generate_takes_up_to_three_pictures(tiny_qwen_edit_path, tmp_path):
     for i, colour in enumerate([(200, 0, 0), (0, 0, 200)]):
         Image.new("RGB", (32, 32), colour).save(tmp_path / f"{i}.png")
     pictures = [str(tmp_path / "0.png"), str(tmp_path / "1.png")]
-    rows = edit_sources(model, pictures, 3, 32)
-    assert len(rows) == 3 and all(len(row) == 2 for row in rows)
+    rows, size = edit_sources(model, pictures, 3, 32)
+    assert size == (32, 32) and len(rows) == 3 and all(len(row) == 2 for row in rows)
     assert tuple(rows[0][0][0, 0].tolist()) == (200, 0, 0) and tuple(rows[0][1][0, 0].tolist()) == (0, 0, 200)
     with pytest.raises(ConfigError, match=r"--image.*at most 3"):
         edit_sources(model, pictures * 2, 1, 32)
+    Image.new("RGB", (96, 32), (0, 200, 0)).save(tmp_path / "wide.png")  # the last picture sets the aspect
+    rows, size = edit_sources(model, [*pictures, str(tmp_path / "wide.png")], 1, 32)
+    assert size == (32, 64) and all(picture.shape == (32, 64, 3) for picture in rows[0])
+
+
+def test_the_output_size_is_the_pipelines_calculate_dimensions(tiny_qwen_edit_path):
+    """An edit's output size in its source's aspect is QwenImageEditPlusPipeline's (1024 x 1024 area,
+    sides rounded to 32 px) for wide, tall, square and odd sources."""
+    from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit_plus import calculate_dimensions
+
+    model = _model(tiny_qwen_edit_path)
+    for width, height in [(1600, 900), (900, 1600), (1000, 1000), (1234, 567), (640, 480)]:
+        expected_width, expected_height = calculate_dimensions(1024 * 1024, width / height)
+        assert model.edit_output_size(1024, width, height) == (expected_height, expected_width)

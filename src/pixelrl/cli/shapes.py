@@ -98,24 +98,24 @@ FOLDER_STEPS, FOLDER_GUIDANCE = 10, 4.0  # a model folder's defaults (the shippe
 def sampling_options(args, model) -> dict:
     """How `generate` and `eval` sample: --resolution, --steps and --cfg when given; else, for a
     --checkpoint, what its run validated with (rollout.resolution, val_kwargs.num_steps, the
-    validation guidance, rollout.negative_prompt); else the model's own size (its pipeline's
-    default) with 10 steps and guidance 4.0. Prints one line saying what it uses and whence."""
+    validation guidance, rollout.negative_prompt); else what the folder's sampler file says, the
+    rest the model's own size (its pipeline's default), 10 steps and guidance 4.0. Prints one line saying what it uses and whence."""
     from pixelrl.core.errors import ConfigError
 
     if args.checkpoint:
         from pixelrl.config.sections import from_yaml_text
 
         run = from_yaml_text((Path(args.checkpoint) / "config.yaml").read_text())
-        sampler, resolution = run_sampler(run), run.rollout.resolution
+        sampler = run_sampler(run)
         source = "the checkpoint's run validated with"
     else:
         from pixelrl.core.assets import resolve
         from pixelrl.models.export import SAMPLER_FILE, read_sampler
 
         sampler = read_sampler(resolve(str(getattr(args, "model", None) or "builtin:shapes"))) or {}
-        resolution = model.default_resolution()
         source = f"the folder's {SAMPLER_FILE}" if sampler else "the model folder's defaults"
-    given = {"resolution": resolution, "num_steps": sampler.get("num_steps", FOLDER_STEPS),
+    given = {"resolution": sampler["resolution"] if "resolution" in sampler else model.default_resolution(),
+             "num_steps": sampler.get("num_steps", FOLDER_STEPS),
              "guidance_scale": sampler.get("guidance_scale", FOLDER_GUIDANCE)}
     negative = sampler.get("negative_prompt", "")
     grid = {"sigma_schedule": sampler.get("sigma_schedule", "scheduler"), "sigma_shift": sampler.get("sigma_shift", 0.0)}
@@ -149,7 +149,7 @@ def run_sampler(run, base_folder=None) -> dict:
     r = run.rollout
     sampler = {"num_steps": run.val_kwargs.num_steps, "guidance_scale": float(validation_guidance(run)),
                "sigma_schedule": r.sigma_schedule, "sigma_shift": float(r.sigma_shift),
-               "negative_prompt": r.negative_prompt}
+               "negative_prompt": r.negative_prompt, "resolution": r.resolution}
     if base_folder is not None and r.sigma_schedule == "linspace_shift":
         scheduler_file = Path(base_folder) / "scheduler" / "scheduler_config.json"
         shift = r.sigma_shift or float(json.loads(scheduler_file.read_text()).get("shift", 1.0))
@@ -276,8 +276,9 @@ def cmd_generate(args) -> int:
         check_source_image(image)
     model = load_for_eval(args.model, args.checkpoint)
     sampling = sampling_options(args, model)
+    sources, size = edit_sources(model, args.image, args.n, sampling["resolution"])
     images = generate(model, [args.prompt] * args.n, list(range(args.seed, args.seed + args.n)), progress=True,
-                      condition_images=edit_sources(model, args.image, args.n, sampling["resolution"]), **sampling)
+                      condition_images=sources, output_size=size, **sampling)
     grid = image_grid(images.numpy(), ncols=min(8, args.n), scale=4)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(grid).save(args.out)
@@ -294,14 +295,16 @@ def check_source_image(image: str) -> None:
         raise ConfigError("--image", image, problem)
 
 
-def edit_sources(model, images: list[str] | None, n: int, resolution: int) -> list | None:
-    """Each sample's condition images for `generate`: the --image (or several) an edit family
-    needs, decoded at the output size as training rows are; none for a text-to-image family."""
+def edit_sources(model, images: list[str] | None, n: int, resolution: int) -> tuple[list | None, tuple[int, int]]:
+    """Each sample's condition images for `generate` (the --image, or several, an edit family
+    needs; none for a text-to-image family) and the output's (height, width): square, or for an
+    edit about resolution x resolution pixels in its source's aspect (the edit pipelines' rule),
+    the sources decoded at that size as training rows are."""
     from pixelrl.core.errors import ConfigError
-    from pixelrl.data.prompts import load_condition_image
+    from pixelrl.data.prompts import image_size, load_condition_image
 
     takes, most = model.condition_range()
-    images = list(images or [])
+    images = [str(Path(image).expanduser()) for image in images or ()]
     if takes and not images:
         raise ConfigError("--image", None, f"{type(model).__name__} edits a source image: pass --image PATH")
     if images and not takes:
@@ -311,9 +314,12 @@ def edit_sources(model, images: list[str] | None, n: int, resolution: int) -> li
         raise ConfigError("--image", images, f"{type(model).__name__} edits from at most {most} source image(s): "
                           f"pass --image at most {most} time(s)")
     if not images:
-        return None
-    sources = tuple(load_condition_image(str(Path(image).expanduser()), resolution, resolution) for image in images)
-    return [sources] * n
+        return None, (resolution, resolution)
+    size = model.edit_output_size(resolution, *image_size(images[model.aspect_source_index]))
+    if size != (resolution, resolution):
+        print(f"the output follows the source's aspect: {size[1]} x {size[0]} px (width x height)")
+    sources = tuple(load_condition_image(image, *size) for image in images)
+    return [sources] * n, size
 
 
 def cmd_make_preferences(args) -> int:

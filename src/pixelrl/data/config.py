@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pixelrl.core.errors import ConfigError, check_number
+from pixelrl.core.errors import ConfigError, check_choice, check_number
 
 
 @dataclass
@@ -31,9 +31,16 @@ class DataConfig(DataFilesConfig):
     # sources once; 0 leaves a source out), to train more on what the model is weakest at
     source_weights: dict = field(default_factory=dict)
     val_batch_size: int = 0  # prompts per validation generation call; 0 = the whole set at once
+    # how an edit row's source of another aspect than the output is fitted to it: crop (its
+    # largest centred crop) | pad (all of it, centred on white, as verl-omni letterboxes its edit
+    # data) | stretch (all of it, resized to the output's shape, as flow_grpo's edit scripts)
+    condition_fit: str = "crop"
 
     def check(self) -> None:
+        from pixelrl.data.prompts import CONDITION_FITS
+
         super().check()
+        check_choice("data.condition_fit", self.condition_fit, CONDITION_FITS)
         check_number("data.val_batch_size", self.val_batch_size, allow_zero=True)  # 0 = the whole set at once
         if not self.train_files and self.prompts and any(not str(p).strip() for p in self.prompts):
             raise ConfigError("data.prompts", list(self.prompts), "an inline prompt is empty or blank: give each "

@@ -105,10 +105,15 @@ def condition_image_problem(image: Path, where: str = "") -> str:
     return ""
 
 
-def load_condition_image(file: str, height: int, width: int) -> torch.Tensor:
-    """A condition image as uint8 [height, width, 3]: RGB (transparency on white), the largest
-    centred crop of the output's aspect, resized with Lanczos (edit families make the output the
-    source's shape)."""
+CONDITION_FITS = ("crop", "pad", "stretch")
+
+
+def load_condition_image(file: str, height: int, width: int, fit: str = "crop") -> torch.Tensor:
+    """A condition image as uint8 [height, width, 3]: RGB (transparency on white), fitted to the
+    output's shape and resized with Lanczos. `crop`: its largest centred crop of that aspect (a
+    source of the output's aspect, as an edit's output follows it, loses nothing); `pad`: all of it,
+    scaled to fit inside and centred on white (verl-omni's edit data, letterboxed to a square);
+    `stretch`: all of it, resized to the output's shape (flow_grpo's edit scripts)."""
     from PIL import Image
 
     with Image.open(file) as opened:
@@ -117,12 +122,29 @@ def load_condition_image(file: str, height: int, width: int) -> torch.Tensor:
         white = Image.new("RGBA", image.size, (255, 255, 255, 255))
         image = Image.alpha_composite(white, image).convert("RGB")
     w, h = image.size
+    if fit == "pad":
+        scale = min(width / w, height / h)
+        inner = (max(1, min(width, round(w * scale))), max(1, min(height, round(h * scale))))
+        canvas = Image.new("RGB", (width, height), (255, 255, 255))
+        canvas.paste(image.resize(inner, Image.LANCZOS) if inner != (w, h) else image,
+                     ((width - inner[0]) // 2, (height - inner[1]) // 2))
+        return torch.from_numpy(np.array(canvas, dtype=np.uint8))
+    if fit == "stretch":
+        return torch.from_numpy(np.array(image.resize((width, height), Image.LANCZOS), dtype=np.uint8))
     crop_w, crop_h = min(w, round(h * width / height)), min(h, round(w * height / width))
     left, top = (w - crop_w) // 2, (h - crop_h) // 2
     image = image.crop((left, top, left + crop_w, top + crop_h))
     if image.size != (width, height):
         image = image.resize((width, height), Image.LANCZOS)
     return torch.from_numpy(np.array(image, dtype=np.uint8))
+
+
+def image_size(file: str) -> tuple[int, int]:
+    """(width, height) of an image file, from its header."""
+    from PIL import Image
+
+    with Image.open(file) as opened:
+        return opened.size
 
 
 def text_lines(path: Path):
@@ -180,16 +202,20 @@ def read_prompt_file(path: str | Path, prompt_key: str = "prompt", field: str = 
 
 class PromptDataset(torch.utils.data.Dataset):
     """Rows as read: {prompt, data_source, metadata[, images]}; a drawn row with images also
-    carries them decoded at `output_size` (height, width) as `condition_images`."""
+    carries them decoded at `output_size` (height, width), fitted by `condition_fit` (crop | pad),
+    as `condition_images`."""
 
-    def __init__(self, rows: list[dict], output_size: tuple[int, int] | None = None):
+    def __init__(self, rows: list[dict], output_size: tuple[int, int] | None = None, condition_fit: str = "crop"):
         self.rows = rows
         self.output_size = output_size
+        self.condition_fit = condition_fit
 
     @classmethod
     def from_files(cls, files, prompt_key: str = "prompt", output_size: tuple[int, int] | None = None,
-                   field: str = "data.train_files", check_images: bool = True) -> "PromptDataset":
-        return cls([row for f in files for row in read_prompt_file(f, prompt_key, field, check_images)], output_size)
+                   field: str = "data.train_files", check_images: bool = True,
+                   condition_fit: str = "crop") -> "PromptDataset":
+        return cls([row for f in files for row in read_prompt_file(f, prompt_key, field, check_images)], output_size,
+                   condition_fit)
 
     def condition_counts(self) -> dict[int, int]:
         """How many rows have each number of condition images."""
@@ -213,7 +239,7 @@ class PromptDataset(torch.utils.data.Dataset):
     def weighted(self, weights: dict[str, int]) -> "PromptDataset":
         """Each row repeated in place `weights[row's data_source]` times (1 for unlisted sources)."""
         return PromptDataset([row for row in self.rows for _ in range(weights.get(row["data_source"], 1))],
-                             self.output_size)
+                             self.output_size, self.condition_fit)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -224,7 +250,8 @@ class PromptDataset(torch.utils.data.Dataset):
             return row
         if self.output_size is None:
             raise ValueError("a dataset with condition images needs output_size to decode them at")
-        return {**row, "condition_images": tuple(load_condition_image(f, *self.output_size) for f in row["images"])}
+        return {**row, "condition_images": tuple(load_condition_image(f, *self.output_size, self.condition_fit)
+                                                 for f in row["images"])}
 
 
 def collate_rows(rows: list[dict]) -> dict[str, list]:

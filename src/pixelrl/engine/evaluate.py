@@ -20,17 +20,20 @@ from pixelrl.sampling.windows import Window
 def generate(model: DiffusionModel, prompts: list[str], seeds: list[int], *, num_steps: int = 10,
              guidance_scale: float = 4.0, resolution: int = 32, negative_prompt: str = "",
              batch_size: int = 128, sigma_schedule: str = "scheduler", sigma_shift: float = 0.0,
-             progress: bool = False, condition_images: list | None = None) -> torch.Tensor:
+             progress: bool = False, condition_images: list | None = None,
+             output_size: tuple[int, int] | None = None) -> torch.Tensor:
     """uint8 images [B, H, W, 3] from the ODE sampler (no noise injected), one per (prompt, seed), on
-    the grid a run sampled (`rollout.sigma_schedule` / `sigma_shift`: a DMD2 student's shifted grid);
-    an edit family's rows with their `condition_images`."""
-    sigmas = schedule_sigmas(model, num_steps, sigma_schedule, resolution, resolution, sigma_shift)
+    the grid a run sampled (`rollout.sigma_schedule` / `sigma_shift`: a DMD2 student's shifted grid),
+    resolution x resolution px or `output_size` (height, width); an edit family's rows with their
+    `condition_images`."""
+    height, width = output_size or (resolution, resolution)
+    sigmas = schedule_sigmas(model, num_steps, sigma_schedule, height, width, sigma_shift)
     settings = SamplingSettings(noise_level=0.0, guidance_scale=guidance_scale)
     images = []
     counter = Progress(len(prompts)) if progress else None  # `progress`: a line per batch on stderr
     for start in range(0, len(prompts), batch_size):
         out = rollout(model, prompts[start:start + batch_size], seeds[start:start + batch_size], sigmas=sigmas,
-                      window=Window(0, 0), settings=settings, height=resolution, width=resolution,
+                      window=Window(0, 0), settings=settings, height=height, width=width,
                       negative_prompt=negative_prompt,
                       condition_images=None if condition_images is None else condition_images[start:start + batch_size])
         images.append(out.images)

@@ -102,6 +102,23 @@ class DiffusionModel(ABC):
         """(fewest, most) condition images a sample of this family takes."""
         return cls.condition_images, cls.most_condition_images or cls.condition_images
 
+    # An edit's output takes its source's aspect at about the requested area, each side rounded to
+    # this many px (QwenImageEditPlusPipeline's calculate_dimensions: 32); 0: the folder's latent unit
+    output_side_rounding: int = 0
+    # which source sets the output's aspect: QwenImageEditPlusPipeline takes its last picture's
+    aspect_source_index: int = 0
+
+    def edit_output_size(self, side: int, source_width: int, source_height: int) -> tuple[int, int]:
+        """(height, width) of an edit's output: about side x side pixels in the source's aspect,
+        each side rounded to the family's unit (at least one unit)."""
+        import math
+
+        unit = max(self.output_side_rounding, type(self).latent_unit(Path(self.path)) or 1)
+        ratio = source_width / source_height
+        width = round(math.sqrt(side * side * ratio) / unit) * unit
+        height = round(math.sqrt(side * side / ratio) / unit) * unit
+        return max(unit, height), max(unit, width)
+
     # full fine-tuning of a low-precision model: float32 denoiser weights, forwards under autocast
     float32_master_weights: bool = False
 

@@ -14,9 +14,11 @@ from pixelrl.core.errors import ModelFolderError
 
 # How an exported model is meant to be sampled, written beside it: `pixelrl generate` reads it, and
 # its `diffusers` entry is what a diffusers pipeline call needs (a DMD2 student's 4-step grid).
+# `resolution`: the side it was trained at (a model folder's pipeline default may be another: FLUX.1
+# Kontext's is 1024 px, whatever the transformer learnt)
 SAMPLER_FILE = "pixelrl_sampler.json"
 SAMPLER_FIELDS = {"num_steps": int, "guidance_scale": float, "sigma_schedule": str, "sigma_shift": float,
-                  "negative_prompt": str, "diffusers": dict}
+                  "negative_prompt": str, "resolution": int, "diffusers": dict}
 
 
 def write_sampler(folder: str | Path, sampler: dict) -> Path:
@@ -79,6 +81,9 @@ def read_sampler(folder: str | Path) -> dict | None:
     if bad:
         raise ModelFolderError(f"{path}: {bad} are not fields of a sampler file ({ {k: t.__name__ for k, t in SAMPLER_FIELDS.items()} }); "
                                "fix or delete the file")
+    if sampler.get("resolution", 1) < 1:
+        raise ModelFolderError(f"{path}: resolution {sampler['resolution']} is not an image side; give the side the "
+                               "model was trained at in pixels, or drop the field")
     return sampler
 
 

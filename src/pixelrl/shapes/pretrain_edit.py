@@ -75,11 +75,14 @@ def train_vae(seed: int, log=print):
 
 
 def build_edit_model(folder: Path, seed: int, arch: dict, log=print) -> None:
-    """A fresh FLUX.1 Kontext folder of `arch` with the edit vocabulary and a VAE trained here."""
+    """A fresh FLUX.1 Kontext folder of `arch` with the edit vocabulary and a VAE trained here; its
+    sampler file names the world's 32 px (the Kontext pipeline's own default is 256 px here)."""
+    from pixelrl.models.export import write_sampler
     from pixelrl.models.flux_kontext.tiny import build_tiny_flux_kontext
 
     build_tiny_flux_kontext(folder, words=edit_world.vocabulary(), seed=seed, **arch)
     train_vae(seed, log).save_pretrained(folder / "vae", safe_serialization=True)
+    write_sampler(folder, {"resolution": edit_world.SIZE})
 
 
 class EditStream:

@@ -55,14 +55,15 @@ def datasets_of(cfg: PixelRLConfig):
     if cfg.algorithm.sample_source == "offline":
         train = PreferenceDataset.from_files(d.train_files, cfg.rollout.resolution, d.prompt_key)
     else:
-        train = (PromptDataset.from_files(d.train_files, d.prompt_key, size) if d.train_files
-                 else PromptDataset.from_prompts(d.prompts))
+        train = (PromptDataset.from_files(d.train_files, d.prompt_key, size, condition_fit=d.condition_fit)
+                 if d.train_files else PromptDataset.from_prompts(d.prompts))
         check_conditions(cfg, train, "data.train_files")
         if d.source_weights:
             check_source_weights(d.source_weights, {row["data_source"] for row in train.rows})
             train = train.weighted(d.source_weights)
         check_picture_batches(cfg, train)
-    val = PromptDataset.from_files(d.val_files, d.prompt_key, size, "data.val_files") if d.val_files else None
+    val = (PromptDataset.from_files(d.val_files, d.prompt_key, size, "data.val_files", condition_fit=d.condition_fit)
+           if d.val_files else None)
     if val is not None:
         check_conditions(cfg, val, "data.val_files")
     return train, val
@@ -80,6 +81,9 @@ def check_conditions(cfg: PixelRLConfig, dataset: PromptDataset, field: str) -> 
         raise ConfigError("rollout.condition_resolution", cfg.rollout.condition_resolution,
                           f"sizes an edit family's condition images, and model.type={cfg.model.type} takes none: "
                           "leave it at 0")
+    if cfg.data.condition_fit != "crop" and not takes:
+        raise ConfigError("data.condition_fit", cfg.data.condition_fit, f"fits an edit family's condition images to "
+                          f"the output, and model.type={cfg.model.type} takes none: leave it at crop")
 
     def reads_sources(function: dict) -> bool:  # a reward whose options decide (remote) says so as a function
         reads = getattr(REWARDS.get(function["name"]), "reads_condition_images", False)

@@ -30,6 +30,7 @@ class QwenImageEditModel(QwenImageModel):
     # 2509 and 2511 edit from one to three pictures ("Picture 1: ... Picture 2: ..." in the prompt,
     # each picture's latents appended with its own img_shapes entry): the releases' stated range
     most_condition_images = 3
+    output_side_rounding, aspect_source_index = 32, -1  # the pipeline's output size: its last picture's aspect
 
     def _pipeline(self, folder: Path, components: dict):
         from pixelrl.models.qwen_image_edit.processor import load_processor
