@@ -435,6 +435,11 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
      "rollout.condition_resolution"),
     ("an unknown way to fit sources to the output", [*SHAPES, "data.condition_fit=squash"], "data.condition_fit"),
     ("a source fit for a text-to-image model", [*SHAPES, "data.condition_fit=pad"], "data.condition_fit"),
+    ("validating an old adapter the run does not keep", [*SHAPES, "val_kwargs.weights=old"], "val_kwargs.weights"),
+    ("validating the old adapter beside an EMA", ["train", "--config-name", "shapes_nft", "val_kwargs.weights=old",
+                                                 "actor.ema_decay=0.9"], "actor.ema_decay=0.9"),
+    ("an NFT strata end without strata", ["train", "--config-name", "shapes_nft", "diffusion_loss.params.min_sigma=0.3"],
+     "diffusion_loss.params.min_sigma"),
 ]
 
 

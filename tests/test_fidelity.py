@@ -33,6 +33,7 @@ PAPER_SCHEDULES = {
     "flow_grpo_qwen_image_edit": 2,  # verl-omni: 32 prompts x 16, ppo_mini_batch_size 16 prompts
     "flow_grpo_flux_kontext": 2,     # Flow-Factory: gradient_step_per_epoch 2
     "flow_grpo_counting_flux_kontext": 2,  # flow_grpo: 12 sample batches of 3 on 28 GPUs, accumulation 6
+    "nft_qwen_image_edit": 2,        # Flow-Factory: gradient_step_per_epoch 2
 }
 
 
@@ -58,6 +59,16 @@ def test_edit_paper_configs_sample_as_their_references():
     assert (counting.data.condition_fit, counting.model.max_sequence_length, counting.val_kwargs.num_steps) == \
         ("stretch", 128, 28)
     assert "proj_mlp" in counting.model.lora_target_modules and counting.algorithm.global_std
+    nft = paper_config("nft_qwen_image_edit")  # Flow-Factory's rational_rewards_edit.yaml for Qwen-Image-Edit-Plus
+    r, params = nft.rollout, nft.diffusion_loss.params
+    assert (nft.model.type, r.num_steps, r.guidance_scale, r.noise_level, r.solver) == ("qwen_image_edit", 30, 1.0, 0.0,
+                                                                                      "euler")
+    assert (r.n, nft.data.train_batch_size, r.resolution, nft.val_kwargs.num_steps) == (16, 32, 512, 40)
+    assert (params["timesteps"], params["num_timesteps"], params["min_sigma"]) == ("discrete", 5, 0.3)
+    assert (params["beta"], params["ref_kl_coef"], params["rollout_policy"], params["old_policy_clock"]) == \
+        (1.0, 2.0e-4, "old", "updates")
+    assert nft.algorithm.reward_aggregation == "gdpo" and nft.val_kwargs.weights == "old" and nft.actor.ema_decay == 0
+    assert (nft.actor.lr, nft.model.lora_rank, nft.diffusion_loss.adv_clip_max) == (2.0e-4, 64, 5.0)
     from pixelrl.config.validation import compose_config  # the rewards as written (no CLIP folder here)
 
     rewards = compose_config("flow_grpo_counting_flux_kontext", []).reward.functions

@@ -72,6 +72,98 @@ def test_awm_grid_strata_are_the_references(time_type, num_steps, k):
         assert picked == [{1, 2}, {3, 4}, {5, 6}, {7, 8}]
 
 
+def _flow_factory_discrete(grid: torch.Tensor, k: int, timestep_range: float, generator) -> torch.Tensor:
+    """Flow-Factory's `TimeSampler.discrete` (utils/noise_schedule.py; include_init, no force_init),
+    transcribed: the grid's scheduler timesteps kept in [1000 (1 - r), 1000], strata over the index
+    span of those, one draw each."""
+    ts = grid * 1000
+    valid = torch.where((ts >= 1000 * (1 - timestep_range) - 1e-3) & (ts <= 1000 + 1e-3))[0]
+    boundaries = torch.linspace(int(valid.min()), int(valid.max()), k + 1)
+    lower, upper = boundaries[:-1].long(), boundaries[1:].long()
+    u = torch.rand(k, generator=generator)
+    return ts[lower + (u * (upper - lower)).long()] / 1000
+
+
+def test_nft_discrete_strata_end_where_the_grid_falls_below_min_sigma_as_flow_factory():
+    """Flow-Factory's NFT edit preset draws 5 timesteps from strata of the 30-step grid's indices
+    whose sigma is at least 0.3 (timestep_range 0.7): on a grid shifted by 3 that is indices 0..26,
+    not int(30 x 0.7) = 21; each draw equals the transcription's from the same generator."""
+    from pixelrl.algos.forward_process import strata_top
+    from pixelrl.sampling.schedule import time_shift
+
+    grid = time_shift(torch.linspace(1.0, 0.0, 31)[:-1], 3.0)
+    assert strata_top(grid, 0.3) == 26 and float(grid[26]) >= 0.3 > float(grid[27])
+    for seed in range(20):
+        ours = draw_timesteps("discrete", 1, grid=grid, train_sigmas=grid, num_timesteps=5, min_sigma=0.3,
+                              generator=torch.Generator().manual_seed(seed))
+        theirs = _flow_factory_discrete(grid, 5, 0.7, torch.Generator().manual_seed(seed))
+        assert torch.equal(ours[0], theirs)
+    with pytest.raises(ConfigError, match="min_sigma"):  # 28 strata of indices 0..26: some hold none
+        draw_timesteps("discrete", 1, grid=grid, train_sigmas=grid, num_timesteps=28, min_sigma=0.3,
+                       generator=torch.Generator().manual_seed(0))
+
+
+def test_an_nft_update_draws_its_timesteps_from_the_strata_min_sigma_ends(tiny_pixel_path):
+    """Through the engine: with min_sigma 0.5 every trained t is a grid sigma above the strata's end
+    (on the tiny model's 6-step grid, int(6 x 0.99) = 5 would also reach the lower ones)."""
+    from pixelrl.algos.forward_process import strata_top
+    from pixelrl.core.batch import Batch
+
+    engine, _ = _engine(tiny_pixel_path, "diffusion_nft", diffusion_loss__params={
+        "timesteps": "discrete", "num_timesteps": 2, "min_sigma": 0.5})
+    grid = engine.sigmas[:-1]
+    top = strata_top(grid, 0.5)
+    assert 2 <= top < 5
+    batch = Batch({"x0": torch.zeros(64, *engine.model.latent_shape(32, 32)), "advantages": torch.zeros(64)},
+                  {"prompts": ["a cat"] * 64})
+    engine.objective.context(batch)
+    assert set(batch["fm_t"].flatten().tolist()) == set(grid[:top].tolist())
+
+
+def test_the_old_adapter_can_count_updates_as_flow_factory_counts_epochs(tiny_pixel_path):
+    """old_policy_clock=updates: the decay after update e (two optimizer steps each) is the
+    schedule's at the e - 1 updates before it, Flow-Factory's `ema_step(step=epoch)`: 0 after the
+    first, 0.001 after the second; counting optimizer steps gives 0.002 and 0.004."""
+    from pixelrl.core.batch import Batch
+
+    decays = {}
+    for clock in ("updates", "optimizer_steps"):
+        engine, _ = _engine(tiny_pixel_path, "diffusion_nft", actor__ppo_mini_batch_size=2,
+                            diffusion_loss__params={"old_policy_clock": clock})
+        batch = engine.rollout(["a red circle", "a cat"], [1, 2])
+        train = Batch({"x0": batch["x0"][[0, 0, 1, 1]], "advantages": torch.tensor([1.0, -1.0, 1.0, -1.0])},
+                      {"prompts": ["a red circle"] * 2 + ["a cat"] * 2})
+        decays[clock] = [engine.update(train)["old_policy_decay"] for _ in range(2)]
+    assert decays["updates"] == pytest.approx([0.0, 0.001])
+    assert decays["optimizer_steps"] == pytest.approx([0.002, 0.004])
+    with pytest.raises(ConfigError, match="old_policy_clock"):
+        _engine(tiny_pixel_path, "diffusion_nft", diffusion_loss__params={
+            "old_policy_clock": "updates", "old_policy_refresh": "optimizer_step"})
+
+
+def test_validation_samples_with_the_weights_val_kwargs_names():
+    """The controller asks its workers for validation images with the old adapter under
+    val_kwargs.weights=old, the EMA when the run keeps one, else the trained weights."""
+    from types import SimpleNamespace
+
+    from pixelrl.config.sections import PixelRLConfig
+    from pixelrl.trainers.controller import DiffusionTrainer
+
+    asked = []
+
+    def rollout(prompts, seeds, **kwargs):
+        asked.append(kwargs["policy"])
+        return {"images": torch.zeros(len(prompts), 4, 4, 3, dtype=torch.uint8)}
+
+    trainer = DiffusionTrainer.__new__(DiffusionTrainer)
+    trainer.actor = SimpleNamespace(size=1, rollout=rollout)
+    for weights, ema, expected in (("old", 0.0, "old"), ("auto", 0.9, "ema"), ("auto", 0.0, "current")):
+        trainer.cfg = PixelRLConfig()
+        trainer.cfg.val_kwargs.weights, trainer.cfg.actor.ema_decay = weights, ema
+        trainer._validation_images([{"prompt": "a cat"}], [0])
+        assert asked[-1] == expected
+
+
 def test_awm_continuous_strata_follow_the_reference_shift_and_bounds():
     """stratified_uniform: t = 3u / (1 + 2u) with u in [0.2, 1], one draw in each K-th of it;
     stratified_logit_normal: shifted sigmoid of a stratified normal, never under 0.01."""

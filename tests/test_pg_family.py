@@ -286,7 +286,7 @@ def test_rejected_steps_leave_the_loss_mean_and_the_kl_as_verls_response_mask(ma
     assert float(grad_first.abs().max()) > 0
 
 
-def test_multi_reward_sum_of_advantages():
+def test_multi_reward_sum_of_advantages_and_gdpo():
     from pixelrl.config.sections import PixelRLConfig
     from pixelrl.trainers.step import aggregate_advantages
 
@@ -305,6 +305,11 @@ def test_multi_reward_sum_of_advantages():
     # b: group x has zero std -> 0, group y (0, 4) -> -+2 / 2.0001;  A = 1 * A_a + 0.5 * A_b
     expected = torch.tensor([-1 / 1.0001, 1 / 1.0001, -0.5 * 2 / 2.0001, 0.5 * 2 / 2.0001])
     assert torch.allclose(per, expected, atol=1e-6)
+    cfg.algorithm.reward_aggregation = "gdpo"  # Flow-Factory's: no eps, then standardised over the batch
+    gdpo = aggregate_advantages(scores, uids, cfg)
+    # a: x -> (-1, +1), y (std 0, floored at 1e-6) -> (0, 0); b: x -> (0, 0), y (0, 4) -> (-1, +1) x 0.5;
+    # sum (-1, 1, -0.5, 0.5): mean 0, population std sqrt(2.5 / 4) = 0.790569
+    assert torch.allclose(gdpo, torch.tensor([-1.0, 1.0, -0.5, 0.5]) / 0.625 ** 0.5, atol=1e-6)
 
 
 def test_shared_initial_noise_per_group_is_independent_of_the_sde_noise(make_engine, tiny_pixel_path):

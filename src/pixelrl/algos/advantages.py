@@ -57,6 +57,27 @@ def group_advantages(
     return centred.to(rewards.dtype if rewards.is_floating_point() else torch.float32)
 
 
+def gdpo_advantages(rewards: dict[str, torch.Tensor], weights: dict[str, float], group_ids,
+                    floor: float = 1e-6) -> torch.Tensor:
+    """GDPO (Flow-Factory's `advantage_aggregation: gdpo`): each reward normalised within its
+    group, (r - mean_g) / max(std_g, floor) with the population std, weighted and summed; the sum
+    normalised over the whole batch the same way. Normalising each reward before the sum keeps one
+    high-variance reward from drowning the others; with one reward it is the per-group advantage,
+    standardised over the batch."""
+    idx = group_index(group_ids)
+    num_groups = int(idx.max()) + 1 if idx.numel() else 0
+    counts = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, idx, torch.ones(idx.numel(), dtype=torch.float64))
+    total = torch.zeros(idx.numel(), dtype=torch.float64)
+    for name, values in rewards.items():
+        r = values.detach().to(torch.float64).reshape(-1).cpu()
+        means = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, idx, r) / counts
+        centred = r - means[idx]
+        std = (torch.zeros(num_groups, dtype=torch.float64).index_add_(0, idx, centred ** 2) / counts).sqrt()
+        total += weights[name] * centred / std.clamp(min=floor)[idx]
+    std = total.std(unbiased=False).clamp(min=floor) if total.numel() else torch.ones((), dtype=torch.float64)
+    return ((total - total.mean()) / std).float()
+
+
 def group_reward_stats(rewards: torch.Tensor, group_ids) -> dict[str, float]:
     """Diagnostics: fraction of groups whose rewards are all equal, mean group std, group size."""
     r = rewards.detach().to(torch.float64).reshape(-1)

@@ -100,7 +100,9 @@ class AlgorithmConfig(TrainerTypeConfig):
     rollout_rs_lower: float | None = None
     rollout_rs_upper: float | None = None
     # Several rewards: `sum_rewards` normalises sum_k w_k r_k; `sum_advantages` (MixGRPO's
-    # advantage_aggr) normalises each reward separately and sums w_k A_k.
+    # advantage_aggr) normalises each reward separately and sums w_k A_k; `gdpo` (Flow-Factory's)
+    # normalises each reward within its group (population std, floor 1e-6), sums w_k of them and
+    # standardises the sum over the batch (adv_estimator, global_std and adv_eps are not read).
     reward_aggregation: str = "sum_rewards"
     # forward_process only: `online` samples and scores pairs each step; `offline` (Diffusion-DPO)
     # reads (prompt, chosen, rejected) rows from data.train_files (see pixelrl.data.preferences)
@@ -114,7 +116,7 @@ class AlgorithmConfig(TrainerTypeConfig):
         check_choice("algorithm.adv_estimator", self.adv_estimator, ADVANTAGE_ESTIMATORS.names())
         check_choice("algorithm.rollout_correction", self.rollout_correction, ("bypass", "decoupled"))
         self._check_rollout_correction()
-        check_choice("algorithm.reward_aggregation", self.reward_aggregation, ("sum_rewards", "sum_advantages"))
+        check_choice("algorithm.reward_aggregation", self.reward_aggregation, ("sum_rewards", "sum_advantages", "gdpo"))
         check_choice("algorithm.sample_source", self.sample_source, ("online", "offline"))
 
     def _check_rollout_correction(self) -> None:

@@ -44,10 +44,12 @@ def check_timesteps(params) -> None:
         raise ConfigError("diffusion_loss.params.timestep_fraction", params.timestep_fraction, "must be in (0, 1]")
 
 
-def grid_strata(kind: str, num_steps: int, num_timesteps: int, fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
+def grid_strata(kind: str, num_steps: int, num_timesteps: int, fraction: float,
+                top: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """[K] lower and upper (exclusive) grid indices of each stratum, as the AWM reference computes
-    them: boundaries = linspace(start, int(N * fraction), strata + 1), floored."""
-    top = int(num_steps * fraction)
+    them: boundaries = linspace(start, top, strata + 1), floored; top = int(N * fraction) unless
+    given (`strata_top`)."""
+    top = int(num_steps * fraction) if top is None else top
     start, strata = (0, num_timesteps) if kind == "discrete" else (1, num_timesteps - (kind == "discrete_with_init"))
     boundaries = torch.linspace(start, top, strata + 1).long()
     lower, upper = boundaries[:-1], boundaries[1:]
@@ -56,12 +58,24 @@ def grid_strata(kind: str, num_steps: int, num_timesteps: int, fraction: float) 
     return lower, upper
 
 
+def strata_top(grid: torch.Tensor, min_sigma: float) -> int | None:
+    """With min_sigma > 0, the last grid index whose sigma is at least min_sigma: where
+    Flow-Factory's `discrete` time sampling ends its strata (its `timestep_range` r keeps the grid
+    timesteps in [1000 (1 - r), 1000], here min_sigma = 1 - r, so the grid's shift decides how many
+    indices that is); None (int(N x fraction)) without one."""
+    if min_sigma <= 0:
+        return None
+    kept = torch.nonzero(grid >= min_sigma - 1e-6).flatten()
+    return int(kept.max()) if kept.numel() else 0
+
+
 def grid_subset_top(num_steps: int, max_index: int | None) -> int:
     """The highest grid index `grid_subset` draws from: max_index, within the N-step grid."""
     return num_steps - 1 if max_index is None else min(num_steps - 1, max_index)
 
 
-def check_strata(kind: str, num_timesteps: int, num_steps: int, fraction: float, max_index: int | None = None) -> None:
+def check_strata(kind: str, num_timesteps: int, num_steps: int, fraction: float, max_index: int | None = None,
+                 top: int | None = None) -> None:
     """Every stratum must hold at least one grid index (the reference then draws its lower bound
     for every empty one, training one timestep several times); `grid_subset` draws distinct
     indices, so the grid must hold that many up to max_index."""
@@ -74,18 +88,19 @@ def check_strata(kind: str, num_timesteps: int, num_steps: int, fraction: float,
         return
     if kind not in GRID_STRATA:
         return
-    lower, upper = grid_strata(kind, num_steps, num_timesteps, fraction)
+    lower, upper = grid_strata(kind, num_steps, num_timesteps, fraction, top)
     if bool((upper <= lower).any()):
-        top = int(num_steps * fraction)
+        bound = f"int(rollout.num_steps x timestep_fraction) = {int(num_steps * fraction)}" if top is None else \
+            f"the last grid index with sigma >= min_sigma, {top}"
         raise ConfigError("diffusion_loss.params.num_timesteps", num_timesteps,
-                          f"{num_timesteps} `{kind}` strata of grid indices up to int(rollout.num_steps x "
-                          f"timestep_fraction) = {top} leave some stratum empty: use fewer timesteps, or raise "
-                          f"rollout.num_steps (it is {num_steps}) or timestep_fraction ({fraction})")
+                          f"{num_timesteps} `{kind}` strata of grid indices up to {bound} leave some stratum empty: "
+                          f"use fewer timesteps, or raise rollout.num_steps (it is {num_steps}) or "
+                          + ("timestep_fraction" if top is None else "lower min_sigma"))
 
 
 def draw_timesteps(kind: str, batch_size: int, *, grid: torch.Tensor, train_sigmas: torch.Tensor,
                    generator: torch.Generator, num_timesteps: int = 1, fraction: float = 1.0,
-                   time_shift: float = 3.0, max_index: int | None = None) -> torch.Tensor:
+                   time_shift: float = 3.0, max_index: int | None = None, min_sigma: float = 0.0) -> torch.Tensor:
     """[B, K] noise levels t in (0, 1] at which each sample is trained.
 
     - logit_normal (Diffusion-DPO on flow models): u ~ sigmoid(N(0, 1)), t = train_sigmas[floor(1000 u)]
@@ -93,7 +108,8 @@ def draw_timesteps(kind: str, batch_size: int, *, grid: torch.Tensor, train_sigm
     - grid_permutation (DiffusionNFT): the N sampler grid values (sigmas[:-1], t = 1 included), a
       random permutation per sample, the first K = max(1, int(N * fraction)).
     - discrete_wo_init / discrete / discrete_with_init (AWM): one uniform grid index from each of
-      the K strata of `grid_strata`, per sample (the reference shares one draw per micro-batch).
+      the K strata of `grid_strata`, per sample (the reference shares one draw per micro-batch);
+      with min_sigma the strata end at `strata_top` (Flow-Factory's discrete time sampling).
     - stratified_logit_normal (AWM): u_k = (k + U) / K, t = shift(sigmoid(Phi^-1(u_k))) clamped
       to >= 0.01; stratified_uniform: t = shift(0.2 + 0.8 (k + U) / K). Per sample.
     - grid_subset (DGPO): K distinct grid indices out of 0..max_index, drawn once and shared by
@@ -108,8 +124,9 @@ def draw_timesteps(kind: str, batch_size: int, *, grid: torch.Tensor, train_sigm
         k = max(1, int(n * fraction))
         return torch.stack([grid[torch.randperm(n, generator=generator)[:k]] for _ in range(batch_size)])
     if kind in GRID_STRATA:
-        check_strata(kind, num_timesteps, n, fraction)
-        lower, upper = grid_strata(kind, n, num_timesteps, fraction)
+        top = strata_top(grid, min_sigma)
+        check_strata(kind, num_timesteps, n, fraction, top=top)
+        lower, upper = grid_strata(kind, n, num_timesteps, fraction, top)
         u = torch.rand(batch_size, num_timesteps, generator=generator)
         return grid[lower + (u * (upper - lower)).long()]
     if kind == "grid_subset":
@@ -187,6 +204,9 @@ def nft_optimality(advantages: torch.Tensor, adv_clip_max: float = 5.0, mode: st
 # ----------------------------------------------------------------------------- old-policy EMA
 OLD_POLICY_SCHEDULES = ("copy", "linear_to_0_5", "delayed", "awm", "constant")
 OLD_POLICY_REFRESHES = ("update", "optimizer_step")  # what old_policy_update_interval counts
+# what the schedule's step counts: the optimizer steps taken, or the updates before this one
+# (Flow-Factory's epoch counter, whatever its optimizer steps per epoch)
+OLD_POLICY_CLOCKS = ("optimizer_steps", "updates")
 
 
 def old_policy_decay(schedule: str, step: int, constant: float = 0.0) -> float:
@@ -214,12 +234,13 @@ class OldPolicyParams:
     `old_policy_update_interval` updates (`old_policy_refresh: update`, after the update's last
     optimizer step, d from the optimizer steps taken) or optimizer steps (`optimizer_step`, after
     each, d from the steps before it, as DGPO's reference steps its EMA reference), d from
-    `old_policy_schedule` (`old_policy_decay` for `constant`); `rollout_policy: old` samples the
-    rollouts with it (DiffusionNFT's reference)."""
+    `old_policy_schedule` (`old_policy_decay` for `constant`) at the step `old_policy_clock` counts;
+    `rollout_policy: old` samples the rollouts with it (DiffusionNFT's reference)."""
     old_policy_schedule: str = "linear_to_0_5"
     old_policy_decay: float = 0.0
     old_policy_update_interval: int = 1
     old_policy_refresh: str = "update"
+    old_policy_clock: str = "optimizer_steps"
     rollout_policy: str = "current"
 
     def __post_init__(self):
@@ -232,6 +253,13 @@ class OldPolicyParams:
         if self.old_policy_refresh not in OLD_POLICY_REFRESHES:
             raise ConfigError("diffusion_loss.params.old_policy_refresh", self.old_policy_refresh,
                               f"choose one of {list(OLD_POLICY_REFRESHES)}")
+        if self.old_policy_clock not in OLD_POLICY_CLOCKS:
+            raise ConfigError("diffusion_loss.params.old_policy_clock", self.old_policy_clock,
+                              f"choose one of {list(OLD_POLICY_CLOCKS)}")
+        if self.old_policy_clock == "updates" and self.old_policy_refresh != "update":
+            raise ConfigError("diffusion_loss.params.old_policy_clock", self.old_policy_clock,
+                              "counts updates, and old_policy_refresh=optimizer_step refreshes between them: use "
+                              "old_policy_refresh=update, or old_policy_clock=optimizer_steps")
         if self.rollout_policy not in ("current", "old"):
             raise ConfigError("diffusion_loss.params.rollout_policy", self.rollout_policy, "choose one of "
                               "['current', 'old']")
@@ -248,15 +276,25 @@ class DiffusionNFTParams(OldPolicyParams):
     ref_kl_coef: float = 1e-4  # weight of mean((v - v_ref)^2); the reference code calls it train.beta
     adv_mode: str = "all"
     # per sample, a random permutation of the sampler's grid timesteps, of which the first
-    # int(N * fraction) are trained (9 of 10)
+    # int(N * fraction) are trained (9 of 10); or AWM's grid strata (Flow-Factory's NFT: `discrete`)
     timesteps: str = "grid_permutation"
     timestep_fraction: float = 0.99
+    num_timesteps: int = 1  # the strata samplers' K (grid_permutation trains int(N x fraction))
+    # > 0: the strata end at the last grid index with sigma >= min_sigma, not at int(N x fraction)
+    # (Flow-Factory's timestep_range r is min_sigma = 1 - r)
+    min_sigma: float = 0.0
     group_noise: bool = False  # see AWMParams.group_noise
 
     def __post_init__(self):
         super().__post_init__()
         positive("beta", self.beta)
         check_timesteps(self)
+        if not 0 <= self.min_sigma < 1:
+            raise ConfigError("diffusion_loss.params.min_sigma", self.min_sigma, "must be in [0, 1) (0: the strata end "
+                              "at int(rollout.num_steps x timestep_fraction))")
+        if self.min_sigma and self.timesteps not in GRID_STRATA:
+            raise ConfigError("diffusion_loss.params.min_sigma", self.min_sigma, f"ends the strata of {list(GRID_STRATA)}"
+                              f"; timesteps={self.timesteps} has none: leave it at 0")
         if self.ref_kl_coef < 0:
             raise ConfigError("diffusion_loss.params.ref_kl_coef", self.ref_kl_coef, "must be >= 0")
         if self.adv_mode not in NFT_ADV_MODES:

@@ -40,6 +40,10 @@ class ValKwargs:
     # reward.functions), logged as val-core/<source>/gold/<key>/mean@n, so a training reward
     # that rises while a stricter judge stays flat shows up as it happens
     rewards: list = field(default_factory=list)
+    # the weights validation samples with: auto, the EMA when actor.ema_decay > 0 (flow_grpo and
+    # DiffusionNFT validate it), else the trained ones; old, the loss's old adapter (Flow-Factory's
+    # off-policy NFT evaluates the EMA it samples rollouts with)
+    weights: str = "auto"
 
     def check(self) -> None:
         from pixelrl.rewards.config import check_reward_specs
@@ -48,6 +52,7 @@ class ValKwargs:
         check_number("val_kwargs.num_steps", self.num_steps)
         check_number("val_kwargs.noise_level", self.noise_level, allow_zero=True)
         check_choice("val_kwargs.solver", self.solver, ("euler", "dpm2"))
+        check_choice("val_kwargs.weights", self.weights, ("auto", "old"))
         if self.solver == "dpm2" and self.noise_level > 0:
             raise ConfigError("val_kwargs.solver", self.solver, "DPM-Solver++ samples deterministically: set "
                               "val_kwargs.noise_level=0, or val_kwargs.solver=euler")

@@ -112,11 +112,29 @@ def _check_loss_timesteps(cfg: PixelRLConfig, bound) -> None:
 
     r = cfg.rollout
     if hasattr(bound, "num_timesteps"):
+        # with min_sigma the strata end where the family's (shifted) grid falls below it, known once the
+        # model is loaded: here only that the whole grid holds them, the draw checks the rest
+        top = r.num_steps - 1 if getattr(bound, "min_sigma", 0.0) else None
         check_strata(bound.timesteps, bound.num_timesteps, r.num_steps, getattr(bound, "timestep_fraction", 1.0),
-                     getattr(bound, "max_timestep_index", None))
+                     getattr(bound, "max_timestep_index", None), top=top)
     if getattr(bound, "group_noise", False) and r.n < 2:
         raise ConfigError("diffusion_loss.params.group_noise", True, f"shares noise within a prompt's group, and "
                           f"rollout.n={r.n} makes groups of one: set rollout.n >= 2 or group_noise=false")
+
+
+def _check_old_adapter_validation(cfg: PixelRLConfig, loss, bound) -> None:
+    """val_kwargs.weights=old needs the old adapter (a LoRA run whose loss reads it or samples with
+    it) and no second set of weights (an EMA) that validation would then never score."""
+    from pixelrl.algos.forward_process import rollout_policy
+
+    if cfg.model.lora_rank <= 0 or not ("v_old" in loss.step_keys_needed(bound) or rollout_policy(bound) == "old"):
+        raise ConfigError("val_kwargs.weights", "old", "validates the old adapter, and this run keeps none (a LoRA run "
+                          "whose loss reads one or samples rollouts with it: DiffusionNFT, AWM): use "
+                          "val_kwargs.weights=auto")
+    if cfg.actor.ema_decay > 0:
+        raise ConfigError("val_kwargs.weights", "old", f"validates the old adapter, and actor.ema_decay="
+                          f"{cfg.actor.ema_decay} keeps an EMA that checkpoints export but nothing would score: set "
+                          "actor.ema_decay=0, or val_kwargs.weights=auto")
 
 
 def _check_loss_against_run(cfg: PixelRLConfig, bound) -> None:
@@ -129,6 +147,8 @@ def _check_loss_against_run(cfg: PixelRLConfig, bound) -> None:
     loss = LOSSES.get(name)
     if loss.whole_groups:
         _check_whole_groups(cfg)
+    if cfg.val_kwargs.weights == "old":
+        _check_old_adapter_validation(cfg, loss, bound)
     if r.solver == "sa_solver" and loss.objective != "forward_process":
         raise ConfigError("rollout.solver", r.solver, "SA-Solver's steps have no log-probability to re-score: it "
                           f"samples for forward-process losses (AWM's sampler), not `{name}`: use rollout.solver=euler")

@@ -219,7 +219,8 @@ class ForwardProcessObjective(Objective):
                                   generator=generator, num_timesteps=getattr(opts, "num_timesteps", 1),
                                   fraction=getattr(opts, "timestep_fraction", 1.0),
                                   time_shift=getattr(opts, "time_shift", 3.0),
-                                  max_index=getattr(opts, "max_timestep_index", None))
+                                  max_index=getattr(opts, "max_timestep_index", None),
+                                  min_sigma=getattr(opts, "min_sigma", 0.0))
 
         def stream(name: str, key: int) -> torch.Generator:
             return torch.Generator().manual_seed(derive_seed(update_seed, f"{name} {key}"))

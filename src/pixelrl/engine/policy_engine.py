@@ -499,7 +499,10 @@ class PolicyEngine:
         count = self.policy_version if unit == "optimizer_step" else self.update_calls
         if count % opts.old_policy_update_interval:
             return None
-        step = self.policy_version - 1 if unit == "optimizer_step" else self.policy_version
+        if opts.old_policy_clock == "updates":
+            step = self.update_calls - 1  # the updates before this one (Flow-Factory's epoch)
+        else:
+            step = self.policy_version - 1 if unit == "optimizer_step" else self.policy_version
         decay = old_policy_decay(opts.old_policy_schedule, step, opts.old_policy_decay)
         blend_adapter(self.model.transformer, "old", "default", decay)
         return decay

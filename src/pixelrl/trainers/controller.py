@@ -69,6 +69,14 @@ def datasets_of(cfg: PixelRLConfig):
     return train, val
 
 
+def validation_policy(cfg: PixelRLConfig) -> str:
+    """The weights validation samples with (`val_kwargs.weights`): the old adapter, or the EMA of
+    the trained weights when the run keeps one (flow_grpo and DiffusionNFT validate it), or them."""
+    if cfg.val_kwargs.weights == "old":
+        return "old"
+    return "ema" if cfg.actor.ema_decay > 0 else "current"
+
+
 def check_conditions(cfg: PixelRLConfig, dataset: PromptDataset, field: str) -> None:
     """Every row gives the number of condition images `model.type` takes (none for a
     text-to-image family), before any worker starts."""
@@ -489,11 +497,9 @@ class DiffusionTrainer:
         window = full_window(vk.num_steps) if settings.stores_transitions else Window(0, 0)
         # val_batch_size prompts per generation call (rounded up to a multiple of the workers)
         chunk = len(rows) if not cfg.data.val_batch_size else -(-cfg.data.val_batch_size // self.actor.size) * self.actor.size
-        # the EMA of the trained weights when the run keeps one (flow_grpo and DiffusionNFT validate it)
-        policy = "ema" if cfg.actor.ema_decay > 0 else "current"
         return torch.cat([
             self.actor.rollout(prompts[i:i + chunk], seeds[i:i + chunk], window=window, settings=settings,
-                               num_steps=vk.num_steps, policy=policy,
+                               num_steps=vk.num_steps, policy=validation_policy(cfg),
                                condition_images=None if sources is None else sources[i:i + chunk])["images"]
             for i in range(0, len(rows), chunk)])[:real]
 

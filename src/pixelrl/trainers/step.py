@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pixelrl.algos.advantages import get_advantage_estimator, group_reward_stats, zero_advantage_keep
+from pixelrl.algos.advantages import gdpo_advantages, get_advantage_estimator, group_reward_stats, zero_advantage_keep
 from pixelrl.algos.forward_process import rollout_policy
 from pixelrl.algos.losses import LOSSES
 from pixelrl.algos.rollout_correction import rollout_correction
@@ -70,9 +70,14 @@ def compute_advantages(rewards: torch.Tensor, uids: list, algo_cfg) -> torch.Ten
 
 def aggregate_advantages(scores: dict[str, torch.Tensor], uids: list, cfg) -> torch.Tensor:
     """Advantages of the weighted reward sum, or (`sum_advantages`) the weighted sum of each
-    reward's own advantages."""
+    reward's own advantages, or (`gdpo`) that sum of per-group normalised rewards normalised over
+    the batch."""
     if cfg.algorithm.reward_aggregation == "sum_rewards":
         return compute_advantages(scores["overall"], uids, cfg.algorithm)
+    if cfg.algorithm.reward_aggregation == "gdpo":
+        functions = cfg.reward.functions
+        return gdpo_advantages({f["name"]: scores[f["name"]] for f in functions},
+                               {f["name"]: float(f.get("weight", 1.0)) for f in functions}, uids)
     total = torch.zeros_like(scores["overall"])
     for spec in cfg.reward.functions:
         total = total + float(spec.get("weight", 1.0)) * compute_advantages(scores[spec["name"]], uids, cfg.algorithm)
