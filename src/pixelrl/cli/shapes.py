@@ -98,8 +98,9 @@ FOLDER_STEPS, FOLDER_GUIDANCE = 10, 4.0  # a model folder's defaults (the shippe
 def sampling_options(args, model) -> dict:
     """How `generate` and `eval` sample: --resolution, --steps and --cfg when given; else, for a
     --checkpoint, what its run validated with (rollout.resolution, val_kwargs.num_steps, the
-    validation guidance, rollout.negative_prompt); else what the folder's sampler file says, the
-    rest the model's own size (its pipeline's default), 10 steps and guidance 4.0. Prints one line saying what it uses and whence."""
+    validation guidance, rollout.negative_prompt); else what the folder's sampler file says, and
+    for the rest the model's own size (its pipeline's default), 10 steps and guidance 4.0. Prints
+    one line saying what it uses and whence."""
     from pixelrl.core.errors import ConfigError
 
     if args.checkpoint:

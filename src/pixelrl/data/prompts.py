@@ -121,6 +121,8 @@ def load_condition_image(file: str, height: int, width: int, fit: str = "crop") 
     if image.mode == "RGBA":
         white = Image.new("RGBA", image.size, (255, 255, 255, 255))
         image = Image.alpha_composite(white, image).convert("RGB")
+    if fit not in CONDITION_FITS:
+        raise ValueError(f"fit {fit!r}: choose one of {list(CONDITION_FITS)}")
     w, h = image.size
     if fit == "pad":
         scale = min(width / w, height / h)
@@ -202,8 +204,8 @@ def read_prompt_file(path: str | Path, prompt_key: str = "prompt", field: str = 
 
 class PromptDataset(torch.utils.data.Dataset):
     """Rows as read: {prompt, data_source, metadata[, images]}; a drawn row with images also
-    carries them decoded at `output_size` (height, width), fitted by `condition_fit` (crop | pad),
-    as `condition_images`."""
+    carries them decoded at `output_size` (height, width), fitted by `condition_fit`
+    (`CONDITION_FITS`), as `condition_images`."""
 
     def __init__(self, rows: list[dict], output_size: tuple[int, int] | None = None, condition_fit: str = "crop"):
         self.rows = rows
