@@ -55,6 +55,8 @@ CASES = {  # name: (family, config, overrides); the configs' sizes are `auto`: f
     # one video of 33 frames per prompt-group member is the expensive unit: 1 prompt x 4 videos
     "wan": ("wan", "dance_grpo_wan", ["data.train_batch_size=1", "rollout.n=4", "actor.ppo_mini_batch_size=2"]),
     "flux": ("flux", "flow_grpo_flux", []),
+    # an edit family: FLUX.1-Kontext-dev's shape on edit rows (instruction, 384 px source; edit_rows)
+    "flux_kontext": ("flux_kontext", "flow_grpo_flux_kontext", []),
     # 8 prompts x 8 images in one optimizer step, the `auto` sizes chosen for this GPU: checks the
     # estimate above the 16-32 rows per call the planner was calibrated on
     "sd35_fast_fit": ("sd35", "flow_grpo_fast_sd35", ["data.train_batch_size=8", "actor.ppo_mini_batch_size=64"]),
@@ -88,6 +90,28 @@ def steady_state(rows: list[dict]) -> dict:
     return out
 
 
+EDIT_TYPES = ("flux_kontext", "qwen_image_edit")  # families whose rows carry a source image
+
+
+def edit_rows(out: Path) -> Path:
+    """A jsonl of the PROMPTS as edit instructions, each with a 384 px source of its own (a colour
+    gradient: the content does not change the step's cost), written once under `out`."""
+    import numpy as np
+    from PIL import Image
+
+    folder = out / "edit_rows"
+    if not (folder / "rows.jsonl").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        ramp = np.linspace(0, 255, 384, dtype=np.uint8)
+        for i in range(len(PROMPTS)):
+            pixels = np.stack([np.add.outer(ramp, ramp) // 2, np.full((384, 384), 32 * i, np.uint8),
+                               np.tile(ramp, (384, 1))], axis=-1).astype(np.uint8)
+            Image.fromarray(pixels).save(folder / f"source_{i}.png")
+        (folder / "rows.jsonl").write_text("".join(json.dumps({"prompt": p, "image": f"source_{i}.png"}) + "\n"
+                                                   for i, p in enumerate(PROMPTS)))
+    return folder / "rows.jsonl"
+
+
 def run_case(name: str, folder: Path, model_type: str, args, source: str | None = None) -> dict:
     """One case in its own process; from the pixelrl under `source` (a `src` folder) when given."""
     family, config, overrides = CASES[name]
@@ -101,7 +125,8 @@ def run_case(name: str, folder: Path, model_type: str, args, source: str | None 
     cmd = [sys.executable, "-m", "pixelrl", "train", "--config-name", config, f"model.path={folder}",
            f"model.type={model_type}", f"trainer.total_training_steps={args.steps}", f"trainer.peak_tflops={args.peak_tflops}",
            f"trainer.default_local_dir={run_dir}", f"trainer.experiment_name={label}", "trainer.resume_mode=disable",
-           f"data.prompts={json.dumps(PROMPTS)}", "data.train_files=[]", *COMMON, *overrides, *args.set]
+           *([f"data.train_files=[{edit_rows(Path(args.out))}]"] if model_type in EDIT_TYPES else
+             [f"data.prompts={json.dumps(PROMPTS)}", "data.train_files=[]"]), *COMMON, *overrides, *args.set]
     if args.scale == "tiny":
         cmd += TINY_OVERRIDES + (["diffusion_loss.params.num_timesteps=2"] if config.startswith("awm") else [])
     if args.device != "cuda":

@@ -76,7 +76,7 @@ def build_sd35_medium(path: Path, tiny: bool = False) -> tuple[Path, str]:
     return path, "sd3"
 
 
-def build_flux_dev(path: Path, tiny: bool = False) -> tuple[Path, str]:
+def build_flux_dev(path: Path, tiny: bool = False, pipeline_class=None) -> tuple[Path, str]:
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
 
     words = list(DEFAULT_WORDS)
@@ -86,7 +86,7 @@ def build_flux_dev(path: Path, tiny: bool = False) -> tuple[Path, str]:
     scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True,
                                                 base_shift=0.5, max_shift=1.15, base_image_seq_len=256,
                                                 max_image_seq_len=4096)
-    pipe = FluxPipeline(scheduler=scheduler, vae=vae, text_encoder=_clip(768, 12, None, clip_tok, tiny),
+    pipe = (pipeline_class or FluxPipeline)(scheduler=scheduler, vae=vae, text_encoder=_clip(768, 12, None, clip_tok, tiny),
                         tokenizer=clip_tok, text_encoder_2=_t5(t5_tok, 32 if tiny else 4096, tiny), tokenizer_2=t5_tok,
                         transformer=transformer)
     _save(pipe, path)
@@ -108,7 +108,15 @@ def build_wan_1_3b(path: Path, tiny: bool = False) -> tuple[Path, str]:
     return path, "wan"
 
 
-BUILDERS = {"sd35": build_sd35_medium, "flux": build_flux_dev, "wan": build_wan_1_3b}
+def build_flux_kontext_dev(path: Path, tiny: bool = False) -> tuple[Path, str]:
+    """FLUX.1-Kontext-dev: FLUX.1-dev's components (the same transformer shape) in the Kontext pipeline."""
+    from diffusers import FluxKontextPipeline
+
+    return build_flux_dev(path, tiny, FluxKontextPipeline)[0], "flux_kontext"
+
+
+BUILDERS = {"sd35": build_sd35_medium, "flux": build_flux_dev, "flux_kontext": build_flux_kontext_dev,
+            "wan": build_wan_1_3b}
 
 
 def _save(pipe, path: Path) -> None:

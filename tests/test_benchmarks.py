@@ -31,6 +31,22 @@ def test_the_gpu_benchmark_runs_end_to_end_at_tiny_scale(tmp_path):
 
 
 @pytest.mark.slow  # ~15 s
+def test_the_gpu_benchmark_runs_an_edit_family_on_its_edit_rows(tmp_path):
+    """The flux_kontext case builds a Kontext folder and trains its preset on rows that name
+    source images (a text-to-image prompt list would be refused by the edit family)."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"), "--scale", "tiny", "--device",
+                           "cpu", "--cases", "flux_kontext", "--steps", "2", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (result,) = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert result["exit"] == 0, result.get("log_tail")
+    assert result["timing_s/step"] > 0 and result["perf/denoiser_backwards"] > 0
+    assert json.loads((tmp_path / "models" / "flux_kontext" / "model_index.json").read_text())["_class_name"] == \
+        "FluxKontextPipeline"
+    assert len(list((tmp_path / "edit_rows").glob("source_*.png"))) == 8
+
+
+@pytest.mark.slow  # ~15 s
 def test_the_gpu_benchmark_runs_each_case_from_the_baseline_source_first(tmp_path):
     """--baseline-src: each case runs from the other version first (here a stand-in pixelrl that
     exits with 3), labelled `<case>_baseline`, then from this one, on the same folders."""
