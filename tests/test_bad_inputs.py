@@ -438,6 +438,11 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("validating an old adapter the run does not keep", [*SHAPES, "val_kwargs.weights=old"], "val_kwargs.weights"),
     ("validating the old adapter beside an EMA", ["train", "--config-name", "shapes_nft", "val_kwargs.weights=old",
                                                  "actor.ema_decay=0.9"], "actor.ema_decay=0.9"),
+    ("edits in their sources' aspects for a text-to-image model", [*SHAPES, "rollout.output_aspect=source"],
+     "rollout.output_aspect"),
+    ("an unknown output aspect", [*SHAPES, "rollout.output_aspect=wide"], "rollout.output_aspect"),
+    ("DMD2 with edits in their sources' aspects", ["train", "--config-name", "shapes_dmd2",
+                                                   "rollout.output_aspect=source"], "DMD2 student samples"),
     ("an NFT strata end without strata", ["train", "--config-name", "shapes_nft", "diffusion_loss.params.min_sigma=0.3"],
      "diffusion_loss.params.min_sigma"),
 ]

@@ -110,7 +110,7 @@ def test_data_condition_fit_reaches_the_rows_and_is_refused_without_sources(tiny
     error naming the field."""
     from PIL import Image
 
-    from pixelrl.trainers.controller import check_conditions, datasets_of
+    from pixelrl.trainers.datasets import check_conditions, datasets_of
 
     file = _write_edit_rows(tmp_path, EDIT_ROWS[:2])
     Image.new("RGB", (40, 20), (0, 0, 0)).save(tmp_path / "source_0.png")
@@ -205,6 +205,79 @@ def test_an_edit_run_trains_and_validates_on_its_sources_through_pixelrl_train(t
     assert (run / "checkpoints" / "global_step_2").is_dir()
 
 
+def _write_aspect_rows(folder, sizes):
+    """Edit rows whose sources have the given (width, height), one colour each."""
+    import json
+
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, size in enumerate(sizes):
+        Image.new("RGB", size, (40 * i % 256, 200, 120)).save(folder / f"source_{i}.png")
+    file = folder / "edits.jsonl"
+    file.write_text("".join(json.dumps({"prompt": f"edit {i}", "image": f"source_{i}.png"}) + "\n"
+                            for i in range(len(sizes))))
+    return file
+
+
+def test_rows_keep_their_aspect_and_a_lone_size_joins_the_nearest(tmp_path):
+    """Under rollout.output_aspect=source, 48 x 32 sources decode at 40 x 28 (about 32 x 32 pixels,
+    sides rounded to 4) and 32 x 48 ones at 28 x 40; the one square source, a size no batch of 2 can
+    fill, joins the nearest (a tie: the first by size) and is cropped to it; the loader's buckets
+    are the sizes."""
+    from pixelrl.data.prompts import PromptDataset
+    from pixelrl.models.base import area_size
+
+    file = _write_aspect_rows(tmp_path, [(48, 32)] * 3 + [(32, 48)] * 3 + [(40, 40)])
+    data = PromptDataset.from_files([file]).keeping_aspects(lambda w, h: area_size(32, w, h, 4), batch_size=2)
+    wide, tall = ((28, 40),), ((40, 28),)
+    assert data.row_sizes == [wide] * 3 + [tall] * 3 + [wide]
+    assert data.condition_buckets() == data.row_sizes and data.bucket_counts() == {wide: 4, tall: 3}
+    assert data[6]["condition_images"][0].shape == (28, 40, 3) and data[3]["condition_images"][0].shape == (40, 28, 3)
+    weighted = data.weighted({"edits": 2})
+    assert weighted.row_sizes == [sizes for sizes in data.row_sizes for _ in range(2)]
+
+
+def test_an_edit_rollout_follows_its_sources_aspect(tiny_kontext_path):
+    """rollout.output_aspect=source: a call of 40 x 28 sources samples 40 x 28 edits on the grid
+    shifted for that size; a call mixing sizes is refused."""
+    engine = PolicyEngine.from_config(_kontext_config(tiny_kontext_path, rollout__output_aspect="source"))
+    wide = torch.zeros(28, 40, 3, dtype=torch.uint8)
+    batch = engine.rollout(PROMPTS, [1, 2], condition_images=[(wide,), (wide,)])
+    assert batch["images"].shape == (2, 28, 40, 3)
+    assert torch.equal(batch["sigmas"][0], engine.schedule(engine.cfg.rollout.num_steps, (28, 40))[:-2])
+    with pytest.raises(ValueError, match="one size"):
+        engine.rollout(PROMPTS, [1, 2], condition_images=[(wide,), (torch.zeros(32, 32, 3, dtype=torch.uint8),)])
+
+
+def test_an_edit_run_in_its_sources_aspects_trains_and_validates_each_size(tiny_kontext_path, tmp_path, capsys):
+    """pixelrl train with rollout.output_aspect=source on rows of two aspects: every step samples
+    one size, validation generates each size apart, scores them, and dumps each edit at its own
+    size; a lone size with nothing of its number of pictures to join is refused by name."""
+    from PIL import Image
+
+    from conftest import read_metrics, train_cli
+
+    file = _write_aspect_rows(tmp_path / "data", [(48, 32)] * 2 + [(32, 48)] * 2)
+    common = ("model.type=flux_kontext", "model.max_sequence_length=16", f"data.train_files=[{file}]",
+              f"data.val_files=[{file}]", "data.train_batch_size=2", "rollout.n=2", "actor.ppo_micro_batch_size=2",
+              "trainer.backend=local", "trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.save_freq=-1",
+              "reward.functions=[{name: source_preservation}]", "rollout.output_aspect=source")
+    code, _ = train_cli(tmp_path / "out", tiny_kontext_path, *common, "trainer.experiment_name=aspects",
+                        config="flow_grpo_flux_tiny")
+    assert code == 0
+    run = tmp_path / "out" / "pixelrl" / "aspects"
+    assert any("val-core/edits/reward/mean@1" in r for r in read_metrics(run))
+    dumped = sorted((run / "validation" / "step_000002").glob("*.png"))
+    assert sorted(Image.open(f).size for f in dumped) == [(28, 40), (28, 40), (40, 28), (40, 28)]
+    lone = _write_aspect_rows(tmp_path / "lone", [(48, 32), (32, 48)])  # two sizes, neither fills a batch
+    capsys.readouterr()
+    code, _ = train_cli(tmp_path / "out2", tiny_kontext_path, *common, f"data.train_files=[{lone}]",
+                        "trainer.experiment_name=lone", config="flow_grpo_flux_tiny")
+    err = capsys.readouterr().err
+    assert code == 2 and "1 rows of 1 picture(s) at 40 x 28" in err and "rollout.output_aspect=square" in err
+
+
 def test_the_same_prompt_with_two_sources_is_two_groups():
     """Groups are conditions (a uid per drawn row), not prompt strings: two rows with one
     instruction and different sources give two groups, each with its own source."""
@@ -273,7 +346,7 @@ def test_the_sources_a_row_gives_are_checked_against_the_family(tmp_path):
     from pixelrl.config.sections import PixelRLConfig
     from pixelrl.core.errors import ConfigError
     from pixelrl.data.prompts import PromptDataset
-    from pixelrl.trainers.controller import check_conditions, check_picture_batches
+    from pixelrl.trainers.datasets import check_conditions, check_picture_batches
 
     def rows(*counts):
         file = _write_edit_rows(tmp_path, [{"prompt": "p", "images": [f"source_{i}.png" for i in range(n)]}

@@ -132,7 +132,7 @@ def test_loader_state_resumes_across_epochs():
 def test_source_weights_repeat_each_row_of_a_source_in_place():
     """`data.source_weights` as the trainer reads it: rows of a weighted source k times, in place,
     others once, 0 leaves a source out; an epoch of the loader then holds them that many times."""
-    from pixelrl.trainers.controller import datasets_of
+    from pixelrl.trainers.datasets import datasets_of
 
     with tempfile.TemporaryDirectory() as tmp:
         path = f"{tmp}/p.jsonl"

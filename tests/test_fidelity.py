@@ -64,6 +64,7 @@ def test_edit_paper_configs_sample_as_their_references():
     assert (nft.model.type, r.num_steps, r.guidance_scale, r.noise_level, r.solver) == ("qwen_image_edit", 30, 1.0, 0.0,
                                                                                       "euler")
     assert (r.n, nft.data.train_batch_size, r.resolution, nft.val_kwargs.num_steps) == (16, 32, 512, 40)
+    assert r.output_aspect == "source"  # auto_resize: each edit in its source's aspect
     assert (params["timesteps"], params["num_timesteps"], params["min_sigma"]) == ("discrete", 5, 0.3)
     assert (params["beta"], params["ref_kl_coef"], params["rollout_policy"], params["old_policy_clock"]) == \
         (1.0, 2.0e-4, "old", "updates")

@@ -208,6 +208,9 @@ def _check_distribution_matching(cfg: PixelRLConfig) -> None:
     """DMD2's student samples the shifted linspace grid deterministically, as two LoRA adapters
     (student, fake score) on one base beside its teacher."""
     r = cfg.rollout
+    if r.output_aspect != "square":
+        raise ConfigError("rollout.output_aspect", r.output_aspect, "the DMD2 student samples rollout.resolution "
+                          "squares (its fake score and teacher replay them at that size): leave it at square")
     if r.sigma_schedule != "linspace_shift":
         raise ConfigError("rollout.sigma_schedule", r.sigma_schedule, "the DMD2 student samples a shifted linspace "
                           "grid (verl-omni: rollout.sigma_schedule=linspace_shift, rollout.sigma_shift=3; 4 steps: "

@@ -11,6 +11,8 @@ row is drawn. A bad row stops loading with the file and row number.
 from __future__ import annotations
 
 import json
+import math
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -149,6 +151,27 @@ def image_size(file: str) -> tuple[int, int]:
         return opened.size
 
 
+def aspect_sizes(rows: list[dict], size_of, batch_size: int) -> list[tuple]:
+    """Each row's picture sizes, (height, width) each, when pictures keep their aspect: `size_of`
+    (width, height) of each picture. A size fewer rows share than a batch holds takes the nearest
+    one (by aspect) that enough rows of its number of pictures share, its pictures then fitted to
+    it (`data.condition_fit`): a step's rows must stack, and a lone size would never be trained."""
+    natural = [tuple(size_of(*image_size(file)) for file in row.get("images", ())) for row in rows]
+    counts = Counter(natural)
+    shared = [key for key, n in counts.items() if n >= batch_size]
+
+    def distance(a: tuple, b: tuple) -> float:
+        return sum(abs(math.log(wa / ha) - math.log(wb / hb)) for (ha, wa), (hb, wb) in zip(a, b))
+
+    def nearest(key: tuple) -> tuple:
+        same = [k for k in shared if len(k) == len(key)]
+        if counts[key] >= batch_size or not same:
+            return key
+        return min(same, key=lambda k: (distance(k, key), k))
+
+    return [nearest(key) for key in natural]
+
+
 def text_lines(path: Path):
     """(row number, line) of a UTF-8 text file, its byte-order mark dropped; a line that is not
     UTF-8 names the file, the row and the byte (rather than a decoder's traceback)."""
@@ -207,10 +230,12 @@ class PromptDataset(torch.utils.data.Dataset):
     carries them decoded at `output_size` (height, width), fitted by `condition_fit`
     (`CONDITION_FITS`), as `condition_images`."""
 
-    def __init__(self, rows: list[dict], output_size: tuple[int, int] | None = None, condition_fit: str = "crop"):
+    def __init__(self, rows: list[dict], output_size: tuple[int, int] | None = None, condition_fit: str = "crop",
+                 row_sizes: list[tuple] | None = None):
         self.rows = rows
         self.output_size = output_size
         self.condition_fit = condition_fit
+        self.row_sizes = row_sizes  # per row, each picture's (height, width) when they keep their aspect
 
     @classmethod
     def from_files(cls, files, prompt_key: str = "prompt", output_size: tuple[int, int] | None = None,
@@ -227,12 +252,24 @@ class PromptDataset(torch.utils.data.Dataset):
             counts[n] = counts.get(n, 0) + 1
         return counts
 
-    def condition_buckets(self) -> list[int] | None:
-        """Each row's number of condition images when the rows differ in it (a batch stacks its
-        rows' condition latents, so the loader batches each number apart), else None."""
-        if len(self.condition_counts()) < 2:
+    def bucket_counts(self) -> dict:
+        """How many rows share each batching key: their number of pictures, or with pictures in
+        their own aspect the sizes they are decoded at."""
+        if self.row_sizes is not None:
+            return dict(Counter(self.row_sizes))
+        return self.condition_counts()
+
+    def condition_buckets(self) -> list | None:
+        """Each row's batching key when the rows differ in it (a batch stacks its rows' condition
+        latents, so the loader batches each number of pictures, and each size, apart), else None."""
+        if len(self.bucket_counts()) < 2:
             return None
-        return [len(row.get("images", ())) for row in self.rows]
+        return list(self.row_sizes) if self.row_sizes is not None else [len(row.get("images", ())) for row in self.rows]
+
+    def keeping_aspects(self, size_of, batch_size: int) -> "PromptDataset":
+        """These rows with each picture decoded in its own aspect (`aspect_sizes`)."""
+        return PromptDataset(self.rows, self.output_size, self.condition_fit,
+                             aspect_sizes(self.rows, size_of, batch_size))
 
     @classmethod
     def from_prompts(cls, prompts: list[str], data_source: str = "inline") -> "PromptDataset":
@@ -240,8 +277,10 @@ class PromptDataset(torch.utils.data.Dataset):
 
     def weighted(self, weights: dict[str, int]) -> "PromptDataset":
         """Each row repeated in place `weights[row's data_source]` times (1 for unlisted sources)."""
-        return PromptDataset([row for row in self.rows for _ in range(weights.get(row["data_source"], 1))],
-                             self.output_size, self.condition_fit)
+        repeats = [weights.get(row["data_source"], 1) for row in self.rows]
+        return PromptDataset([row for row, k in zip(self.rows, repeats) for _ in range(k)], self.output_size,
+                             self.condition_fit, None if self.row_sizes is None else
+                             [sizes for sizes, k in zip(self.row_sizes, repeats) for _ in range(k)])
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -250,10 +289,14 @@ class PromptDataset(torch.utils.data.Dataset):
         row = self.rows[index]
         if not row.get("images"):
             return row
-        if self.output_size is None:
+        if self.row_sizes is not None:
+            sizes = self.row_sizes[index]
+        elif self.output_size is None:
             raise ValueError("a dataset with condition images needs output_size to decode them at")
-        return {**row, "condition_images": tuple(load_condition_image(f, *self.output_size, self.condition_fit)
-                                                 for f in row["images"])}
+        else:
+            sizes = [self.output_size] * len(row["images"])
+        return {**row, "condition_images": tuple(load_condition_image(f, *size, self.condition_fit)
+                                                 for f, size in zip(row["images"], sizes))}
 
 
 def collate_rows(rows: list[dict]) -> dict[str, list]:

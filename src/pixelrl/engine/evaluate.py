@@ -52,12 +52,14 @@ def fixed_seed_reward(engine, reward, prompts: list[str], seeds: list[int]) -> f
 
 def diversity(images: torch.Tensor, items: list[dict]) -> dict[str, float]:
     """How different the images of one prompt are (different seeds): the mean pairwise L1
-    distance between them (0..1), and the fraction of pairs that differ at all (distinct)."""
-    groups: dict[str, list[int]] = defaultdict(list)
+    distance between them (0..1), and the fraction of pairs that differ at all (distinct). An
+    item's `group`, when it has one, stands for its prompt (an edit's row: one instruction, two
+    sources, two groups)."""
+    groups: dict = defaultdict(list)
     for i, item in enumerate(items):
-        groups[item["prompt"]].append(i)
+        groups[item.get("group", item["prompt"])].append(i)
     distances, distinct = [], []
-    x = images.float() / 255.0
+    x = [image.float() / 255.0 for image in images]  # a tensor's rows, or images of several sizes
     for idx in groups.values():
         for a in range(len(idx)):
             for b in range(a + 1, len(idx)):

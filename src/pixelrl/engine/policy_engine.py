@@ -152,11 +152,27 @@ class PolicyEngine:
 
         return cls(load_configured_model(cfg.model), cfg, trains, parallelize)
 
-    def schedule(self, num_steps: int) -> torch.Tensor:
-        """The N + 1 sigmas of `rollout.sigma_schedule` at the rollout resolution."""
+    def schedule(self, num_steps: int, size: tuple[int, int] | None = None) -> torch.Tensor:
+        """The N + 1 sigmas of `rollout.sigma_schedule` at the rollout resolution, or at `size`
+        (height, width: a family's grid shifts with the token count)."""
         res = self.cfg.rollout.resolution
-        return schedule_sigmas(self.model, num_steps, self.cfg.rollout.sigma_schedule, res, res,
+        height, width = size or (res, res)
+        return schedule_sigmas(self.model, num_steps, self.cfg.rollout.sigma_schedule, height, width,
                                self.cfg.rollout.sigma_shift)
+
+    def output_size(self, condition_images: list | None) -> tuple[int, int]:
+        """(height, width) a rollout call samples at: rollout.resolution square, or with
+        rollout.output_aspect=source its rows' source aspect at about that many pixels (the
+        loader and validation give a call rows of one source size)."""
+        res = self.cfg.rollout.resolution
+        if self.cfg.rollout.output_aspect != "source" or not condition_images:
+            return res, res
+        shapes = {tuple(row[self.model.aspect_source_index].shape[:2]) for row in condition_images}
+        if len(shapes) > 1:
+            raise ValueError(f"a rollout call samples one size, and its rows' sources are {sorted(shapes)} (height, "
+                             "width): call it once per size")
+        (height, width), = shapes
+        return self.model.edit_output_size(res, width, height)
 
     # ------------------------------------------------------------------ rollout
     @property
@@ -186,19 +202,20 @@ class PolicyEngine:
 
     def _rollout(self, prompts, seeds, *, window, settings, num_steps, noise_seeds, condition_images) -> Batch:
         settings = settings or self.settings
-        sigmas = (self.sigmas if num_steps is None
-                  else self.schedule(num_steps))
+        height, width = self.output_size(condition_images)
+        square = (height, width) == (self.cfg.rollout.resolution,) * 2
+        sigmas = (self.sigmas if num_steps is None and square
+                  else self.schedule(num_steps or self.cfg.rollout.num_steps, (height, width)))
         window = window or (self.default_window() if num_steps is None else full_window(num_steps))
         if not settings.stores_transitions:
             window = Window(0, 0)  # no SDE step: no transition to store
-        res = self.cfg.rollout.resolution
         self.model.transformer.eval()
         chunks = []
         size = max(1, self.cfg.rollout.micro_batch_size)
         for start in range(0, len(prompts), size):
             out = rollout(
                 self.model, prompts[start:start + size], seeds[start:start + size],
-                sigmas=sigmas, window=window, settings=settings, height=res, width=res,
+                sigmas=sigmas, window=window, settings=settings, height=height, width=width,
                 negative_prompt=self.cfg.rollout.negative_prompt, store_means=self.stores_old_means,
                 noise_seeds=None if noise_seeds is None else noise_seeds[start:start + size],
                 condition_images=None if condition_images is None else condition_images[start:start + size],

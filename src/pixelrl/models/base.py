@@ -108,16 +108,15 @@ class DiffusionModel(ABC):
     # which source sets the output's aspect: QwenImageEditPlusPipeline takes its last picture's
     aspect_source_index: int = 0
 
+    @classmethod
+    def edit_size_unit(cls, folder: Path) -> int:
+        """The px an edit output's sides are rounded to for this folder (its config files alone)."""
+        return max(cls.output_side_rounding, cls.latent_unit(Path(folder)) or 1)
+
     def edit_output_size(self, side: int, source_width: int, source_height: int) -> tuple[int, int]:
         """(height, width) of an edit's output: about side x side pixels in the source's aspect,
         each side rounded to the family's unit (at least one unit)."""
-        import math
-
-        unit = max(self.output_side_rounding, type(self).latent_unit(Path(self.path)) or 1)
-        ratio = source_width / source_height
-        width = round(math.sqrt(side * side * ratio) / unit) * unit
-        height = round(math.sqrt(side * side / ratio) / unit) * unit
-        return max(unit, height), max(unit, width)
+        return area_size(side, source_width, source_height, type(self).edit_size_unit(Path(self.path)))
 
     # full fine-tuning of a low-precision model: float32 denoiser weights, forwards under autocast
     float32_master_weights: bool = False
@@ -383,6 +382,18 @@ class DiffusionModel(ABC):
 def from_uint8_images(images: torch.Tensor) -> torch.Tensor:
     """uint8 [B, H, W, 3] -> [-1, 1] float32 channel-first images (the inverse of to_uint8_images)."""
     return images.permute(0, 3, 1, 2).float() / 127.5 - 1.0
+
+
+def area_size(side: int, width: int, height: int, unit: int) -> tuple[int, int]:
+    """(height, width) of about side x side pixels in the aspect width : height, each side rounded
+    to a multiple of `unit` (at least one): QwenImageEditPlusPipeline's calculate_dimensions at
+    unit 32."""
+    import math
+
+    ratio = width / height
+    out_w = round(math.sqrt(side * side * ratio) / unit) * unit
+    out_h = round(math.sqrt(side * side / ratio) / unit) * unit
+    return max(unit, out_h), max(unit, out_w)
 
 
 def to_uint8_images(pixels: torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,10 @@ class RolloutConfig(GroupSamplingConfig):
     # the side an edit family's condition images enter the VAE at (each row's source cropped to
     # the output's aspect); 0: the output's, rollout.resolution. Qwen-Image-Edit's pipeline: 1024
     condition_resolution: int = 0
+    # square: every output rollout.resolution x rollout.resolution; source (edit families): each
+    # edit in its source's aspect at about that many pixels, the source decoded in its own aspect
+    # at the condition size (Flow-Factory's auto_resize); the loader batches each size apart
+    output_aspect: str = "square"
     guidance_scale: float = 4.5
     negative_prompt: str = ""
     noise_level: float = 0.7
@@ -84,6 +88,7 @@ class RolloutConfig(GroupSamplingConfig):
                               "or leave sigma_shift at 0")
         check_number("rollout.n_workers", self.n_workers, allow_zero=True)
         check_number("rollout.condition_resolution", self.condition_resolution, allow_zero=True)
+        check_choice("rollout.output_aspect", self.output_aspect, ("square", "source"))
         check_number("rollout.num_cpus_per_worker", self.num_cpus_per_worker)
         for name in ("n", "num_steps", "resolution"):
             check_number(f"rollout.{name}", getattr(self, name))

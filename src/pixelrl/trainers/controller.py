@@ -23,7 +23,7 @@ from PIL import Image
 from pixelrl.config.auto_size import estimated_peak_gb
 from pixelrl.config.sections import PixelRLConfig, validation_guidance
 from pixelrl.core.config_io import saved_yaml, to_yaml
-from pixelrl.data.preferences import PreferenceDataset, collate_preferences
+from pixelrl.data.preferences import collate_preferences
 from pixelrl.data.prompts import PromptDataset, collate_rows, make_loader
 from pixelrl.engine.evaluate import diversity
 from pixelrl.rewards.multi import WeightedReward
@@ -32,6 +32,7 @@ from pixelrl.sampling.windows import Window, full_window
 from pixelrl.core.errors import ConfigError, RewardError
 from pixelrl.trainers.ahead import AheadProducer
 from pixelrl.trainers.distribution_matching import train_distribution_matching
+from pixelrl.trainers.datasets import datasets_of
 from pixelrl.trainers.checkpointing import (BestCheckpoint, check_resume_config, find_resume_folder, load_rollouts,
                                            load_trainer_state, save_checkpoint)
 from pixelrl.trainers.forward_process import offline_preference_step, train_on_forward_process
@@ -47,26 +48,17 @@ CONSUMERS = {"transition": train_on_transitions, "forward_process": train_on_for
 VAL_SEED_BASE = 1_000_000_007  # validation images use fixed seeds, so every validation is comparable
 
 
-def datasets_of(cfg: PixelRLConfig):
-    """(training set, validation set or None) as `cfg.data` names them: prompt files or inline
-    prompts, or preference pairs for offline sampling."""
-    d = cfg.data
-    size = cfg.rollout.condition_size
-    if cfg.algorithm.sample_source == "offline":
-        train = PreferenceDataset.from_files(d.train_files, cfg.rollout.resolution, d.prompt_key)
-    else:
-        train = (PromptDataset.from_files(d.train_files, d.prompt_key, size, condition_fit=d.condition_fit)
-                 if d.train_files else PromptDataset.from_prompts(d.prompts))
-        check_conditions(cfg, train, "data.train_files")
-        if d.source_weights:
-            check_source_weights(d.source_weights, {row["data_source"] for row in train.rows})
-            train = train.weighted(d.source_weights)
-        check_picture_batches(cfg, train)
-    val = (PromptDataset.from_files(d.val_files, d.prompt_key, size, "data.val_files", condition_fit=d.condition_fit)
-           if d.val_files else None)
-    if val is not None:
-        check_conditions(cfg, val, "data.val_files")
-    return train, val
+def scored_in_parts(reward, parts: list, rows: list[dict], sources: list | None) -> dict[str, torch.Tensor]:
+    """`reward`'s scores of every row, called once per part (row indices, their images): the
+    validation images of one size at a time."""
+    scores: dict[str, torch.Tensor] = {}
+    for indices, images in parts:
+        picked = [rows[i] for i in indices]
+        extra = {"condition_images": [sources[i] for i in indices]} if sources is not None else {}
+        part = reward(images, [r["prompt"] for r in picked], [r["metadata"] for r in picked], **extra)
+        for key, values in part.items():
+            scores.setdefault(key, torch.zeros(len(rows), dtype=values.dtype))[torch.tensor(indices)] = values
+    return scores
 
 
 def validation_policy(cfg: PixelRLConfig) -> str:
@@ -75,70 +67,6 @@ def validation_policy(cfg: PixelRLConfig) -> str:
     if cfg.val_kwargs.weights == "old":
         return "old"
     return "ema" if cfg.actor.ema_decay > 0 else "current"
-
-
-def check_conditions(cfg: PixelRLConfig, dataset: PromptDataset, field: str) -> None:
-    """Every row gives the number of condition images `model.type` takes (none for a
-    text-to-image family), before any worker starts."""
-    from pixelrl.models.loader import model_family
-
-    from pixelrl.rewards.registry import REWARDS
-
-    takes, most = model_family(cfg.model.type).condition_range()
-    if cfg.rollout.condition_resolution and not takes:
-        raise ConfigError("rollout.condition_resolution", cfg.rollout.condition_resolution,
-                          f"sizes an edit family's condition images, and model.type={cfg.model.type} takes none: "
-                          "leave it at 0")
-    if cfg.data.condition_fit != "crop" and not takes:
-        raise ConfigError("data.condition_fit", cfg.data.condition_fit, f"fits an edit family's condition images to "
-                          f"the output, and model.type={cfg.model.type} takes none: leave it at crop")
-
-    def reads_sources(function: dict) -> bool:  # a reward whose options decide (remote) says so as a function
-        reads = getattr(REWARDS.get(function["name"]), "reads_condition_images", False)
-        return reads(dict(function.get("options") or {})) if callable(reads) else bool(reads)
-
-    reading = [f["name"] for f in cfg.reward.functions if reads_sources(f)]
-    if reading and not takes:
-        raise ConfigError("reward.functions", reading, f"read each sample's source image, and model.type="
-                          f"{cfg.model.type} edits none: use an edit family (model.type=flux_kontext or qwen_image_edit) with rows that "
-                          "name an `image`, or another reward")
-    counts = dataset.condition_counts()
-    wrong = {n: rows for n, rows in counts.items() if not takes <= n <= most}
-    if wrong:
-        files = list(getattr(cfg.data, field.split(".")[1]))
-        given = ", ".join(f"{rows} rows with {n}" for n, rows in sorted(wrong.items()))
-        span = f"{takes}" if takes == most else f"{takes} to {most}"
-        fix = ("remove `image` / `images` from the rows, or use an edit family (model.type=flux_kontext or qwen_image_edit)"
-               if takes == 0 else f"give every row {span} (`image`, or `images` for several: paths relative to the file)")
-        raise ConfigError(field, files, f"model.type={cfg.model.type} takes {span} condition image(s) per prompt, but "
-                          f"the file has {given}: {fix}")
-
-
-def check_picture_batches(cfg: PixelRLConfig, dataset: PromptDataset) -> None:
-    """A batch holds training rows of one number of pictures (their condition latents stack): a
-    number with fewer rows than a batch (after data.source_weights) would never be trained."""
-    counts = dataset.condition_counts()
-    short = {n: rows for n, rows in counts.items() if rows < cfg.data.train_batch_size}
-    if len(counts) > 1 and short:
-        given = ", ".join(f"{rows} rows with {n} picture(s)" for n, rows in sorted(short.items()))
-        raise ConfigError("data.train_files", list(cfg.data.train_files), f"a batch holds rows of one number of "
-                          f"pictures, and the training rows hold {given}, fewer than data.train_batch_size="
-                          f"{cfg.data.train_batch_size}: add rows of that number, give those rows another number of "
-                          "pictures, or lower data.train_batch_size")
-
-
-def check_source_weights(weights: dict, sources: set[str]) -> None:
-    """`data.source_weights` names sources of the training rows, with whole numbers >= 0, not all 0."""
-    unknown = sorted(set(weights) - sources)
-    if unknown:
-        raise ConfigError("data.source_weights", dict(weights), f"no training row has data_source {unknown}; "
-                          f"the training files' sources are {sorted(sources)}")
-    bad = {k: v for k, v in weights.items() if isinstance(v, bool) or not isinstance(v, int) or v < 0}
-    if bad:
-        raise ConfigError("data.source_weights", dict(weights), f"{bad}: each weight is how many times a row of "
-                          "that source appears per epoch, a whole number >= 0")
-    if all(weights.get(source, 1) == 0 for source in sources):
-        raise ConfigError("data.source_weights", dict(weights), "leaves no training row: give some source a weight >= 1")
 
 
 def mean_over_sources(metrics: dict[str, float], sources: list[str]) -> dict[str, float]:
@@ -440,21 +368,27 @@ class DiffusionTrainer:
         rows = [val_set[i] for i in range(len(val_set))] * vk.n
         seeds = [VAL_SEED_BASE + i for i in range(len(rows))]
         sources = [r["condition_images"] for r in rows] if any("condition_images" in r for r in rows) else None
-        # rows of one number of condition pictures at a time (a call stacks their latents); each
-        # row keeps its seed, so the images do not depend on how the rows are grouped
-        by_count = defaultdict(list)
+        # rows of one number and size of condition pictures at a time (a call stacks their latents);
+        # each row keeps its seed, so the images do not depend on how the rows are grouped
+        by_shape = defaultdict(list)
         for i, r in enumerate(rows):
-            by_count[len(r.get("condition_images", ()))].append(i)
+            by_shape[tuple(tuple(c.shape) for c in r.get("condition_images", ()))].append(i)
         parts = [(indices, self._validation_images([rows[i] for i in indices], [seeds[i] for i in indices]))
-                 for indices in by_count.values()]
-        images = parts[0][1].new_zeros((len(rows), *parts[0][1].shape[1:]))
-        for indices, part in parts:
-            images[torch.tensor(indices)] = part
-        scores = self.rewards(images, [r["prompt"] for r in rows], [r["metadata"] for r in rows],
-                              **({"condition_images": sources} if sources is not None else {}))
+                 for indices in by_shape.values()]
+        if len({tuple(part.shape[1:]) for _, part in parts}) == 1:
+            images = parts[0][1].new_zeros((len(rows), *parts[0][1].shape[1:]))
+            for indices, part in parts:
+                images[torch.tensor(indices)] = part
+            parts = [(list(range(len(rows))), images)]
+        else:  # edits in their sources' aspects (rollout.output_aspect=source): one image per row
+            images = [None] * len(rows)
+            for indices, part in parts:
+                for i, image in zip(indices, part):
+                    images[i] = image
+        scores = scored_in_parts(self.rewards, parts, rows, sources)
         overall = scores["overall"]
         # gold rewards are judged here, in the driver, on the same images
-        gold = self._gold(images, [r["prompt"] for r in rows], [r["metadata"] for r in rows]) if vk.rewards else {}
+        gold = scored_in_parts(self._gold, parts, rows, None) if vk.rewards else {}
         by_source = defaultdict(list)
         for i, r in enumerate(rows):
             by_source[r["data_source"]].append(i)
@@ -475,7 +409,8 @@ class DiffusionTrainer:
                 if name != "overall":
                     metrics[f"val-core/{source}/gold/{name}/mean@{vk.n}"] = float(values_all[idx].mean())
             if vk.n > 1:  # how different the n images of one prompt are (mean pairwise L1, 0..1)
-                metrics[f"val-core/{source}/diversity@{vk.n}"] = diversity(images[idx], [rows[i] for i in idx])["pairwise_l1"]
+                items = [{**rows[i], "group": i % per_prompt} if sources is not None else rows[i] for i in idx]
+                metrics[f"val-core/{source}/diversity@{vk.n}"] = diversity([images[i] for i in idx], items)["pairwise_l1"]
         metrics.update(mean_over_sources(metrics, list(by_source)))
         folder = Path(cfg.trainer.validation_data_dir or self.run_dir / "validation") / f"step_{step:06d}"
         self._dump(folder, None, images=images, prompts=[r["prompt"] for r in rows], scores=scores, seeds=seeds)
@@ -529,4 +464,10 @@ class DiffusionTrainer:
         if batch is not None:
             images = batch["images"][:32]
             captions = [f"{float(batch['rewards'][i]):.3f} {batch['prompts'][i]}" for i in range(len(images))]
+        if isinstance(images, list):  # edits of several sizes: each on a white canvas of the largest
+            height, width = max(image.shape[0] for image in images), max(image.shape[1] for image in images)
+            canvas = torch.full((len(images), height, width, 3), 255, dtype=torch.uint8)
+            for i, image in enumerate(images):
+                canvas[i, :image.shape[0], :image.shape[1]] = image
+            images = canvas
         tracker.log_images(tag, image_grid(images.numpy(), captions), step)
