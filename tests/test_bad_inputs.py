@@ -441,6 +441,8 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("edits in their sources' aspects for a text-to-image model", [*SHAPES, "rollout.output_aspect=source"],
      "rollout.output_aspect"),
     ("an unknown output aspect", [*SHAPES, "rollout.output_aspect=wide"], "rollout.output_aspect"),
+    ("offline preference pairs in their sources' aspects", ["train", "--config-name", "shapes_dpo_offline",
+                                                            "rollout.output_aspect=source"], "offline preference"),
     ("DMD2 with edits in their sources' aspects", ["train", "--config-name", "shapes_dmd2",
                                                    "rollout.output_aspect=source"], "DMD2 student samples"),
     ("an NFT strata end without strata", ["train", "--config-name", "shapes_nft", "diffusion_loss.params.min_sigma=0.3"],

@@ -19,6 +19,9 @@ def datasets_of(cfg: PixelRLConfig):
     d = cfg.data
     size = cfg.rollout.condition_size
     if cfg.algorithm.sample_source == "offline":
+        if cfg.rollout.output_aspect != "square":
+            raise ConfigError("rollout.output_aspect", cfg.rollout.output_aspect, "offline preference pairs are "
+                              "read at rollout.resolution, with no source to take an aspect from: leave it at square")
         train = PreferenceDataset.from_files(d.train_files, cfg.rollout.resolution, d.prompt_key)
     else:
         train = (PromptDataset.from_files(d.train_files, d.prompt_key, size, condition_fit=d.condition_fit)
