@@ -21,6 +21,16 @@ def group_index(group_ids) -> torch.Tensor:
     return torch.tensor([dense.setdefault(g, len(dense)) for g in labels], dtype=torch.long)
 
 
+def group_moments(r: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For rewards `r` in the dense groups `idx` (`group_index`): each group's count, r centred on
+    its group's mean, and each group's sum of squared deviations."""
+    num_groups = int(idx.max()) + 1 if idx.numel() else 0
+    counts = torch.zeros(num_groups, dtype=r.dtype, device=r.device).index_add_(0, idx, torch.ones_like(r))
+    means = torch.zeros(num_groups, dtype=r.dtype, device=r.device).index_add_(0, idx, r) / counts
+    centred = r - means[idx]
+    return counts, centred, torch.zeros(num_groups, dtype=r.dtype, device=r.device).index_add_(0, idx, centred ** 2)
+
+
 def group_advantages(
     rewards: torch.Tensor,
     group_ids,
@@ -41,15 +51,11 @@ def group_advantages(
     idx = group_index(group_ids).to(r.device)
     if idx.numel() != r.numel():
         raise ValueError(f"{r.numel()} rewards but {idx.numel()} group ids")
-    num_groups = int(idx.max()) + 1 if idx.numel() else 0
-    counts = torch.zeros(num_groups, dtype=r.dtype, device=r.device).index_add_(0, idx, torch.ones_like(r))
-    means = torch.zeros(num_groups, dtype=r.dtype, device=r.device).index_add_(0, idx, r) / counts
-    centred = r - means[idx]
+    counts, centred, sq = group_moments(r, idx)
     if norm_by_std:
         if global_std:
             std = r.std(unbiased=unbiased) if r.numel() > 1 else torch.zeros((), dtype=r.dtype)
         else:
-            sq = torch.zeros(num_groups, dtype=r.dtype, device=r.device).index_add_(0, idx, centred**2)
             dof = (counts - 1).clamp(min=1) if unbiased else counts
             std = (sq / dof).sqrt()[idx]
         centred = centred / (std + eps)
@@ -65,15 +71,10 @@ def gdpo_advantages(rewards: dict[str, torch.Tensor], weights: dict[str, float],
     high-variance reward from drowning the others; with one reward it is the per-group advantage,
     standardised over the batch."""
     idx = group_index(group_ids)
-    num_groups = int(idx.max()) + 1 if idx.numel() else 0
-    counts = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, idx, torch.ones(idx.numel(), dtype=torch.float64))
     total = torch.zeros(idx.numel(), dtype=torch.float64)
     for name, values in rewards.items():
-        r = values.detach().to(torch.float64).reshape(-1).cpu()
-        means = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, idx, r) / counts
-        centred = r - means[idx]
-        std = (torch.zeros(num_groups, dtype=torch.float64).index_add_(0, idx, centred ** 2) / counts).sqrt()
-        total += weights[name] * centred / std.clamp(min=floor)[idx]
+        counts, centred, sq = group_moments(values.detach().to(torch.float64).reshape(-1).cpu(), idx)
+        total += weights[name] * centred / (sq / counts).sqrt().clamp(min=floor)[idx]
     std = total.std(unbiased=False).clamp(min=floor) if total.numel() else torch.ones((), dtype=torch.float64)
     return ((total - total.mean()) / std).float()
 

@@ -7,6 +7,7 @@ shipped tiny model share one rollout loop and one update step.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from abc import ABC, abstractmethod
 from collections import OrderedDict
@@ -116,7 +117,12 @@ class DiffusionModel(ABC):
     def edit_output_size(self, side: int, source_width: int, source_height: int) -> tuple[int, int]:
         """(height, width) of an edit's output: about side x side pixels in the source's aspect,
         each side rounded to the family's unit (at least one unit)."""
-        return area_size(side, source_width, source_height, type(self).edit_size_unit(Path(self.path)))
+        return area_size(side, source_width, source_height, self._edit_unit)
+
+    @functools.cached_property
+    def _edit_unit(self) -> int:
+        """edit_size_unit of this folder, its config files read once (not on every rollout call)."""
+        return type(self).edit_size_unit(Path(self.path))
 
     # full fine-tuning of a low-precision model: float32 denoiser weights, forwards under autocast
     float32_master_weights: bool = False
