@@ -125,6 +125,37 @@ def test_two_roles_on_one_base_stay_disjoint(tiny_pixel_path):
         engine.train_role("student", _attempt_rows(20))
 
 
+def test_a_fake_score_attempt_trains_on_the_students_sample_not_its_own(tiny_pixel_path, monkeypatch):
+    """With the two adapters made to differ, the x_g a fake-score attempt fits is the student's
+    exit-step x0 estimate (verl-omni's student_sample, Flow-Factory's generator variant), not the
+    fake adapter's: the fake score must describe the student's distribution."""
+    import pixelrl.engine.distribution_matching as dm
+
+    engine, _ = _dmd2_engine(tiny_pixel_path)
+    with torch.no_grad():
+        for param in engine.objective.fake_parameters():
+            param.add_(0.05 * torch.randn(param.shape, generator=torch.Generator().manual_seed(param.numel())))
+    rows, sigmas = _attempt_rows(), engine.sigmas
+    objective = engine.objective
+    text = objective._encode(rows)
+    with engine.policy("current"):
+        of_student = objective._student_sample(rows, text, sigmas, 2, with_graph=False)
+    with engine.policy("fake_score"):
+        of_fake = objective._student_sample(rows, text, sigmas, 2, with_graph=False)
+    assert float((of_student - of_fake).abs().max()) > 1e-2  # the test can tell the two apart
+    fitted = []
+    real_loss = dm.fake_score_loss
+
+    def recording(v, eps, x_g):
+        fitted.append(x_g.detach().clone())
+        return real_loss(v, eps, x_g)
+
+    monkeypatch.setattr(dm, "fake_score_loss", recording)
+    out = engine.train_role("fake_score", rows)
+    assert out["fake_score/grad_norm"] > 0 and len(fitted) == 1
+    assert torch.allclose(fitted[0], of_student, atol=1e-6)
+
+
 def test_an_attempt_does_not_depend_on_its_micro_batches(tiny_pixel_path):
     """Every draw comes from the row's seed: one micro-batch of 4 or four of 1 step alike."""
     results = []

@@ -113,10 +113,19 @@ class DistributionMatchingObjective:
         loss_total = 0.0
         for micro in batch.split(max(1, e.cfg.actor.ppo_micro_batch_size)):
             weight = len(micro) / len(batch)
-            # the backward inside: a leaf made frozen before it would take no gradient
-            with contextlib.nullcontext() if student else self.fake_score_trained():
-                loss, metrics = (self._student_loss if student else self._fake_loss)(micro, sigmas, exit_index)
+            if student:
+                loss, metrics = self._student_loss(micro, sigmas, exit_index)
                 (loss * weight).backward()
+            else:
+                # x_g is the student's sample, drawn before the fake adapter is switched in: the fake
+                # score learns the student's distribution, not its own (both references sample x_g
+                # with the generator)
+                text = self._encode(micro)
+                x_g = self._student_sample(micro, text, sigmas, exit_index, with_graph=False)
+                # the backward inside: a leaf made frozen before it would take no gradient
+                with self.fake_score_trained():
+                    loss, metrics = self._fake_loss(micro, text, x_g)
+                    (loss * weight).backward()
             self._refuse_cross_gradients(role)
             loss_total = loss_total + kept_on_device(loss) * weight
             for name, value in {"loss": loss, **metrics}.items():
@@ -196,12 +205,11 @@ class DistributionMatchingObjective:
         loss, metrics = e.loss({"x_g": x_g, "x_real": x_real, "x_fake": x_fake}, self.params)
         return loss, {**metrics, "score_sigma": sigma.mean()}
 
-    def _fake_loss(self, micro: Batch, sigmas: torch.Tensor, exit_index: int):
-        text = self._encode(micro)
-        x_g = self._student_sample(micro, text, sigmas, exit_index, with_graph=False)
+    def _fake_loss(self, micro: Batch, text: PromptEmbeds, x_g: torch.Tensor):
+        """Flow matching of the (active, trainable) fake score on the student's detached sample x_g."""
         sigma, eps = self._score_noise(micro, x_g)
         x_s = noised(x_g, sigma, eps)
-        v_fake = self.engine.model.predict_velocity(x_s, sigma, text)  # (the attempt made the fake score trainable)
+        v_fake = self.engine.model.predict_velocity(x_s, sigma, text)
         return fake_score_loss(v_fake, eps, x_g), {"score_sigma": sigma.mean()}
 
     def _teacher_velocity(self, micro: Batch, x_s: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
