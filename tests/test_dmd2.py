@@ -53,6 +53,64 @@ def test_teacher_guidance_and_its_layer_norm_rescale():
     assert guided_velocity(v_pos, None, 4.0, "layer_norm") is v_pos  # a family without a negative branch
 
 
+def _standard_cfg_transcribed(cond, uncond, scale):
+    """verl-omni's `standard_cfg` with cfg_norm=layer_norm, on packed tokens [B, L, D]."""
+    cond, uncond = cond.float(), uncond.float()
+    guided = uncond + scale * (cond - uncond)
+    return guided * (torch.norm(cond, dim=-1, keepdim=True) / torch.norm(guided, dim=-1, keepdim=True).clamp_min(1e-12))
+
+
+def test_layer_norm_rescale_acts_on_qwen_images_packed_tokens_as_verl_omni():
+    """Qwen-Image's denoiser sees 2 x 2 x 16 = 64-value tokens: the rescale on pixelrl's unpacked
+    [B, 16, h, w] latents equals verl-omni's on the pipeline's packed tokens, and differs from a
+    per-latent-cell rescale on correlated velocities."""
+    from diffusers import QwenImagePipeline
+
+    from pixelrl.models.qwen_image.model import QwenImageModel
+
+    gen = torch.Generator().manual_seed(3)
+    shared = torch.randn(2, 16, 6, 8, generator=gen)
+    v_pos = shared + 0.3 * torch.randn(2, 16, 6, 8, generator=gen)
+    v_neg = shared + 0.3 * torch.randn(2, 16, 6, 8, generator=gen)
+
+    def pack(v):
+        return QwenImagePipeline._pack_latents(v, 2, 16, 6, 8)
+
+    reference = _standard_cfg_transcribed(pack(v_pos), pack(v_neg), 4.0)
+    ours = guided_velocity(v_pos, v_neg, 4.0, "layer_norm", QwenImageModel.guidance_token_patch)
+    assert torch.allclose(pack(ours), reference, rtol=1e-5, atol=1e-6)
+    per_cell = guided_velocity(v_pos, v_neg, 4.0, "layer_norm")
+    assert float((per_cell - ours).abs().max()) > 1e-2
+    with pytest.raises(ValueError, match="divisible by 2"):
+        guided_velocity(v_pos[:, :, :5], v_neg[:, :, :5], 4.0, "layer_norm", 2)
+
+
+def _leaked_index_bits(sigma, eps, shift):
+    """How often a row's score-sigma index mod 8 is read back from its noise: on one Mersenne-Twister
+    stream the index is the first 32-bit draw mod 1000, whose low 3 bits are the low bits of the first
+    uniform that Box-Muller turned into the noise values 0 and 8 (torch's 16-wide normal fill)."""
+    s = sigma.double()
+    index = (s / (shift - (shift - 1) * s) * 1000).round().long()
+    first_uniform = 1 - torch.exp(-(eps[:, 0].double() ** 2 + eps[:, 8].double() ** 2) / 2)
+    return float(((first_uniform * 2 ** 24).round().long() % 8 == index % 8).double().mean())
+
+
+def test_score_sigma_and_noise_come_from_independent_streams(tiny_pixel_path):
+    """A row's score noise says nothing of its score sigma (verl-omni draws them from separate
+    streams); the same attack on one shared stream, as the code had, reads the index back."""
+    engine, _ = _dmd2_engine(tiny_pixel_path)
+    p, n = engine.objective.params, 400
+    rows = Batch({}, {"prompts": ["a"] * n, "seeds": list(range(n))})
+    sigma, eps = engine.objective._score_noise(rows, torch.zeros(n, 64))
+    assert _leaked_index_bits(sigma, eps, p.shift) < 0.25  # chance: 1/8
+    low, high = p.score_sigma_range
+    one_stream = [torch.Generator().manual_seed(s) for s in range(n)]
+    shared_sigma = torch.cat([draw_score_sigmas(1, g, timesteps=p.score_timesteps, shift=p.shift, low=low, high=high)
+                              for g in one_stream])
+    shared_eps = torch.cat([torch.randn(1, 64, generator=torch.Generator().manual_seed(s)) for s in range(n)])
+    assert _leaked_index_bits(shared_sigma, shared_eps, p.shift) > 0.6  # the attack works on this torch
+
+
 def test_score_sigmas_on_the_shifted_grid_clamped_or_uniform():
     gen = torch.Generator().manual_seed(0)
     s = draw_score_sigmas(4000, gen, timesteps=1000, shift=3.0, low=0.02, high=0.98)

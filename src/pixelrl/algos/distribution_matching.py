@@ -106,16 +106,35 @@ def channel_dim(latents: torch.Tensor) -> int:
     return -1 if latents.ndim == 3 else 1
 
 
-def guided_velocity(v_pos: torch.Tensor, v_neg: torch.Tensor | None, scale: float, cfg_norm: str) -> torch.Tensor:
-    """The teacher's guided velocity; `layer_norm` rescales each channel vector to the conditional
-    velocity's length, |v_pos| / max(|v_guided|, 1e-12)."""
+def guided_velocity(v_pos: torch.Tensor, v_neg: torch.Tensor | None, scale: float, cfg_norm: str,
+                    token_patch: int = 1) -> torch.Tensor:
+    """The teacher's guided velocity; `layer_norm` rescales each token's vector to the conditional
+    velocity's length, |v_pos| / max(|v_guided|, 1e-12) (verl-omni's `standard_cfg`, on the last
+    axis of the denoiser's packed tokens). `token_patch` is the side of the latent patch one
+    denoiser token packs (the family's `guidance_token_patch`: 2 for Qwen-Image, whose tokens are
+    2 x 2 latent cells x 16 channels): on unpacked `[B, C, H, W]` latents a token's vector is then
+    the channels of a token_patch x token_patch block, not of one latent cell."""
     if v_neg is None or scale == 1.0:
         return v_pos
     guided = v_neg + scale * (v_pos - v_neg)
     if cfg_norm == "layer_norm":
-        dim = channel_dim(v_pos)
-        guided = guided * (v_pos.norm(dim=dim, keepdim=True) / guided.norm(dim=dim, keepdim=True).clamp_min(1e-12))
+        guided = guided * (_token_norms(v_pos, token_patch) / _token_norms(guided, token_patch).clamp_min(1e-12))
     return guided
+
+
+def _token_norms(v: torch.Tensor, token_patch: int) -> torch.Tensor:
+    """Each denoiser token's vector length, broadcast back over the token's latent values."""
+    dim = channel_dim(v)
+    if token_patch == 1 or dim == -1:
+        return v.norm(dim=dim, keepdim=True)
+    if v.ndim != 4 or v.shape[2] % token_patch or v.shape[3] % token_patch:
+        raise ValueError(f"a {token_patch} x {token_patch} token rescale needs [B, C, H, W] latents with H and W "
+                         f"divisible by {token_patch}, got {tuple(v.shape)}")
+    b, c, h, w = v.shape
+    p = token_patch
+    blocks = v.reshape(b, c, h // p, p, w // p, p)
+    norms = blocks.square().sum(dim=(1, 3, 5), keepdim=True).sqrt()  # [B, 1, H/p, 1, W/p, 1]
+    return norms.expand(b, 1, h // p, p, w // p, p).reshape(b, 1, h, w)
 
 
 def x0_from_velocity(x_s: torch.Tensor, sigma: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

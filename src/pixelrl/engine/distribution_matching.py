@@ -181,14 +181,17 @@ class DistributionMatchingObjective:
         return res, res
 
     def _score_noise(self, micro: Batch, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each row's score sigma and noise, from its own seed's `dmd2_score` stream."""
+        """Each row's score sigma and noise, from two streams of its own seed (`dmd2_score_sigma`,
+        `dmd2_score_noise`): on one stream the noise's first draws would give the sigma away."""
         p = self.params
         low, high = p.score_sigma_range
-        seeds = [derive_seed(int(s), "dmd2_score") for s in micro["seeds"]]
-        sigma = torch.cat([draw_score_sigmas(1, torch.Generator().manual_seed(s), timesteps=p.score_timesteps,
-                                             shift=p.shift, low=low, high=high) for s in seeds]).to(like.device)
-        eps = randn_tensor(tuple(like.shape), generator=sample_generators(seeds, like.device), device=like.device,
-                           dtype=torch.float32)
+        rows = [int(s) for s in micro["seeds"]]
+        sigma = torch.cat([draw_score_sigmas(1, torch.Generator().manual_seed(derive_seed(s, "dmd2_score_sigma")),
+                                             timesteps=p.score_timesteps, shift=p.shift, low=low, high=high)
+                           for s in rows]).to(like.device)
+        eps = randn_tensor(tuple(like.shape), generator=sample_generators([derive_seed(s, "dmd2_score_noise")
+                                                                           for s in rows], like.device),
+                           device=like.device, dtype=torch.float32)
         return sigma, eps
 
     def _student_loss(self, micro: Batch, sigmas: torch.Tensor, exit_index: int):
@@ -231,5 +234,5 @@ class DistributionMatchingObjective:
                     continue
                 v_pos, v_neg = e.model.predict_velocity(torch.cat([x, x]), torch.cat([s, s]),
                                                         PromptEmbeds.cat([text, negative])).chunk(2)
-            out[rows] = guided_velocity(v_pos, v_neg, p.teacher_guidance, p.cfg_norm)
+            out[rows] = guided_velocity(v_pos, v_neg, p.teacher_guidance, p.cfg_norm, e.model.guidance_token_patch)
         return out

@@ -103,6 +103,10 @@ class DiffusionModel(ABC):
         """(fewest, most) condition images a sample of this family takes."""
         return cls.condition_images, cls.most_condition_images or cls.condition_images
 
+    # the side of the latent patch one denoiser token packs, for rescales that act per token
+    # (DMD2's teacher `cfg_norm: layer_norm`): 1 where the denoiser takes unpacked latents
+    guidance_token_patch: int = 1
+
     # An edit's output takes its source's aspect at about the requested area, each side rounded to
     # this many px (QwenImageEditPlusPipeline's calculate_dimensions: 32); 0: the folder's latent unit
     output_side_rounding: int = 0

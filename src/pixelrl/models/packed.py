@@ -15,6 +15,7 @@ class PackedLatentsModel(DiffusionModel):
 
     vae_scale: int
     latent_channels: int
+    guidance_token_patch = 2  # the pipelines' 2 x 2 packing: a token is 4 latent cells x C channels
 
     def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
         check_resolution(height, width, self.vae_scale * 2)  # a VAE cell, then 2 x 2 cells per token
