@@ -30,7 +30,8 @@ def batch_gradients(config: str, overrides: list[str], batches: int) -> dict:
     from pixelrl.data.prompts import collate_rows
     from pixelrl.engine.policy_engine import PolicyEngine
     from pixelrl.rewards.multi import WeightedReward
-    from pixelrl.trainers.controller import CONSUMERS, datasets_of
+    from pixelrl.trainers.consumers import CONSUMERS
+    from pixelrl.trainers.controller import datasets_of
     from pixelrl.trainers.step import make_rollout
 
     cfg = load_config(config, ["trainer.backend=local", "trainer.n_workers=1", "algorithm.drop_zero_advantage=false",
@@ -40,7 +41,7 @@ def batch_gradients(config: str, overrides: list[str], batches: int) -> dict:
     if optimizer_steps_per_rollout(cfg) != 1:
         raise SystemExit(f"the config takes {optimizer_steps_per_rollout(cfg)} optimizer steps per batch; measure with "
                          "actor.ppo_mini_batch_size=0 actor.ppo_epochs=1 (one gradient per batch)")
-    consume = CONSUMERS[cfg.algorithm.trainer_type]  # Flow-GRPO's update, or the forward-process methods'
+    consume = CONSUMERS.get(cfg.algorithm.trainer_type).update  # Flow-GRPO's update, or the forward-process methods'
     engine = PolicyEngine.from_config(cfg)
     reward = WeightedReward.from_functions([dict(f) for f in cfg.reward.functions])
     rows = datasets_of(cfg)[0]

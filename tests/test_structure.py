@@ -225,16 +225,20 @@ def test_each_section_checks_its_own_fields_without_the_rest_of_the_config():
             section.check()
 
 
-def test_one_list_of_method_families_names_every_trainer_type_objective_and_consumer():
-    """`algos.losses.OBJECTIVES` is the list: each family has an engine objective, a consumer (or,
-    for distribution matching, its own cycle) and at least one loss; the config accepts exactly them."""
-    from pixelrl.algos.losses import LOSSES, OBJECTIVES
-    from pixelrl.config.sections import DIFFUSION_TRAINERS
-    from pixelrl.engine.policy_engine import OBJECTIVE_CLASSES
-    from pixelrl.trainers.controller import CONSUMERS
+def test_one_registry_of_method_families_names_every_trainer_type_objective_and_consumer():
+    """`algos.methods.METHODS` is the list: each family has an engine objective and a consumer
+    registered under its name, and at least one loss; every loss names a family; the config's
+    trainer types are exactly the families and the separate trainers."""
+    from pixelrl.algos.losses import LOSSES
+    from pixelrl.algos.methods import METHODS
+    from pixelrl.config.sections import SEPARATE_TRAINERS
+    from pixelrl.engine.objectives import OBJECTIVES
+    from pixelrl.trainers.consumers import CONSUMERS
+    import pixelrl.trainers.controller  # noqa: F401  (imports every built-in consumer)
 
-    assert tuple(DIFFUSION_TRAINERS) == tuple(OBJECTIVES)
-    assert set(OBJECTIVE_CLASSES) == set(OBJECTIVES)
-    assert all(OBJECTIVE_CLASSES[name].name == name for name in OBJECTIVES)
-    assert set(CONSUMERS) | {"distribution_matching"} == set(OBJECTIVES)
-    assert {LOSSES.get(n).objective for n in LOSSES.names()} == set(OBJECTIVES)
+    families = set(METHODS.names())
+    assert families == {"transition", "forward_process", "distribution_matching"}
+    assert set(OBJECTIVES.names()) == families and all(OBJECTIVES.get(n).name == n for n in families)
+    assert set(CONSUMERS.names()) == families
+    assert {LOSSES.get(n).objective for n in LOSSES.names()} == families
+    assert not families & set(SEPARATE_TRAINERS.names())

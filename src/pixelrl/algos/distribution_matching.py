@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pixelrl.algos.losses import LOSSES, register_loss
+from pixelrl.algos.methods import MethodSpec, register_method
 from pixelrl.core.errors import ConfigError
 from pixelrl.sampling.schedule import time_shift
 
@@ -89,6 +90,37 @@ def update_cycle(params: DMD2Params) -> list[str]:
 def cycle_of(loss_cfg) -> list[str]:
     """The update cycle the `diffusion_loss` section configures."""
     return update_cycle(LOSSES.get(loss_cfg.name).bind(loss_cfg))
+
+
+def check_distribution_matching(cfg) -> None:
+    """DMD2's student samples the shifted linspace grid deterministically, as two LoRA adapters
+    (student, fake score) on one base beside its teacher (reads rollout, val_kwargs, model and
+    diffusion_loss)."""
+    r = cfg.rollout
+    if r.output_aspect != "square":
+        raise ConfigError("rollout.output_aspect", r.output_aspect, "the DMD2 student samples rollout.resolution "
+                          "squares (its fake score and teacher replay them at that size): leave it at square")
+    if r.sigma_schedule != "linspace_shift":
+        raise ConfigError("rollout.sigma_schedule", r.sigma_schedule, "the DMD2 student samples a shifted linspace "
+                          "grid (verl-omni: rollout.sigma_schedule=linspace_shift, rollout.sigma_shift=3; 4 steps: "
+                          "[1, .9, .75, .5, 0]), and validation and `pixelrl generate` must sample the same one")
+    if r.noise_level != 0:
+        raise ConfigError("rollout.noise_level", r.noise_level, "the DMD2 student takes deterministic Euler steps: "
+                          "set rollout.noise_level=0")
+    if cfg.val_kwargs.num_steps != r.num_steps:
+        raise ConfigError("val_kwargs.num_steps", cfg.val_kwargs.num_steps, f"the DMD2 student is distilled for "
+                          f"rollout.num_steps={r.num_steps} steps of its grid: validate it at those "
+                          f"(val_kwargs.num_steps={r.num_steps})")
+    if cfg.model.lora_rank == 0:
+        raise ConfigError("model.lora_rank", 0, "DMD2 trains the student and the fake score as two LoRA adapters on "
+                          "one base (the teacher is that base): set model.lora_rank > 0")
+    if cfg.diffusion_loss.kl_coef > 0:
+        raise ConfigError("diffusion_loss.kl_coef", cfg.diffusion_loss.kl_coef, "DMD2 has no reference KL term: set 0")
+
+
+register_method(MethodSpec("distribution_matching", trained_roles=TRAINED_ROLES, samples_through_producer=False,
+                           reads_rewards=False, reads_teacher=True, attempt_cycle=cycle_of,
+                           check=check_distribution_matching))
 
 
 def draw_score_sigmas(n: int, generator: torch.Generator, *, timesteps: int, shift: float,

@@ -14,9 +14,21 @@ import torch
 import torch.nn.functional as F
 
 from pixelrl.algos.losses import positive, register_loss
+from pixelrl.algos.methods import MethodSpec, register_method
 from pixelrl.core.errors import ConfigError, require_integer
 from pixelrl.sampling.schedule import time_shift as shifted
 from pixelrl.sampling.sde import mean_over_dims
+
+
+def check_forward_process(cfg) -> None:
+    """A forward-process loss sets its own reference term in its params (reads diffusion_loss)."""
+    if cfg.diffusion_loss.kl_coef > 0:
+        raise ConfigError("diffusion_loss.kl_coef", cfg.diffusion_loss.kl_coef, "the KL coefficient belongs to "
+                          "transition losses; forward-process losses set their reference term in diffusion_loss.params")
+
+
+# Diffusion-DPO, DiffusionNFT, AWM, DGPO: the producer's clean samples re-noised at drawn timesteps
+register_method(MethodSpec("forward_process", check=check_forward_process))
 
 
 # AWM's grid strata (the reference's `time_type`s): K strata of the sampler's grid indices up to

@@ -20,14 +20,13 @@ from typing import Callable, Iterable
 import torch
 
 from pixelrl.core.errors import ConfigError, MissingBatchKeysError
+from pixelrl.algos.methods import MethodSpec, method_of_loss, register_method
 from pixelrl.core.registry import Registry
 from pixelrl.sampling.sde import mean_over_dims
 
 LOSSES: Registry = Registry("loss", "diffusion_loss.name")
 # step keys computed by a forward of the reference policy (AWM's and NFT's v_ref, Diffusion-DPO's errors)
 REFERENCE_STEP_KEYS = frozenset({"v_ref", "ref_err_chosen", "ref_err_rejected"})
-# the diffusion method families: algorithm.trainer_type names one, and its losses name it as their objective
-OBJECTIVES = ("transition", "forward_process", "distribution_matching")
 # Fields of `diffusion_loss` every transition loss reads (the rest of a loss's options are its params).
 SHARED_FIELDS = ("clip_ratio", "adv_clip_max", "kl_coef", "kl_type", "teacher", "distill_variance", "distill_coef")
 
@@ -38,7 +37,7 @@ class LossSpec:
     fn: Callable
     batch_keys: tuple[str, ...]
     step_keys: tuple[str, ...]
-    objective: str = "transition"
+    objective: str = "transition"  # the method family it trains under (`algos.methods.METHODS`)
     params: type | None = None  # the loss's own options (a dataclass), or None
     # The loss and its metrics are means of per-sample-step terms (no statistic across the
     # batch), so several window steps of a micro-batch may share one forward
@@ -64,9 +63,20 @@ class LossSpec:
 
     def reads_teacher(self, options) -> bool:
         """Whether training under `options` reads a distillation teacher: the loss reads its means
-        (distill_kl), a distill_coef term sits beside it, or the loss matches its scores (DMD2)."""
-        return (self.objective == "distribution_matching" or "teacher_mean" in self.step_keys
+        (distill_kl), a distill_coef term sits beside it, or its method always does (DMD2)."""
+        return (method_of_loss(self).reads_teacher or "teacher_mean" in self.step_keys
                 or getattr(options, "distill_coef", 0) > 0)
+
+    @property
+    def trains_on_pairs(self) -> bool:
+        """A preference loss (Diffusion-DPO): it trains on (chosen, rejected) clean pairs, one per
+        prompt, made from each group's best and worst sample or read from an offline data set."""
+        return "x0_rejected" in self.batch_keys
+
+    @property
+    def reads_advantages(self) -> bool:
+        """The loss reads each sample's advantage, or the group ranking its pairs are made from."""
+        return "advantages" in self.step_keys or self.trains_on_pairs
 
     def __call__(self, step: dict, cfg) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         require_keys(f"loss `{self.name}`", self.step_keys, step.keys())
@@ -91,6 +101,10 @@ class LossSpec:
         return SimpleNamespace(**shared, **own)
 
 
+# The Flow-GRPO family: its losses re-score the rollout's stored SDE transitions
+register_method(MethodSpec("transition", rescores_transitions=True))
+
+
 def require_keys(consumer: str, needed: Iterable[str], available: Iterable[str]) -> None:
     available = set(available)
     missing = [k for k in needed if k not in available]
@@ -101,9 +115,6 @@ def require_keys(consumer: str, needed: Iterable[str], available: Iterable[str])
 def register_loss(name: str, *, batch_keys: Iterable[str], step_keys: Iterable[str], aliases: Iterable[str] = (),
                   objective: str = "transition", params: type | None = None, steps_batchable: bool = False,
                   weighted_step_keys: dict[str, str] | None = None, whole_groups: bool = False):
-    if objective not in OBJECTIVES:
-        raise ValueError(f"loss `{name}`: objective must be one of {OBJECTIVES}")
-
     def decorator(fn: Callable) -> LossSpec:
         spec = LossSpec(name, fn, tuple(batch_keys), tuple(step_keys), objective, params, steps_batchable,
                         tuple((weighted_step_keys or {}).items()), whole_groups)

@@ -26,6 +26,7 @@ from pathlib import Path
 from pixelrl.config.sections import PixelRLConfig
 from pixelrl.engine.config import images_per_step, mini_batches_per_epoch, optimizer_steps_per_rollout
 from pixelrl.algos.losses import LOSSES
+from pixelrl.algos.methods import method_of_loss
 from pixelrl.core.errors import AUTO, ConfigError
 
 # --- calibration: SD3.5-Medium shapes, one NVIDIA H200, bf16, torch 2.11 + CUDA 13 ----------------
@@ -190,8 +191,11 @@ def step_work(cfg: PixelRLConfig, gpus: int) -> Work:
     r, a = cfg.rollout, cfg.actor
     images = images_per_step(cfg) // gpus
     loss = LOSSES.get(cfg.diffusion_loss.name)
+    method = method_of_loss(loss)
+    if not method.samples_through_producer:
+        return _attempt_cycle_work(cfg, loss, images)
     branches = _cfg_branches(cfg)
-    if loss.objective == "transition":
+    if method.rescores_transitions:
         window = r.sde_window_size or r.num_steps - 1
         substeps = max(1, int(window * a.timestep_fraction)) if a.permute_timesteps \
             else min(window, max(1, int(r.num_steps * a.timestep_fraction)))
@@ -202,18 +206,16 @@ def step_work(cfg: PixelRLConfig, gpus: int) -> Work:
         bound = loss.bind(cfg.diffusion_loss)
         substeps = getattr(bound, "num_timesteps", 1)
         needed = set(loss.step_keys_needed(bound))
-        pairs = cfg.diffusion_loss.name == "diffusion_dpo"
+        pairs = loss.trains_on_pairs
         per_substep = 2 if pairs else 1  # chosen and rejected side by side
         passes = int(bool(needed & REFERENCE_STEP_KEYS)) + int("v_old" in needed)
         samples = cfg.data.train_batch_size // gpus if pairs else images
-    if loss.objective == "distribution_matching":
-        return _distribution_matching_work(cfg, loss, images)
     sampled = images if cfg.algorithm.sample_source == "online" else 0
     return Work(sampled, r.num_steps, samples, substeps, per_substep, min(a.window_steps_per_forward or substeps,
                 substeps), passes, a.ppo_epochs, branches, optimizer_steps_per_rollout(cfg))
 
 
-def _distribution_matching_work(cfg: PixelRLConfig, loss, images: int) -> Work:
+def _attempt_cycle_work(cfg: PixelRLConfig, loss, images: int) -> Work:
     """DMD2's step, one cycle of attempts, each over a step's images: the student's Euler steps
     before the exit (on average (S - 1) / 2, no gradient) and one forward with gradient (the
     student's exit in a student attempt, the fake score's in a fake one); a student attempt also
@@ -237,14 +239,20 @@ def teacher_weights_of(cfg: PixelRLConfig) -> dict:
     from pixelrl.engine.checkpoint import teacher_weights
 
     loss = LOSSES.get(cfg.diffusion_loss.name)
-    if not loss.reads_teacher(loss.bind(cfg.diffusion_loss)) or loss.objective == "distribution_matching":
+    if not loss.reads_teacher(loss.bind(cfg.diffusion_loss)) or method_of_loss(loss).reads_teacher:
         return {}  # DMD2's teacher is the base with its adapters off
     return {spec: teacher_weights(spec) for spec in set(teacher_routes(cfg.diffusion_loss.teacher).values())}
 
 
+def _method(cfg: PixelRLConfig):
+    """The method family of the run's loss (the planner reads a plan by its loss, as a validated
+    config's algorithm.trainer_type always names the same family)."""
+    return method_of_loss(LOSSES.get(cfg.diffusion_loss.name))
+
+
 def trained_roles(cfg: PixelRLConfig) -> int:
     """Networks the run trains, each with its own adapter (or weights) and optimizer state."""
-    return 2 if LOSSES.get(cfg.diffusion_loss.name).objective == "distribution_matching" else 1
+    return len(_method(cfg).trained_roles)
 
 
 @dataclass(frozen=True)
@@ -433,7 +441,7 @@ def _divisors(n: int, cap: int | None = None) -> list[int]:
 
 
 def _samples_per_optimizer_step(cfg: PixelRLConfig, gpus: int) -> int:
-    if cfg.diffusion_loss.name == "diffusion_dpo":  # one pair per prompt
+    if LOSSES.get(cfg.diffusion_loss.name).trains_on_pairs:  # one pair per prompt
         return cfg.data.train_batch_size // (gpus * mini_batches_per_epoch(cfg))
     if trained_roles(cfg) > 1:  # DMD2: an attempt's images, one optimizer step
         return images_per_step(cfg) // gpus
@@ -552,7 +560,7 @@ def _loss_settings(cfg: PixelRLConfig) -> str:
     reads; a forward-process loss's own params (AWM's reference weight, NFT's beta, ...), since
     the transition fields mean nothing to it."""
     loss = cfg.diffusion_loss
-    if LOSSES.get(loss.name).objective == "transition":
+    if _method(cfg).rescores_transitions:
         return f"{loss.name} (clip {loss.clip_ratio:g}, KL {loss.kl_coef:g})"
     params = ", ".join(f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}"
                        for name, value in dict(loss.params or {}).items())

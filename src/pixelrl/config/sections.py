@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from pixelrl.algos.config import TRAINER_TYPE_ALIASES, AlgorithmConfig
-from pixelrl.algos.losses import OBJECTIVES
+from pixelrl.algos.methods import METHODS
 from pixelrl.core.errors import ConfigError, check_choice, check_number
 from pixelrl.core.registry import Registry
 from pixelrl.data.config import DataConfig
@@ -238,13 +238,10 @@ class SeparateTrainer:
 
 SEPARATE_TRAINERS: Registry = Registry("trainer type", "algorithm.trainer_type")
 
-# the diffusion trainers' types, whose config is PixelRLConfig: the method families of the losses
-DIFFUSION_TRAINERS = OBJECTIVES
-
 
 def schema_for(trainer_type: str) -> type:
     """The config class of a trainer type: PixelRLConfig, or a separate trainer's own."""
-    if trainer_type in DIFFUSION_TRAINERS or trainer_type not in SEPARATE_TRAINERS:
+    if trainer_type in METHODS or trainer_type not in SEPARATE_TRAINERS:
         return PixelRLConfig  # an unknown type is reported by validation, with the known ones
     return SEPARATE_TRAINERS.get(trainer_type).schema
 

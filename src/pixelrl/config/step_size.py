@@ -4,6 +4,7 @@ memory. It uses `pixelrl plan`'s shape and FLOP arithmetic (pixelrl.config.plan)
 
 from __future__ import annotations
 
+from pixelrl.algos.methods import method_of
 from pixelrl.config.plan import ACHIEVED_FRACTION_OF_PEAK, Choice, estimate, model_shape, step_work
 from pixelrl.config.sections import PixelRLConfig
 from pixelrl.engine.config import images_per_step
@@ -47,7 +48,7 @@ def check_step_size(cfg: PixelRLConfig) -> None:
     fix = "lower rollout.n, data.train_batch_size, rollout.resolution or rollout.num_steps"
     shape, work = model_shape(cfg), step_work(cfg, workers)
     # a transition run keeps the window's float32 latents (W + 1) and the final one per sample
-    window = (r.sde_window_size or r.num_steps - 1) if cfg.algorithm.trainer_type == "transition" else 0
+    window = (r.sde_window_size or r.num_steps - 1) if method_of(cfg).rescores_transitions else 0
     sampled = work.sampled_images * workers
     stored = sampled * (shape.frames * shape.pixels * 3 + (window + 2) * shape.latent_values * 4)
     ram = psutil.virtual_memory().total

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pixelrl.config.sections import DIFFUSION_TRAINERS, SEPARATE_TRAINERS, PixelRLConfig, merge_config
+from pixelrl.algos.methods import METHODS, method_of
+from pixelrl.config.sections import SEPARATE_TRAINERS, PixelRLConfig, merge_config
 from pixelrl.core.errors import AUTO, ConfigError, check_choice
 from pixelrl.core.plugins import import_plugins
 
@@ -28,7 +29,7 @@ def load_config(config_name: str | None = None, overrides: list[str] | tuple = (
     cfg = compose_config(config_name, overrides)
     validate(cfg)
     _check_gpus_here(cfg)  # a run's, on this machine; not a plan's for other GPUs (`validate`)
-    if cfg.algorithm.trainer_type in DIFFUSION_TRAINERS:
+    if cfg.algorithm.trainer_type in METHODS:
         from pixelrl.config.auto_size import auto_fields, fit_to_memory
 
         if cfg.trainer.fit_to_memory_gb or auto_fields(cfg):
@@ -58,7 +59,7 @@ def _check_rollout_pool(cfg: PixelRLConfig) -> None:
     if t.mode != "sync" and r.n_workers == 0:
         raise ConfigError("rollout.n_workers", 0, f"trainer.mode={t.mode} samples ahead on a separate rollout pool: "
                           "set rollout.n_workers=1 (or more)")
-    if r.n_workers and (cfg.algorithm.trainer_type != "transition" or cfg.algorithm.sample_source != "online"):
+    if r.n_workers and (not method_of(cfg).rescores_transitions or cfg.algorithm.sample_source != "online"):
         raise ConfigError("rollout.n_workers", r.n_workers, "a separate rollout pool serves the policy-gradient "
                           "trainer; direct-preference and offline runs sample on the actor workers (rollout.n_workers=0)")
     if r.scores_teacher:
@@ -81,7 +82,7 @@ def validate(cfg: PixelRLConfig) -> None:
     """Every section's own checks, then the rules that span sections; the model folder last (a
     config copied from another machine reports its field errors before its model path)."""
     check_choice("algorithm.trainer_type", cfg.algorithm.trainer_type,
-                 DIFFUSION_TRAINERS + tuple(SEPARATE_TRAINERS.names()))
+                 tuple(METHODS.names()) + tuple(SEPARATE_TRAINERS.names()))
     if cfg.algorithm.trainer_type in SEPARATE_TRAINERS:  # checks the sections it reads itself
         SEPARATE_TRAINERS.get(cfg.algorithm.trainer_type).check(cfg)
         return
@@ -138,30 +139,35 @@ def _check_old_adapter_validation(cfg: PixelRLConfig, loss, bound) -> None:
 
 
 def _check_loss_against_run(cfg: PixelRLConfig, bound) -> None:
-    """The loss fits the trainer type, the sampler, the batch and the adapter."""
+    """The loss fits the method family, the sampler, the batch and the adapter; then the method's
+    own checks (`MethodSpec.check`)."""
     from pixelrl.algos.advantages import ADVANTAGE_ESTIMATORS
     from pixelrl.algos.losses import LOSSES
     from pixelrl.sampling.rollout import stores_transitions
 
     r, m, name = cfg.rollout, cfg.model, cfg.diffusion_loss.name
-    loss = LOSSES.get(name)
+    loss, method = LOSSES.get(name), method_of(cfg)
+    if loss.objective != method.name:  # the family is the loss's objective
+        fitting = [n for n in LOSSES.names() if LOSSES.get(n).objective == method.name]
+        raise ConfigError("diffusion_loss.name", name, f"algorithm.trainer_type={method.name} trains {method.name} "
+                          f"losses: {fitting}")
     if loss.whole_groups:
         _check_whole_groups(cfg)
     if cfg.val_kwargs.weights == "old":
         _check_old_adapter_validation(cfg, loss, bound)
-    if r.solver == "sa_solver" and loss.objective != "forward_process":
+    if r.solver == "sa_solver" and (method.rescores_transitions or not method.samples_through_producer):
         raise ConfigError("rollout.solver", r.solver, "SA-Solver's steps have no log-probability to re-score: it "
                           f"samples for forward-process losses (AWM's sampler), not `{name}`: use rollout.solver=euler")
-    if r.sde_type == "ode" and (loss.objective != "transition" or "log_prob" in loss.step_keys_needed(bound)):
+    if r.sde_type == "ode" and (not method.rescores_transitions or "log_prob" in loss.step_keys_needed(bound)):
         raise ConfigError("rollout.sde_type", "ode", f"ODE steps have no log-probability, and `{name}` "
-                          f"{'reads one' if loss.objective == 'transition' else 'trains on no stored transition'}: "
+                          f"{'reads one' if method.rescores_transitions else 'trains on no stored transition'}: "
                           "the ODE window serves distill_kl (on-policy distillation compares step means); use "
                           "rollout.sde_type=sde with noise_level > 0")
-    if loss.objective == "transition" and not stores_transitions(r.noise_level, r.solver, r.sde_type):
+    if method.rescores_transitions and not stores_transitions(r.noise_level, r.solver, r.sde_type):
         raise ConfigError("rollout.noise_level", r.noise_level, f"`{name}` trains on the rollout's stored SDE "
                           f"transitions, and noise_level 0 samples the ODE, which stores none: set "
                           f"rollout.noise_level > 0 (Flow-GRPO: 0.7)" + (
-                              " or, for distill_kl, rollout.sde_type=ode" if name == "distill_kl" else ""))
+                              " or, for distill_kl, rollout.sde_type=ode" if "teacher_mean" in loss.step_keys else ""))
     if name == "grpo_guard" and r.sde_type == "cps":
         raise ConfigError("rollout.sde_type", r.sde_type, "grpo_guard rescales by the step's std, and the cps "
                           "log-prob has no variance term: use rollout.sde_type=sde with grpo_guard")
@@ -170,21 +176,12 @@ def _check_loss_against_run(cfg: PixelRLConfig, bound) -> None:
         raise ConfigError("actor.window_steps_per_forward", cfg.actor.window_steps_per_forward,
                           f"loss `{name}` takes statistics across the batch of one window step "
                           f"(or draws its own timesteps), so steps cannot share a forward: use 1 (batchable: {batchable})")
-    wanted = cfg.algorithm.trainer_type  # the family is the loss's objective
-    if loss.objective != wanted:
-        fitting = [n for n in LOSSES.names() if LOSSES.get(n).objective == wanted]
-        raise ConfigError("diffusion_loss.name", name, f"algorithm.trainer_type={wanted} trains {wanted} losses: "
-                          f"{fitting}")
     # AWM with ema_beta 0 reads no old policy, so it can fine-tune the whole denoiser
     if "v_old" in loss.step_keys_needed(bound) and m.lora_rank == 0:
         raise ConfigError("model.lora_rank", 0, f"{name} keeps the old policy as a second LoRA "
                           "adapter: use LoRA (model.lora_rank > 0)")
-    if wanted == "distribution_matching":
-        _check_distribution_matching(cfg)
-    if wanted == "forward_process" and cfg.diffusion_loss.kl_coef > 0:
-        raise ConfigError("diffusion_loss.kl_coef", cfg.diffusion_loss.kl_coef, "the KL coefficient belongs to "
-                          "transition losses; forward-process losses set their reference term in diffusion_loss.params")
-    if name == "diffusion_dpo":
+    method.check(cfg)
+    if loss.trains_on_pairs:
         from pixelrl.engine.config import mini_batches_per_epoch
 
         if cfg.data.train_batch_size % (cfg.trainer.n_workers * mini_batches_per_epoch(cfg)):
@@ -196,45 +193,19 @@ def _check_loss_against_run(cfg: PixelRLConfig, bound) -> None:
                           "which full fine-tuning (model.lora_rank=0) does not keep: sample with "
                           "rollout_policy=current or train a LoRA")
     if loss.reads_teacher(bound):
-        _check_teachers(cfg, loss)
+        _check_teachers(cfg, loss, method)
     estimator = ADVANTAGE_ESTIMATORS.get(cfg.algorithm.adv_estimator)
-    reads_advantages = loss.objective == "forward_process" or "advantages" in loss.step_keys
-    if getattr(estimator, "needs_groups", False) and r.n < 2 and reads_advantages:
+    if getattr(estimator, "needs_groups", False) and r.n < 2 and loss.reads_advantages:
         raise ConfigError("rollout.n", r.n, f"`{cfg.algorithm.adv_estimator}` normalises within groups of images of "
                           "one prompt: use rollout.n >= 2 (the paper uses 24 for SD3.5)")
 
 
-def _check_distribution_matching(cfg: PixelRLConfig) -> None:
-    """DMD2's student samples the shifted linspace grid deterministically, as two LoRA adapters
-    (student, fake score) on one base beside its teacher."""
-    r = cfg.rollout
-    if r.output_aspect != "square":
-        raise ConfigError("rollout.output_aspect", r.output_aspect, "the DMD2 student samples rollout.resolution "
-                          "squares (its fake score and teacher replay them at that size): leave it at square")
-    if r.sigma_schedule != "linspace_shift":
-        raise ConfigError("rollout.sigma_schedule", r.sigma_schedule, "the DMD2 student samples a shifted linspace "
-                          "grid (verl-omni: rollout.sigma_schedule=linspace_shift, rollout.sigma_shift=3; 4 steps: "
-                          "[1, .9, .75, .5, 0]), and validation and `pixelrl generate` must sample the same one")
-    if r.noise_level != 0:
-        raise ConfigError("rollout.noise_level", r.noise_level, "the DMD2 student takes deterministic Euler steps: "
-                          "set rollout.noise_level=0")
-    if cfg.val_kwargs.num_steps != r.num_steps:
-        raise ConfigError("val_kwargs.num_steps", cfg.val_kwargs.num_steps, f"the DMD2 student is distilled for "
-                          f"rollout.num_steps={r.num_steps} steps of its grid: validate it at those "
-                          f"(val_kwargs.num_steps={r.num_steps})")
-    if cfg.model.lora_rank == 0:
-        raise ConfigError("model.lora_rank", 0, "DMD2 trains the student and the fake score as two LoRA adapters on "
-                          "one base (the teacher is that base): set model.lora_rank > 0")
-    if cfg.diffusion_loss.kl_coef > 0:
-        raise ConfigError("diffusion_loss.kl_coef", cfg.diffusion_loss.kl_coef, "DMD2 has no reference KL term: set 0")
-
-
-def _check_teachers(cfg: PixelRLConfig, loss) -> None:
+def _check_teachers(cfg: PixelRLConfig, loss, method) -> None:
     """On-policy distillation pulls samples toward teachers, each a LoRA of this very base (or the
     base itself) that the folder named holds; the whole loss trains every sample."""
     from pixelrl.algos.distillation import teacher_routes
 
-    if loss.objective == "forward_process":
+    if cfg.diffusion_loss.distill_coef > 0 and not method.rescores_transitions:
         raise ConfigError("diffusion_loss.distill_coef", cfg.diffusion_loss.distill_coef, "the distillation term "
                           "replays stored SDE transitions: it sits beside transition losses (flow_grpo, ...), not "
                           f"`{loss.name}`: set distill_coef=0")
@@ -312,7 +283,9 @@ def _check_offline_data(cfg: PixelRLConfig) -> None:
         raise ConfigError("data.source_weights", dict(d.source_weights), "weights prompt rows by their data_source; "
                           "offline preference pairs are read as they are: remove it")
     if cfg.algorithm.sample_source == "offline":
-        if cfg.algorithm.trainer_type != "forward_process" or cfg.diffusion_loss.name != "diffusion_dpo":
+        from pixelrl.algos.losses import LOSSES
+
+        if not LOSSES.get(cfg.diffusion_loss.name).trains_on_pairs:
             raise ConfigError("algorithm.sample_source", "offline", "offline preference data trains Diffusion-DPO: "
                               "set algorithm.trainer_type=forward_process and diffusion_loss.name=diffusion_dpo")
         if not d.train_files:
@@ -442,7 +415,7 @@ def _check_gpus_here(cfg: PixelRLConfig) -> None:
     if t.backend != "ray" or torch.device(cfg.model.device).type != "cuda" or t.ray_address \
             or os.environ.get("RAY_ADDRESS"):
         return
-    rollout = cfg.rollout.n_workers if cfg.algorithm.trainer_type in DIFFUSION_TRAINERS else 0
+    rollout = cfg.rollout.n_workers if cfg.algorithm.trainer_type in METHODS else 0
     have = torch.cuda.device_count()
     if t.n_workers + rollout <= have:
         return

@@ -123,15 +123,15 @@ def mini_batches_per_epoch(cfg) -> int:
 
 
 def optimizer_steps_per_rollout(cfg, role: str = "student") -> int:
-    """Optimizer steps taken on one rollout batch (the reference update schedule); for a method of
-    several trained roles (DMD2), `role`'s attempts per training step."""
-    from pixelrl.algos.losses import LOSSES
+    """Optimizer steps taken on one rollout batch (the reference update schedule); for a method
+    whose step is a cycle of attempts (DMD2), `role`'s attempts per training step."""
+    if hasattr(cfg, "diffusion_loss"):
+        from pixelrl.algos.losses import LOSSES
+        from pixelrl.algos.methods import method_of_loss
 
-    loss = LOSSES.get(cfg.diffusion_loss.name) if hasattr(cfg, "diffusion_loss") else None
-    if loss is not None and loss.objective == "distribution_matching":
-        from pixelrl.algos.distribution_matching import cycle_of
-
-        return cycle_of(cfg.diffusion_loss).count(role)
+        attempts = method_of_loss(LOSSES.get(cfg.diffusion_loss.name)).attempts_of(cfg.diffusion_loss, role)
+        if attempts is not None:
+            return attempts
     return cfg.actor.ppo_epochs * mini_batches_per_epoch(cfg)
 
 

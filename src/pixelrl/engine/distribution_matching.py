@@ -27,17 +27,19 @@ from pixelrl.core.batch import Batch
 from pixelrl.core.errors import ConfigError
 from pixelrl.core.seeding import derive_seed, sample_generators
 from pixelrl.engine.learner import Learner, kept_on_device
+from pixelrl.engine.objectives import Objective, register_objective
 from pixelrl.models.base import PromptEmbeds
 from pixelrl.models.lora import activate_adapter, adapter_params, add_adapter_copy
 
 FAKE_ADAPTER = "fake_score"
 
 
-class DistributionMatchingObjective:
+@register_objective
+class DistributionMatchingObjective(Objective):
     name = "distribution_matching"
 
     def __init__(self, engine):
-        self.engine = engine
+        super().__init__(engine)
         self.params = engine.loss_options
         self.fake_learner: Learner | None = None
         self.fake_names: list[str] = []

@@ -30,6 +30,7 @@ from pixelrl.algos.distillation import distill_term
 from pixelrl.algos.kl import KL_BATCH_KEYS, step_kl_to_reference
 from pixelrl.algos.losses import REFERENCE_STEP_KEYS, kept_mean, require_keys
 from pixelrl.core.batch import Batch
+from pixelrl.core.registry import Registry
 from pixelrl.core.seeding import derive_seed
 from pixelrl.models.base import PromptEmbeds
 from pixelrl.sampling.sde import mean_over_dims
@@ -76,6 +77,16 @@ class UpdateContext:
     kept_scale: float = 1.0
 
 
+# method family (algos.methods.METHODS) -> how the engine trains its losses: an Objective subclass
+OBJECTIVES: Registry = Registry("engine objective", "algorithm.trainer_type")
+
+
+def register_objective(cls: type) -> type:
+    """Register an objective class under its `name`, the method family it trains."""
+    OBJECTIVES.register(cls.name)(cls)
+    return cls
+
+
 class Objective:
     """What every objective offers the engine. The policy is the engine's trained role; an
     objective that trains more roles (DMD2's fake score) adds their adapters and learners and
@@ -103,6 +114,7 @@ class Objective:
         """Take `role_counters()` back from a checkpoint."""
 
 
+@register_objective
 class TransitionObjective(Objective):
     name = "transition"
 
@@ -184,6 +196,7 @@ class TransitionObjective(Objective):
         return loss, metrics
 
 
+@register_objective
 class ForwardProcessObjective(Objective):
     name = "forward_process"
 

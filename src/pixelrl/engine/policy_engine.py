@@ -15,9 +15,8 @@ import torch
 from pixelrl.algos.losses import get_loss, require_keys
 from pixelrl.engine.flops import FlopMeter, matmul_peak_flops, peak_memory_gb
 from pixelrl.engine.learner import Learner, kept_on_device
-from pixelrl.engine.distribution_matching import DistributionMatchingObjective
-from pixelrl.engine.objectives import (ForwardProcessObjective, TransitionObjective, side_by_side, step_groups,
-                                       whole_group_order)
+from pixelrl.engine import distribution_matching  # noqa: F401  (registers its objective)
+from pixelrl.engine.objectives import OBJECTIVES, side_by_side, step_groups, whole_group_order
 from pixelrl.engine.weights_ema import WeightsEMA
 from pixelrl.engine.checkpoint import teacher_weights
 from pixelrl.engine.teachers import holding_teacher, score_by_teacher
@@ -34,9 +33,6 @@ from pixelrl.sampling.schedule import schedule_sigmas
 from pixelrl.sampling.windows import Window, full_window
 
 POLICIES = ("current", "old", "reference", "ema")
-# a loss's objective (its method family) -> how the engine trains it
-OBJECTIVE_CLASSES = {cls.name: cls for cls in (TransitionObjective, ForwardProcessObjective,
-                                               DistributionMatchingObjective)}
 
 
 class PolicyEngine:
@@ -50,7 +46,7 @@ class PolicyEngine:
         self.cfg = cfg
         self.loss = get_loss(cfg.diffusion_loss.name)
         self.loss_options = self.loss.bind(cfg.diffusion_loss)
-        self.objective = OBJECTIVE_CLASSES[self.loss.objective](self)
+        self.objective = OBJECTIVES.get(self.loss.objective)(self)
         self.settings = SamplingSettings(
             noise_level=cfg.rollout.noise_level,
             sde_type=cfg.rollout.sde_type,

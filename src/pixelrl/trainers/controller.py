@@ -1,18 +1,16 @@
-"""The controller, on Ray or in one process, for every diffusion trainer type.
+"""The controller, on Ray or in one process, for every diffusion method family.
 
-The controller only orchestrates: it takes prompts from the loader, runs the producer
-(`make_rollout`) and the consumer of `algorithm.trainer_type` (`train_on_transitions` for the Flow-GRPO
-family, `train_on_forward_process` for Diffusion-DPO, DiffusionNFT, AWM and DGPO) against the actor
-worker group and the reward group, or, for DMD2 (`distribution_matching`), the update cycle of its
-trained roles without a producer; and handles checkpoints, validation, dumps and tracking.
-Workers compute.
+The controller only orchestrates: it takes prompts from the loader and, each step, calls the
+consumer of `algorithm.trainer_type` (`trainers/consumers.py`: the shared producer then the
+update for the Flow-GRPO family and the forward-process methods, DMD2's cycle of attempts with no
+producer) against the actor worker group and the reward group; and handles checkpoints,
+validation, dumps and tracking. Workers compute.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -31,20 +29,16 @@ from pixelrl.sampling.rollout import SamplingSettings
 from pixelrl.sampling.windows import Window, full_window
 from pixelrl.core.errors import ConfigError, RewardError
 from pixelrl.trainers.ahead import AheadProducer
-from pixelrl.trainers.distribution_matching import train_distribution_matching
+from pixelrl.trainers import distribution_matching, forward_process  # noqa: F401  (register their consumers)
+from pixelrl.trainers.consumers import CONSUMERS, StepContext
 from pixelrl.trainers.datasets import datasets_of
 from pixelrl.trainers.checkpointing import (BestCheckpoint, check_resume_config, find_resume_folder, load_rollouts,
                                            load_trainer_state, save_checkpoint)
-from pixelrl.trainers.forward_process import offline_preference_step, train_on_forward_process
 from pixelrl.trainers.run_folder import (RunFolderLock, refuse_fresh_start_over_checkpoints, run_dir_of,
                                          start_over_notice, with_run_folder)
 from pixelrl.trainers.schedule import Schedule, validation_or_error
-from pixelrl.trainers.step import make_rollout, train_on_transitions
 from pixelrl.trainers.tracking import Tracker, image_grid
 
-# algorithm.trainer_type -> the consumer of the shared producer's rollouts (distribution_matching
-# has no producer: its consumer takes prompts itself)
-CONSUMERS = {"transition": train_on_transitions, "forward_process": train_on_forward_process}
 VAL_SEED_BASE = 1_000_000_007  # validation images use fixed seeds, so every validation is comparable
 
 
@@ -82,16 +76,6 @@ def mean_over_sources(metrics: dict[str, float], sources: list[str]) -> dict[str
                 if key.startswith(prefix):
                     grouped[f"{head}/overall/{key[len(prefix):]}"].append(value)
     return {key: float(np.mean(values)) for key, values in grouped.items()}
-
-
-def timeline_metrics(info: dict, train_start: float, train_end: float) -> dict[str, float]:
-    """Wall-clock phase boundaries of a step (seconds since the epoch), for timelines: sampling
-    and scoring as the workers saw them, training as the driver did."""
-    out = {"timeline/train_start": train_start, "timeline/train_end": train_end}
-    for key in ("gen_start", "gen_end", "reward_start", "reward_end"):
-        if key in info:
-            out[f"timeline/{key}"] = float(info[key])
-    return out
 
 
 def validation_settings(cfg: PixelRLConfig) -> SamplingSettings:
@@ -264,7 +248,7 @@ class DiffusionTrainer:
         from tqdm import tqdm
 
         cfg, t = self.cfg, self.cfg.trainer
-        consume = CONSUMERS.get(cfg.algorithm.trainer_type)
+        consume = CONSUMERS.get(cfg.algorithm.trainer_type)  # one per method family, one signature
         data_iter = iter(loader)
 
         def next_rows():
@@ -293,36 +277,10 @@ class DiffusionTrainer:
             profiling = step == t.profile_step
             if profiling:
                 self.actor.call("start_profile", gather="all")
-            step_start = time.time()
-            if cfg.algorithm.sample_source == "offline":
-                batch, metrics = None, offline_preference_step(self.actor, next_rows(), cfg, self.actor.size)
-            elif consume is None:  # distribution matching: the cycle's attempts sample their own prompts
-                batch, metrics = None, train_distribution_matching(self.actor, next_rows, step, cfg, self.actor.size)
+            batch, metrics = consume(StepContext(self.actor, self.rewards, cfg, step, total, next_rows, ahead,
+                                                 self.actor_version, reward_errors, self._estimated_peak_gb))
+            if "actor/policy_version" in metrics:  # the step's update ran (a skipped step has none)
                 self.actor_version = int(metrics["actor/policy_version"])
-            else:
-                try:
-                    if ahead is not None:
-                        rollout = ahead.rollout_for(step, total)
-                    else:
-                        rows = next_rows()
-                        rollout = make_rollout(self.actor, self.rewards, rows["prompts"], rows["metadata"], step, cfg,
-                                               data_sources=rows["data_sources"],
-                                               condition_images=rows.get("condition_images"))
-                except RewardError as err:
-                    reward_errors.failed(step, err)  # raises unless the step is to be skipped
-                    rollout = None
-                if rollout is None:  # skipped: no update; the row says so and nothing else
-                    batch, metrics = None, {"reward/error": 1.0, "timing_s/step": time.time() - step_start}
-                else:
-                    reward_errors.succeeded()
-                    train_start = time.time()
-                    batch, metrics = rollout.batch, consume(self.actor, rollout, cfg, num_workers=self.actor.size,
-                                                            actor_version=self.actor_version)
-                    self.actor_version = int(metrics["actor/policy_version"])
-                    metrics.update(timeline_metrics(batch.info, train_start, time.time()))
-                    metrics["reward/error"] = 0.0
-                    if self._estimated_peak_gb is not None:
-                        metrics["perf/estimated_peak_memory_gb"] = self._estimated_peak_gb
             if profiling:
                 self.actor.call("stop_profile", None, str(self.run_dir / "profile"), step, gather="all")
                 self.console(f"profile of step {step}: {self.run_dir / 'profile'}/step_{step}_rank_*.txt")

@@ -15,6 +15,7 @@ import torch
 
 from pixelrl.algos.distribution_matching import cycle_of
 from pixelrl.core.seeding import derive_seed
+from pixelrl.trainers.consumers import StepContext, register_consumer
 from pixelrl.trainers.step import PhaseTimer, expand_prompts, step_seed
 
 
@@ -49,3 +50,9 @@ def train_distribution_matching(actor, next_rows, step: int, cfg, num_workers: i
     metrics["timing_s/step"] = sum(timer.seconds.values())
     metrics["perf/throughput"] = images / metrics["timing_s/step"] / num_workers  # student samples per second per worker
     return metrics
+
+
+@register_consumer("distribution_matching")
+def consume_distribution_matching(ctx: StepContext) -> tuple:
+    """DMD2: the step's cycle of attempts, each on prompts of its own; no producer, no reward."""
+    return None, train_distribution_matching(ctx.actor, ctx.next_rows, ctx.step, ctx.cfg, ctx.actor.size)

@@ -12,10 +12,12 @@ import numpy as np
 import torch
 
 from pixelrl.algos.forward_process import best_worst_pairs
+from pixelrl.algos.losses import get_loss
 from pixelrl.core.batch import Batch
 from pixelrl.core.seeding import derive_seed
 from pixelrl.engine.config import mini_batches_per_epoch
 from pixelrl.engine.objectives import group_indices
+from pixelrl.trainers.consumers import RolloutConsumer, StepContext, register_consumer
 from pixelrl.trainers.step import (PhaseTimer, Rollout, actor_step_metrics, step_seed, summary_metrics,
                                    without_zero_advantages)
 
@@ -40,8 +42,9 @@ def train_on_forward_process(actor, rollout: Rollout, cfg, num_workers: int = 1,
     losses never re-score the sampler's trajectory, so `actor_version` changes nothing here."""
     timer = PhaseTimer()
     batch = rollout.batch
+    pairs = get_loss(cfg.diffusion_loss.name).trains_on_pairs
     with timer.phase("adv"):
-        if cfg.diffusion_loss.name == "diffusion_dpo":
+        if pairs:
             chosen, rejected = best_worst_pairs(batch["rewards"], batch["uids"])
             train = Batch({"x0": batch["x0"][chosen], "x0_rejected": batch["x0"][rejected]},
                           {key: [batch[key][i] for i in chosen] for key in ("prompts", "condition_images")
@@ -57,7 +60,7 @@ def train_on_forward_process(actor, rollout: Rollout, cfg, num_workers: int = 1,
     with timer.phase("update_actor"):
         actor_metrics = actor.update(train)
     metrics = summary_metrics(rollout, actor_metrics, timer, num_workers)
-    if cfg.diffusion_loss.name == "diffusion_dpo":
+    if pairs:
         metrics["training/pairs"] = len(train)
     else:
         metrics["training/trained_fraction"] = len(train) / len(batch)
@@ -85,3 +88,16 @@ def offline_preference_step(actor, rows: dict, cfg, num_workers: int = 1) -> dic
     metrics["training/pairs"] = len(train)
     metrics["perf/throughput"] = len(train) / metrics["timing_s/step"] / num_workers  # pairs per second per worker
     return metrics
+
+
+class ForwardProcessConsumer(RolloutConsumer):
+    """Online: the producer's clean samples (or best/worst pairs) trained at drawn timesteps;
+    offline (algorithm.sample_source=offline): the loader's preference pairs, nothing sampled."""
+
+    def __call__(self, ctx: StepContext) -> tuple:
+        if ctx.cfg.algorithm.sample_source == "offline":
+            return None, offline_preference_step(ctx.actor, ctx.next_rows(), ctx.cfg, ctx.actor.size)
+        return super().__call__(ctx)
+
+
+register_consumer("forward_process")(ForwardProcessConsumer(train_on_forward_process))
