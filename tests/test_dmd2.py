@@ -284,6 +284,54 @@ def test_the_cycle_draws_one_exit_step_per_attempt_and_fresh_seeds():
     assert requests[0]["data_sources"] == ["x", "x", "y", "y"]  # a teacher routes by each row's source
 
 
+def test_reuse_rollout_replays_one_rollout_across_the_cycle_with_fresh_score_draws():
+    """Flow-Factory's one rollout per iteration: every attempt of a step takes the first attempt's
+    prompts and seeds (so the same initial noises and student samples), draws its own exit step
+    and its own score stream; the loader gives one batch per step, not one per attempt."""
+    from pixelrl.config.validation import compose_config
+    from pixelrl.trainers.distribution_matching import attempt_request, train_distribution_matching
+
+    cycle = "diffusion_loss.params.cycle=[fake_score,fake_score,fake_score,fake_score,fake_score,student]"
+    cfg = compose_config("dmd2_tiny", [cycle, "diffusion_loss.params.reuse_rollout=true"])
+    rows = {"prompts": ["a", "b"], "metadata": [{}, {}], "data_sources": ["x", "x"]}
+    requests = [attempt_request(rows, 3, attempt, cfg) for attempt in range(6)]
+    assert all(r["seeds"] == requests[0]["seeds"] and r["prompts"] == requests[0]["prompts"] for r in requests)
+    assert [r.info["score_stream"] for r in requests] == list(range(6))
+    assert len({r.info["exit_index"] for r in requests}) > 1
+    fresh = compose_config("dmd2_tiny", [cycle])
+    assert len({tuple(attempt_request(rows, 3, a, fresh)["seeds"]) for a in range(6)}) == 6
+    assert "score_stream" not in attempt_request(rows, 3, 0, fresh).info
+
+    class Actor:
+        size = 1
+
+        def __init__(self):
+            self.requests = []
+
+        def call(self, verb, *args, gather=None):
+            if verb == "counters":
+                return {"policy_version": 0}
+            self.requests.append(args[0])
+            return {f"{args[1]}/loss": 0.0}
+
+    for config, drawn in ((cfg, 1), (fresh, 6)):
+        pulled, actor = [], Actor()
+        train_distribution_matching(actor, lambda: pulled.append(1) or rows, 3, config)
+        assert len(pulled) == drawn and len(actor.requests) == 6
+
+
+def test_attempts_replaying_one_rollout_draw_their_own_score_noise(tiny_pixel_path):
+    engine, _ = _dmd2_engine(tiny_pixel_path)
+    rows = _attempt_rows()
+    like = torch.zeros(len(rows), 3, 32, 32)
+    plain = engine.objective._score_noise(rows, like)
+    rows.info["score_stream"] = 0
+    first = engine.objective._score_noise(rows, like)
+    rows.info["score_stream"] = 1
+    second = engine.objective._score_noise(rows, like)
+    assert not torch.equal(first[1], second[1]) and not torch.equal(plain[1], first[1])
+
+
 def test_dmd2_pulls_the_4_step_student_toward_the_teacher(tiny_pixel_path):
     """The teacher (the base, 20 Euler steps) and the student (4 steps) from the same noises: after
     60 cycles the student's samples sit closer to the teacher's than the base's own 4 steps do."""
@@ -310,7 +358,8 @@ def test_dmd2_pulls_the_4_step_student_toward_the_teacher(tiny_pixel_path):
                                                "seeds": [step * 100 + attempt * 10 + j for j in range(8)]},
                                           {"exit_index": int(torch.randint(0, 4, (1,), generator=gen))}))
     student = distance_to_teacher("current")
-    # relative closeness (1 - student / base): 0.18 on this machine's kernels
+    # relative closeness (1 - student / base): 0.192 under the no-vector and AVX2 kernels of a 2-core AMD EPYC
+    # (0.185 before the fake score fitted the student's samples)
     assert_learned(0.0, 1 - student / base, 0.08, base, student)
 
 

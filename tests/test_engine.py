@@ -107,6 +107,15 @@ def test_nonfinite_updates_are_skipped_then_stop_the_run(make_engine, tiny_sd3_p
         engine.update(batch)
 
 
+def test_max_consecutive_nonfinite_0_keeps_skipping_as_verl_omni(make_engine, tiny_sd3_path):
+    engine, cfg = make_engine(tiny_sd3_path, actor__max_consecutive_nonfinite=0)
+    batch = _batch(engine, cfg)
+    batch["advantages"] = torch.full((len(batch),), float("nan"))
+    for _ in range(4):
+        assert engine.update(batch)["skipped_nonfinite"] == 1.0
+    assert engine.policy_version == 0 and engine.learner.nonfinite_in_a_row == 4
+
+
 def test_batch_rejects_a_field_of_the_wrong_length():
     from pixelrl.core.batch import Batch
 

@@ -40,6 +40,18 @@ def test_ema_updates_by_hand_and_only_on_its_interval():
     assert every8.values[0].tolist() == pytest.approx([8 / 17 * 3 + 9 / 17 * 5] * 2)
 
 
+def test_ema_without_warmup_takes_its_decay_from_the_first_update():
+    """verl-omni's DMD2 student EMA: values <- 0.999 values + 0.001 params from step 1 on."""
+    param = torch.zeros(2)
+    ema = WeightsEMA([param], decay=0.999, warmup=False)
+    param.fill_(1.0)
+    assert ema.update(1) == pytest.approx(0.999)
+    assert ema.values[0].tolist() == pytest.approx([0.001, 0.001])
+    param.fill_(2.0)
+    ema.update(2)
+    assert ema.values[0].tolist() == pytest.approx([0.999 * 0.001 + 0.001 * 2] * 2)
+
+
 def test_engine_keeps_the_ema_and_swaps_it_in_and_back(make_engine, tiny_pixel_path):
     engine, _ = make_engine(tiny_pixel_path, actor__ema_decay=0.9)
     params = engine.model.trainable_parameters()

@@ -55,9 +55,17 @@ class DMD2Params:
     cycle: list = field(default_factory=lambda: ["student", "fake_score", "fake_score"])
     # the fake score's optimizer: these fields replace the actor's (actor.* is the student's)
     fake_score: dict = field(default_factory=lambda: {"lr": 2.0e-5})
+    # true: one batch of prompts and initial noises per training step, replayed by every attempt
+    # of the cycle, each with its own exit step, score sigma and score noise (Flow-Factory samples
+    # one rollout per iteration for its fake and generator phases); false: fresh prompts and
+    # noises for every attempt (verl-omni)
+    reuse_rollout: bool = False
 
     def __post_init__(self) -> None:
         p = "diffusion_loss.params"
+        if not isinstance(self.reuse_rollout, bool):
+            raise ConfigError(f"{p}.reuse_rollout", self.reuse_rollout, "true (one rollout per training step for every "
+                              "attempt: Flow-Factory) or false (fresh prompts for each attempt: verl-omni)")
         if not self.shift > 0:
             raise ConfigError(f"{p}.shift", self.shift, "must be > 0 (verl-omni: 3)")
         if isinstance(self.score_timesteps, bool) or not isinstance(self.score_timesteps, int) or self.score_timesteps < 0:
@@ -90,6 +98,11 @@ def update_cycle(params: DMD2Params) -> list[str]:
 def cycle_of(loss_cfg) -> list[str]:
     """The update cycle the `diffusion_loss` section configures."""
     return update_cycle(LOSSES.get(loss_cfg.name).bind(loss_cfg))
+
+
+def reuses_rollout(loss_cfg) -> bool:
+    """Whether every attempt of a step replays the step's one rollout (`reuse_rollout`)."""
+    return bool(LOSSES.get(loss_cfg.name).bind(loss_cfg).reuse_rollout)
 
 
 def check_distribution_matching(cfg) -> None:

@@ -30,7 +30,9 @@ class UpdateConfig:
     lr_schedule: str = "constant"
     min_lr_ratio: float = 0.0
     max_grad_norm: float = 1.0
-    max_consecutive_nonfinite: int = 3  # skipped updates in a row before the run stops
+    # skipped updates in a row before the run stops; 0: skip every non-finite update and go on,
+    # counting them (verl-omni's DMD2)
+    max_consecutive_nonfinite: int = 3
     ppo_epochs: int = 1
     # Samples per optimizer step, counted over all workers: the step's train_batch_size x rollout.n
     # samples make (samples / ppo_mini_batch_size) optimizer steps per epoch; 0 = the whole batch.
@@ -48,6 +50,9 @@ class UpdateConfig:
         check_size("actor.ppo_micro_batch_size", self.ppo_micro_batch_size)
         check_number("actor.max_grad_norm", self.max_grad_norm, allow_inf=True)  # inf = no clipping
         check_number("actor.weight_decay", self.weight_decay, allow_zero=True)
+        if self.max_consecutive_nonfinite < 0:
+            raise ConfigError("actor.max_consecutive_nonfinite", self.max_consecutive_nonfinite, "a whole number >= 0: "
+                              "the skipped non-finite updates in a row that stop the run (3), or 0 to keep skipping")
         check_number("actor.warmup_steps", self.warmup_steps, allow_zero=True)
         if not 0 <= self.warmup_ratio < 1:
             raise ConfigError("actor.warmup_ratio", self.warmup_ratio, "the share of the run's optimizer steps spent "
@@ -82,10 +87,14 @@ class ActorConfig(UpdateConfig):
     timestep_fraction: float = 1.0
     permute_timesteps: bool = False
     # > 0: keep an EMA of the trained weights, updated after every `ema_update_interval`-th
-    # optimizer step s with decay min((1 + s) / (10 + s), ema_decay); validation, the checkpoints'
+    # optimizer step s with decay min((1 + s) / (10 + s), ema_decay) (or ema_decay, without
+    # ema_warmup); validation, the checkpoints'
     # evaluation and `pixelrl export` use it (flow_grpo's and DiffusionNFT's train.ema: 0.9)
     ema_decay: float = 0.0
     ema_update_interval: int = 1
+    # false: the decay is ema_decay from the first update on (verl-omni's DMD2 student EMA), not
+    # warmed up as min((1 + s) / (10 + s), ema_decay)
+    ema_warmup: bool = True
 
     def check(self) -> None:
         super().check()

@@ -184,14 +184,17 @@ class DistributionMatchingObjective(Objective):
 
     def _score_noise(self, micro: Batch, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's score sigma and noise, from two streams of its own seed (`dmd2_score_sigma`,
-        `dmd2_score_noise`): on one stream the noise's first draws would give the sigma away."""
+        `dmd2_score_noise`): on one stream the noise's first draws would give the sigma away. An
+        attempt replaying its step's rollout (`score_stream` k) draws the streams of its own k."""
         p = self.params
         low, high = p.score_sigma_range
         rows = [int(s) for s in micro["seeds"]]
-        sigma = torch.cat([draw_score_sigmas(1, torch.Generator().manual_seed(derive_seed(s, "dmd2_score_sigma")),
+        k = micro.info.get("score_stream")
+        suffix = "" if k is None else f"/{int(k)}"
+        sigma = torch.cat([draw_score_sigmas(1, torch.Generator().manual_seed(derive_seed(s, "dmd2_score_sigma" + suffix)),
                                              timesteps=p.score_timesteps, shift=p.shift, low=low, high=high)
                            for s in rows]).to(like.device)
-        eps = randn_tensor(tuple(like.shape), generator=sample_generators([derive_seed(s, "dmd2_score_noise")
+        eps = randn_tensor(tuple(like.shape), generator=sample_generators([derive_seed(s, "dmd2_score_noise" + suffix)
                                                                            for s in rows], like.device),
                            device=like.device, dtype=torch.float32)
         return sigma, eps

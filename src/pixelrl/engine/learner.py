@@ -92,7 +92,7 @@ class Learner:
             # Skip the step rather than poison the weights; too many in a row stops the run.
             self.zero_grad()
             self.nonfinite_in_a_row += 1
-            if self.nonfinite_in_a_row >= self.max_consecutive_nonfinite:
+            if 0 < self.max_consecutive_nonfinite <= self.nonfinite_in_a_row:
                 raise FloatingPointError(
                     f"{self.nonfinite_in_a_row} consecutive updates had a non-finite loss or gradient "
                     f"(loss={loss_total}); lower actor.lr or check the reward scale"

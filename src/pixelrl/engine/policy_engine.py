@@ -127,7 +127,8 @@ class PolicyEngine:
                                                  total_steps=actor_optimizer_steps(cfg)) if trains else None
         self.objective.build_learners(trains)
         # the EMA of the trained weights that validation scores and checkpoints carry (actor.ema_decay)
-        self.weights_ema = (WeightsEMA(model.trainable_parameters(), cfg.actor.ema_decay, cfg.actor.ema_update_interval)
+        self.weights_ema = (WeightsEMA(model.trainable_parameters(), cfg.actor.ema_decay, cfg.actor.ema_update_interval,
+                                       cfg.actor.ema_warmup)
                             if trains and cfg.actor.ema_decay > 0 else None)
         # Counts optimizer steps; a batch remembers the version that sampled it, so the engine
         # knows when the current weights ARE the rollout policy.

@@ -33,19 +33,20 @@ def holding(params: list[torch.Tensor], values: list[torch.Tensor]):
 
 class WeightsEMA:
     """`values` track `params`: after optimizer step s, when (s + 1) % update_interval == 0,
-    values <- d * values + (1 - d) * params with d = warmed_up_decay(s, decay)."""
+    values <- d * values + (1 - d) * params with d = warmed_up_decay(s, decay), or d = decay
+    without `warmup`."""
 
-    def __init__(self, params: list[torch.Tensor], decay: float, update_interval: int = 1):
+    def __init__(self, params: list[torch.Tensor], decay: float, update_interval: int = 1, warmup: bool = True):
         self.params = list(params)
         self.values = [p.detach().clone() for p in self.params]
-        self.decay, self.update_interval = float(decay), int(update_interval)
+        self.decay, self.update_interval, self.warmup = float(decay), int(update_interval), bool(warmup)
 
     @torch.no_grad()
     def update(self, step: int) -> float | None:
         """Called after optimizer step `step` (1-based); returns the decay applied, or None."""
         if (step + 1) % self.update_interval:
             return None
-        decay = warmed_up_decay(step, self.decay)
+        decay = warmed_up_decay(step, self.decay) if self.warmup else self.decay
         torch._foreach_lerp_(self.values, [p.detach() for p in self.params], 1.0 - decay)
         return decay
 

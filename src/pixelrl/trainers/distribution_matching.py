@@ -13,19 +13,25 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from pixelrl.algos.distribution_matching import cycle_of
+from pixelrl.algos.distribution_matching import cycle_of, reuses_rollout
 from pixelrl.core.seeding import derive_seed
 from pixelrl.trainers.consumers import StepContext, register_consumer
 from pixelrl.trainers.step import PhaseTimer, expand_prompts, step_seed
 
 
 def attempt_request(rows: dict, step: int, attempt: int, cfg):
-    """The (prompt, seed) rows of attempt `attempt` of training step `step` and its exit step."""
-    seed = step_seed(cfg.rollout.seed, step) * len(cycle_of(cfg.diffusion_loss)) + attempt  # distinct for every attempt of the run
-    request = expand_prompts(rows["prompts"], rows["metadata"], cfg.rollout.n, seed,
+    """The (prompt, seed) rows of attempt `attempt` of training step `step` and its exit step.
+    With `reuse_rollout` every attempt of the step takes the rows and initial noises of its first
+    and draws its own exit step and score stream (`score_stream`)."""
+    first = step_seed(cfg.rollout.seed, step) * len(cycle_of(cfg.diffusion_loss))
+    own = first + attempt  # distinct for every attempt of the run
+    reuse = reuses_rollout(cfg.diffusion_loss)
+    request = expand_prompts(rows["prompts"], rows["metadata"], cfg.rollout.n, first if reuse else own,
                              data_sources=rows["data_sources"], condition_images=rows.get("condition_images"))
-    draw = torch.Generator().manual_seed(derive_seed(seed, "dmd2_exit_index"))
+    draw = torch.Generator().manual_seed(derive_seed(own, "dmd2_exit_index"))
     request.info["exit_index"] = int(torch.randint(0, cfg.rollout.num_steps, (1,), generator=draw))
+    if reuse:
+        request.info["score_stream"] = attempt
     return request
 
 
@@ -36,8 +42,9 @@ def train_distribution_matching(actor, next_rows, step: int, cfg, num_workers: i
     cycle = cycle_of(cfg.diffusion_loss)
     values: dict[str, list[float]] = defaultdict(list)
     images = 0
+    rows = next_rows() if reuses_rollout(cfg.diffusion_loss) else None  # one rollout for the whole cycle
     for attempt, role in enumerate(cycle):
-        request = attempt_request(next_rows(), step, attempt, cfg)
+        request = attempt_request(rows or next_rows(), step, attempt, cfg)
         images += len(request)
         with timer.phase(role):
             out = actor.call("train_role", request, role, gather="mean")
