@@ -473,3 +473,14 @@ def test_the_distillation_term_is_refused_beside_a_forward_process_loss(tmp_path
 
     with pytest.raises(ConfigError, match=r"diffusion_loss\.distill_coef.*beside transition losses"):
         load_config("shapes_nft", ["diffusion_loss.distill_coef=0.1", f"trainer.default_local_dir={tmp_path}"])
+
+
+def test_opd_sd35_keeps_the_launchers_update_schedule():
+    """verl-omni's run_sd35_medium_ocr_distill.sh: 8 prompts x 8 images, ppo_mini_batch_size 4
+    prompts, so two optimizer steps per rollout; no EMA; T5 at 256 tokens; 28 validation steps."""
+    from pixelrl.config.validation import compose_config
+    from pixelrl.engine.config import optimizer_steps_per_rollout
+
+    cfg = compose_config("opd_sd35")
+    assert (cfg.data.train_batch_size, cfg.rollout.n, optimizer_steps_per_rollout(cfg)) == (8, 8, 2)
+    assert cfg.actor.ema_decay == 0.0 and cfg.model.max_sequence_length == 256 and cfg.val_kwargs.num_steps == 28

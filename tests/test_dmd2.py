@@ -269,6 +269,23 @@ def test_resume_mid_run_is_exact_for_both_roles(tmp_path, tiny_pixel_path, capsy
     assert code == 2 and "diffusion_loss.params.cycle" in capsys.readouterr().err
 
 
+def test_the_dmd2_presets_keep_their_references_schedules():
+    """dmd2_qwen_image as verl-omni's launcher and DiffusionDMDConfig: 8 prompts per attempt, 1024
+    tokens, one student and two fake-score steps per step, the fake score's schedule twice the
+    student's, a constant 0.999 EMA, non-finite attempts skipped; dmd2_sd35 as Flow-Factory's
+    optimize(): one rollout replayed by five fake-score attempts and one student attempt."""
+    from pixelrl.config.validation import compose_config
+    from pixelrl.engine.config import actor_optimizer_steps
+
+    qwen = compose_config("dmd2_qwen_image")
+    assert (qwen.data.train_batch_size, qwen.rollout.n, qwen.model.max_sequence_length) == (8, 1, 1024)
+    assert actor_optimizer_steps(qwen) == 1000 and actor_optimizer_steps(qwen, role="fake_score") == 2000
+    assert (qwen.actor.ema_decay, qwen.actor.ema_warmup, qwen.actor.max_consecutive_nonfinite) == (0.999, False, 0)
+    sd35 = compose_config("dmd2_sd35")
+    assert sd35.diffusion_loss.params["reuse_rollout"] is True
+    assert update_cycle(DMD2Params(**dict(sd35.diffusion_loss.params))) == ["fake_score"] * 5 + ["student"]
+
+
 def test_the_cycle_draws_one_exit_step_per_attempt_and_fresh_seeds():
     from pixelrl.config.validation import compose_config
     from pixelrl.trainers.distribution_matching import attempt_request
