@@ -57,6 +57,9 @@ CASES = {  # name: (family, config, overrides); the configs' sizes are `auto`: f
     "flux": ("flux", "flow_grpo_flux", []),
     # an edit family: FLUX.1-Kontext-dev's shape on edit rows (instruction, 384 px source; edit_rows)
     "flux_kontext": ("flux_kontext", "flow_grpo_flux_kontext", []),
+    # DMD2 as Flow-Factory's SD3.5-M recipe trains it (five fake-score attempts, one student attempt,
+    # one rollout replayed by all six), at 64 samples per step (8 prompts x 8): one GPU's share of the 512
+    "dmd2_sd35": ("sd35", "dmd2_sd35", ["data.train_batch_size=8", "rollout.n=8", "trainer.test_freq=-1"]),
     # 8 prompts x 8 images in one optimizer step, the `auto` sizes chosen for this GPU: checks the
     # estimate above the 16-32 rows per call the planner was calibrated on
     "sd35_fast_fit": ("sd35", "flow_grpo_fast_sd35", ["data.train_batch_size=8", "actor.ppo_mini_batch_size=64"]),

@@ -47,6 +47,19 @@ def test_the_gpu_benchmark_runs_an_edit_family_on_its_edit_rows(tmp_path):
 
 
 @pytest.mark.slow  # ~15 s
+def test_the_gpu_benchmark_runs_the_dmd2_case(tmp_path):
+    """dmd2_sd35's cycle (one rollout, five fake-score attempts, one student attempt) through the
+    benchmark: both roles' phases timed."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"), "--scale", "tiny", "--device",
+                           "cpu", "--cases", "dmd2_sd35", "--steps", "2", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (result,) = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert result["exit"] == 0, result.get("log_tail")
+    assert result["timing_s/step"] > 0 and "fake_score" in proc.stdout and "student" in proc.stdout
+
+
+@pytest.mark.slow  # ~15 s
 def test_the_gpu_benchmark_runs_each_case_from_the_baseline_source_first(tmp_path):
     """--baseline-src: each case runs from the other version first (here a stand-in pixelrl that
     exits with 3), labelled `<case>_baseline`, then from this one, on the same folders."""
