@@ -148,6 +148,7 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
      "actor.ema_warmup"),
     ("a negative count of non-finite updates that stop the run", [*SHAPES, "actor.max_consecutive_nonfinite=-1"],
      "actor.max_consecutive_nonfinite"),
+    ("an optimizer preflight every -5 steps", [*SHAPES, "actor.preflight_every=-5"], "actor.preflight_every"),
     ("a DMD2 rollout reuse that is not true or false", ["train", "--config-name", "shapes_dmd2",
                                                         "diffusion_loss.params.reuse_rollout=sometimes"],
      "diffusion_loss.params.reuse_rollout"),

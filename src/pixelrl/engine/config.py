@@ -30,6 +30,9 @@ class UpdateConfig:
     lr_schedule: str = "constant"
     min_lr_ratio: float = 0.0
     max_grad_norm: float = 1.0
+    # the optimizer preflight (engine/preflight.py: is Adam's epsilon small beside the gradients?)
+    # after the first optimizer step and every this many after it; 0: after the first only
+    preflight_every: int = 200
     # skipped updates in a row before the run stops; 0: skip every non-finite update and go on,
     # counting them (verl-omni's DMD2)
     max_consecutive_nonfinite: int = 3
@@ -50,6 +53,7 @@ class UpdateConfig:
         check_size("actor.ppo_micro_batch_size", self.ppo_micro_batch_size)
         check_number("actor.max_grad_norm", self.max_grad_norm, allow_inf=True)  # inf = no clipping
         check_number("actor.weight_decay", self.weight_decay, allow_zero=True)
+        check_number("actor.preflight_every", self.preflight_every, allow_zero=True)
         if self.max_consecutive_nonfinite < 0:
             raise ConfigError("actor.max_consecutive_nonfinite", self.max_consecutive_nonfinite, "a whole number >= 0: "
                               "the skipped non-finite updates in a row that stop the run (3), or 0 to keep skipping")

@@ -28,7 +28,8 @@ class Learner:
     def __init__(self, params_fn: Callable[[], list[torch.nn.Parameter]], *, lr: float,
                  betas: tuple[float, float] = (0.9, 0.999), weight_decay: float = 0.0, eps: float = 1e-8,
                  warmup_steps: int = 0, max_grad_norm: float = 1.0, max_consecutive_nonfinite: int = 3,
-                 schedule: str = "constant", total_steps: int = 0, min_lr_ratio: float = 0.0):
+                 schedule: str = "constant", total_steps: int = 0, min_lr_ratio: float = 0.0,
+                 preflight_every: int = 0):
         # `params_fn` returns the trainable parameters as they are now: FSDP2 replaces them with
         # sharded DTensors, after which `rebuild()` builds the optimizer over the new ones.
         self.params_fn = params_fn
@@ -42,6 +43,8 @@ class Learner:
         self.max_grad_norm = max_grad_norm
         self.max_consecutive_nonfinite = max_consecutive_nonfinite
         self.nonfinite_in_a_row = 0
+        # the optimizer preflight (engine/preflight.py) after the first step and every this many
+        self.preflight_every = int(preflight_every)
         # Called with the parameters after the backward passes of an optimizer step, before
         # clipping (the DDP all-reduce); None in one process and under FSDP2.
         self.grad_sync: Callable | None = None
@@ -53,7 +56,7 @@ class Learner:
         return cls(params_fn, lr=acfg.lr, betas=tuple(acfg.betas), weight_decay=acfg.weight_decay,
                    eps=acfg.adam_eps, warmup_steps=acfg.warmup_steps_of(total_steps), max_grad_norm=acfg.max_grad_norm,
                    max_consecutive_nonfinite=acfg.max_consecutive_nonfinite, schedule=acfg.lr_schedule,
-                   total_steps=total_steps, min_lr_ratio=acfg.min_lr_ratio)
+                   total_steps=total_steps, min_lr_ratio=acfg.min_lr_ratio, preflight_every=acfg.preflight_every)
 
     def lr_factor(self, step: int) -> float:
         """The multiplier of `lr` at optimizer step `step` (0-based): linear warm-up, then constant
@@ -101,9 +104,15 @@ class Learner:
         self.nonfinite_in_a_row = 0
         self.optimizer.step()
         self.lr_scheduler.step()
+        out = {"stepped": 1.0, "skipped_nonfinite": 0.0, "grad_norm": float(grad_norm)}
+        steps = self.lr_scheduler.last_epoch  # this one included
+        if steps == 1 or (self.preflight_every and steps % self.preflight_every == 0):
+            from pixelrl.engine.preflight import measure
+
+            out.update(measure(self.params, self.optimizer, min(out["grad_norm"], self.max_grad_norm), self.eps))
         self.zero_grad()
         self._check_weights_finite()
-        return {"stepped": 1.0, "skipped_nonfinite": 0.0, "grad_norm": float(grad_norm)}
+        return out
 
     def _check_weights_finite(self) -> None:
         """A finite gradient can still give non-finite weights (an infinite learning rate, eps = 0

@@ -24,6 +24,7 @@ from pixelrl.core.config_io import saved_yaml, to_yaml
 from pixelrl.data.preferences import collate_preferences
 from pixelrl.data.prompts import PromptDataset, collate_rows, make_loader
 from pixelrl.engine.evaluate import diversity
+from pixelrl.engine.preflight import preflight_warnings
 from pixelrl.rewards.multi import WeightedReward
 from pixelrl.sampling.rollout import SamplingSettings
 from pixelrl.sampling.windows import Window, full_window
@@ -281,6 +282,8 @@ class DiffusionTrainer:
                                                  self.actor_version, reward_errors, self._estimated_peak_gb))
             if "actor/policy_version" in metrics:  # the step's update ran (a skipped step has none)
                 self.actor_version = int(metrics["actor/policy_version"])
+            for line in preflight_warnings(metrics):  # the updates stopped following the gradients
+                self.console(f"step {step}: {line}")
             if profiling:
                 self.actor.call("stop_profile", None, str(self.run_dir / "profile"), step, gather="all")
                 self.console(f"profile of step {step}: {self.run_dir / 'profile'}/step_{step}_rank_*.txt")
