@@ -24,6 +24,7 @@ from pixelrl.core.config_io import saved_yaml, to_yaml
 from pixelrl.data.preferences import collate_preferences
 from pixelrl.data.prompts import PromptDataset, collate_rows, make_loader
 from pixelrl.engine.evaluate import diversity
+from pixelrl.engine.image_stats import StatisticsDrift
 from pixelrl.engine.preflight import preflight_warnings
 from pixelrl.rewards.multi import WeightedReward
 from pixelrl.sampling.rollout import SamplingSettings
@@ -140,6 +141,7 @@ class DiffusionTrainer:
         self.actor = self.rewards = self.pool = None
         self._ray_started = False
         self.reward_errors = RewardErrorPolicy(cfg.reward.on_error, cfg.reward.max_consecutive_errors, console)
+        self.image_drift = StatisticsDrift()  # the image statistics of each validation, and their drift
         self._gold = WeightedReward.from_functions([dict(f) for f in cfg.val_kwargs.rewards], cfg.reward.timeout_s) \
             if cfg.val_kwargs.rewards else None
         # on a GPU, the memory estimate the `auto` sizes rely on, logged beside the measured peak
@@ -373,6 +375,7 @@ class DiffusionTrainer:
                 items = [{**rows[i], "group": i % per_prompt} if sources is not None else rows[i] for i in idx]
                 metrics[f"val-core/{source}/diversity@{vk.n}"] = diversity([images[i] for i in idx], items)["pairwise_l1"]
         metrics.update(mean_over_sources(metrics, list(by_source)))
+        metrics.update(self.image_drift.metrics(images))  # what no reward looks at (engine/image_stats.py)
         folder = Path(cfg.trainer.validation_data_dir or self.run_dir / "validation") / f"step_{step:06d}"
         self._dump(folder, None, images=images, prompts=[r["prompt"] for r in rows], scores=scores, seeds=seeds)
         self._grid(tracker, "val/samples", None, step, images=images[:32],
