@@ -30,16 +30,23 @@ def test_the_gpu_benchmark_runs_end_to_end_at_tiny_scale(tmp_path):
     assert "sampling" in profile and "update" in profile and Path(result["profile"]).with_suffix(".json.gz").exists()
 
 
-@pytest.mark.slow  # ~15 s
-def test_the_gpu_benchmark_runs_an_edit_family_on_its_edit_rows(tmp_path):
-    """The flux_kontext case builds a Kontext folder and trains its preset on rows that name
-    source images (a text-to-image prompt list would be refused by the edit family)."""
+def _one_case(tmp_path, case: str):
+    """bench_gpu.py on one case at tiny scale on the CPU, 2 steps: its output and its result row,
+    both checked to have succeeded."""
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"), "--scale", "tiny", "--device",
-                           "cpu", "--cases", "flux_kontext", "--steps", "2", "--out", str(tmp_path)],
+                           "cpu", "--cases", case, "--steps", "2", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (result,) = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert result["exit"] == 0, result.get("log_tail")
+    return proc, result
+
+
+@pytest.mark.slow  # ~15 s
+def test_the_gpu_benchmark_runs_an_edit_family_on_its_edit_rows(tmp_path):
+    """The flux_kontext case builds a Kontext folder and trains its preset on rows that name
+    source images (a text-to-image prompt list would be refused by the edit family)."""
+    proc, result = _one_case(tmp_path, "flux_kontext")
     assert result["timing_s/step"] > 0 and result["perf/denoiser_backwards"] > 0
     assert json.loads((tmp_path / "models" / "flux_kontext" / "model_index.json").read_text())["_class_name"] == \
         "FluxKontextPipeline"
@@ -50,12 +57,7 @@ def test_the_gpu_benchmark_runs_an_edit_family_on_its_edit_rows(tmp_path):
 def test_the_gpu_benchmark_runs_the_dmd2_case(tmp_path):
     """dmd2_sd35's cycle (one rollout, five fake-score attempts, one student attempt) through the
     benchmark: both roles' phases timed."""
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"), "--scale", "tiny", "--device",
-                           "cpu", "--cases", "dmd2_sd35", "--steps", "2", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (result,) = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
-    assert result["exit"] == 0, result.get("log_tail")
+    proc, result = _one_case(tmp_path, "dmd2_sd35")
     assert result["timing_s/step"] > 0 and "fake_score" in proc.stdout and "student" in proc.stdout
 
 
