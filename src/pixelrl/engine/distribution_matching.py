@@ -191,12 +191,12 @@ class DistributionMatchingObjective(Objective):
         rows = [int(s) for s in micro["seeds"]]
         k = micro.info.get("score_stream")
         suffix = "" if k is None else f"/{int(k)}"
-        sigma = torch.cat([draw_score_sigmas(1, torch.Generator().manual_seed(derive_seed(s, "dmd2_score_sigma" + suffix)),
-                                             timesteps=p.score_timesteps, shift=p.shift, low=low, high=high)
-                           for s in rows]).to(like.device)
-        eps = randn_tensor(tuple(like.shape), generator=sample_generators([derive_seed(s, "dmd2_score_noise" + suffix)
-                                                                           for s in rows], like.device),
-                           device=like.device, dtype=torch.float32)
+        sigma_seeds = [derive_seed(s, "dmd2_score_sigma" + suffix) for s in rows]
+        noise_seeds = [derive_seed(s, "dmd2_score_noise" + suffix) for s in rows]
+        sigma = torch.cat([draw_score_sigmas(1, torch.Generator().manual_seed(s), timesteps=p.score_timesteps,
+                                             shift=p.shift, low=low, high=high) for s in sigma_seeds]).to(like.device)
+        eps = randn_tensor(tuple(like.shape), generator=sample_generators(noise_seeds, like.device), device=like.device,
+                           dtype=torch.float32)
         return sigma, eps
 
     def _student_loss(self, micro: Batch, sigmas: torch.Tensor, exit_index: int):

@@ -44,7 +44,7 @@ def train_distribution_matching(actor, next_rows, step: int, cfg, num_workers: i
     images = 0
     rows = next_rows() if reuses_rollout(cfg.diffusion_loss) else None  # one rollout for the whole cycle
     for attempt, role in enumerate(cycle):
-        request = attempt_request(rows or next_rows(), step, attempt, cfg)
+        request = attempt_request(rows if rows is not None else next_rows(), step, attempt, cfg)
         images += len(request)
         with timer.phase(role):
             out = actor.call("train_role", request, role, gather="mean")
