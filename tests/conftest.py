@@ -358,3 +358,34 @@ def experience_with_reward_inputs(cfg, count: int = 4):
 def with_extra_object(spec: dict, shape: str, colour: str, count: int = 1) -> dict:
     """A shapes scene spec with `count` more objects that the prompt did not ask for."""
     return {**spec, "objects": [*spec["objects"], {"shape": shape, "colour": colour, "count": count}]}
+
+
+def damaged_png(path):
+    """A PNG whose chunks and CRCs are whole but whose compressed pixel data is not: PIL's
+    `verify()` passes it, decoding fails."""
+    import struct
+    import zlib
+
+    from PIL import Image
+
+    Image.fromarray(torch.randint(0, 256, (32, 32, 3), generator=torch.Generator().manual_seed(0),
+                                  dtype=torch.uint8).numpy()).save(path)
+    data = bytearray(path.read_bytes())
+    start = data.index(b"IDAT")
+    length = struct.unpack(">I", data[start - 4:start])[0]
+    for i in range(start + 4 + length // 3, start + 4 + length // 3 + 24):
+        data[i] ^= 0x5A
+    crc = zlib.crc32(bytes(data[start:start + 4 + length])) & 0xFFFFFFFF
+    data[start + 4 + length:start + 8 + length] = struct.pack(">I", crc)
+    path.write_bytes(bytes(data))
+    with Image.open(path) as opened:
+        opened.verify()  # the damage this test is about is the kind verify() cannot see
+    return path.name
+
+
+def stand_in_safetensors(path):
+    """A whole, readable safetensors file (one small tensor) where a test needs a weights file to
+    be there but not to fit a model."""
+    from safetensors.torch import save_file
+
+    save_file({"stand_in.weight": torch.zeros(2, 2)}, str(path))

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import damaged_png
 
 SHAPES = ["train", "--config-name", "shapes_flow_grpo"]
 VLM = ["train", "--config-name", "vlm_grpo_shapes_qa"]
@@ -166,6 +167,13 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("a teacher LoRA for a fully fine-tuned student (the LoRA's base would move)",
      [*SHAPES, "diffusion_loss.name=distill_kl", "algorithm.drop_zero_advantage=false", "model.lora_rank=0",
       "diffusion_loss.teacher={ckpt}"], "a whole fine-tuned teacher"),
+    ("on-policy distillation toward the student's own base (loss and gradient 0 at every step)",
+     [*SHAPES, "diffusion_loss.name=distill_kl", "algorithm.drop_zero_advantage=false"], "own base"),
+    ("a distillation teacher whose LoRA file is cut short",
+     [*SHAPES, "diffusion_loss.name=distill_kl", "algorithm.drop_zero_advantage=false",
+      "diffusion_loss.teacher={ckpt_torn}"], "cut short or damaged: copy or export the teacher again"),
+    ("a DMD2 update cycle set to null", ["train", "--config-name", "shapes_dmd2", "diffusion_loss.params.cycle=null"],
+     "`diffusion_loss.params.cycle` = None: must be a list"),
     ("the distillation demo where no demo ran", ["demo-distill"], "run `make demo` first"),
     ("a diffusion loss's KL on a vision-language run (it was silently ignored)",
      [*VLM, "diffusion_loss.kl_coef=0.5"], "config field `diffusion_loss.kl_coef` = 0.5: is read by the diffusion"),
@@ -433,6 +441,8 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     # editing: rows that name source images
     ("edit rows whose source image is missing", [*SHAPES, "data.train_files=[{edits}/missing.jsonl]"],
      "missing.jsonl, row 1"),
+    ("edit rows whose source PNG has whole chunks but damaged pixel data (PIL's verify() passes it)",
+     [*SHAPES, "data.train_files=[{edits}/damaged.jsonl]"], "damaged.jsonl, row 1: condition image"),
     ("edit rows for a text-to-image model", [*SHAPES, "data.train_files=[{edits}/edits.jsonl]"],
      "takes 0 condition"),
     ("a source-reading reward on a text-to-image model", [*SHAPES, "reward.functions=[{name: source_preservation}]"],
@@ -501,6 +511,8 @@ def _make_places(root: Path) -> None:
     Image.new("RGB", (32, 32), (200, 40, 40)).save(root / "edits" / "source.png")
     (root / "edits" / "edits.jsonl").write_text('{"prompt": "make it blue", "image": "source.png"}\n')
     (root / "edits" / "missing.jsonl").write_text('{"prompt": "make it blue", "image": "gone.png"}\n')
+    damaged_png(root / "edits" / "damaged.png")
+    (root / "edits" / "damaged.jsonl").write_text('{"prompt": "make it blue", "image": "damaged.png"}\n')
     (root / "recipe.yaml").write_text("defaults: [no_such_base]\nrollout:\n  n: 2\n")  # extends nothing there
     (root / "not_utf8.jsonl").write_bytes(b'{"prompt": "a red circle"}\n{"prompt": "a caf\xe9"}\n')  # Latin-1
     # an adapter whose weights file was cut short (a header promising more bytes than follow)

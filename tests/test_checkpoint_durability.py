@@ -189,6 +189,25 @@ def test_a_corrupted_checkpoint_file_is_named_with_the_checkpoint_to_fall_back_t
     assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before  # nothing written over
 
 
+def test_a_checkpoint_whose_state_disagrees_with_its_folder_stops_before_anything_starts(two_saved_steps, tmp_path,
+                                                                                       tiny_pixel_path, capsys):
+    """global_step_2 holding step 99's trainer state would resume at 99 and train fewer steps than
+    asked with exit 0: it stops, naming both steps, and writes nothing."""
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(two_saved_steps, out)
+    root = out / "pixelrl" / "flow_grpo_tiny" / "checkpoints"
+    (root / "global_step_2" / "trainer_state.json").write_text('{"global_step": 99}')
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    code, _ = train_cli(out, tiny_pixel_path, "trainer.backend=local", "trainer.logger=[jsonl]",
+                        "data.train_batch_size=2", "actor.ppo_mini_batch_size=4", "trainer.total_training_steps=4")
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "global_step_2/trainer_state.json` says global step 99, its folder says 2" in err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
 @pytest.mark.parametrize("change, field, saved", [
     ("model.lora_rank=4", "model.lora_rank", "8"),
     ("model.lora_alpha=3", "model.lora_alpha", "16"),

@@ -4,7 +4,7 @@ model family that takes them (FLUX.1 Kontext here) to every forward that re-read
 import pytest
 import torch
 
-from conftest import check_edits_match_pipeline, random_sources, tiny_config
+from conftest import check_edits_match_pipeline, damaged_png, random_sources, tiny_config
 from pixelrl.core.batch import Batch
 from pixelrl.core.errors import ConfigError
 from pixelrl.engine import PolicyEngine
@@ -528,3 +528,35 @@ def test_a_run_of_one_and_two_picture_rows_trains_and_validates_each(tiny_qwen_e
     rows_metrics = read_metrics(tmp_path / "out" / "pixelrl" / "mixed")
     assert [r["step"] for r in rows_metrics if "actor/pg_loss" in r] == [1, 2, 3, 4]
     assert any(key.startswith("val-core/edits/reward") for r in rows_metrics for key in r)
+
+
+def test_a_source_whose_pixel_data_is_damaged_is_refused_when_the_file_is_read(tmp_path):
+    from pixelrl.data.prompts import DatasetError, read_prompt_file
+
+    damaged_png(tmp_path / "damaged.png")
+    file = _write_edit_rows(tmp_path, [{"prompt": "fine", "image": "source_0.png"},
+                                       {"prompt": "p", "image": "damaged.png"}])
+    with pytest.raises(DatasetError, match=r"edits.jsonl, row 2: condition image `.*damaged.png` is not a readable"):
+        read_prompt_file(file)
+
+
+def test_a_source_is_read_upright_as_its_exif_orientation_says(tmp_path):
+    from PIL import Image
+
+    from pixelrl.data.prompts import PromptDataset, image_size, load_condition_image
+
+    stored = Image.new("RGB", (48, 32), (0, 0, 255))
+    stored.paste((255, 0, 0), (0, 0, 24, 32))  # stored: red left half, blue right half
+    exif = Image.Exif()
+    exif[0x0112] = 6  # shown turned a quarter clockwise: red on top, 32 wide and 48 high
+    stored.save(tmp_path / "turned.jpg", exif=exif, quality=95)
+    assert image_size(str(tmp_path / "turned.jpg")) == (32, 48)
+    upright = load_condition_image(str(tmp_path / "turned.jpg"), 48, 32)
+    assert upright.shape == (48, 32, 3)
+    top, bottom = upright[4, 16].tolist(), upright[44, 16].tolist()
+    assert top[0] > 200 and top[2] < 60 and bottom[2] > 200 and bottom[0] < 60
+    # a row of it keeps the portrait aspect the picture is shown in
+    file = _write_edit_rows(tmp_path, [{"prompt": "p", "image": "turned.jpg"}])
+    data = PromptDataset.from_files([file]).keeping_aspects(lambda w, h: (h, w), batch_size=1)
+    (source,) = data[0]["condition_images"]
+    assert source.shape == (48, 32, 3) and source[4, 16, 0] > 200

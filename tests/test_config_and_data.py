@@ -9,7 +9,7 @@ from pixelrl.config import load_config
 from pixelrl.core.errors import ConfigError
 from pixelrl.data.prompts import DatasetError, PromptDataset, make_loader, read_prompt_file
 
-from conftest import stand_in_folder
+from conftest import stand_in_folder, stand_in_safetensors
 
 # validation checks the model folder exists (not what is in it): an empty one stands in
 BASE = [f"model.path={stand_in_folder()}"]
@@ -38,9 +38,9 @@ def test_every_bundled_config_loads_and_validates(tmp_path):
                 except ConfigError as err:
                     if "options.path" in str(err):  # ... a reward model's folder: a rule reward stands in
                         overrides = [*overrides, "reward.functions=[{name: jpeg_compressibility, weight: 1.0}]"]
-                    elif "diffusion_loss.teacher" in str(err):  # ... a teacher LoRA's: an empty file stands in
+                    elif "diffusion_loss.teacher" in str(err):  # ... a teacher LoRA's: a stand-in file
                         (tmp_path / "teacher").mkdir(exist_ok=True)
-                        (tmp_path / "teacher" / "pytorch_lora_weights.safetensors").write_bytes(b"")
+                        stand_in_safetensors(tmp_path / "teacher" / "pytorch_lora_weights.safetensors")
                         overrides = [*overrides, f"diffusion_loss.teacher={tmp_path / 'teacher'}"]
                     else:  # ... the model's folder
                         assert "`model.path`" in str(err) and "does not exist" in str(err), str(err)

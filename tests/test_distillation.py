@@ -3,7 +3,8 @@ replaying the student's states, the config's checks, and a tiny run pulling a st
 
 import pytest
 import torch
-from conftest import assert_learned, read_metrics, train_cli
+from conftest import assert_learned, read_metrics, stand_in_safetensors, train_cli
+from safetensors.torch import save_file
 
 from pixelrl.algos import get_loss
 from pixelrl.core.errors import ConfigError
@@ -314,9 +315,9 @@ def test_distillation_config_errors_name_the_field(tiny_sd3_path, tmp_path, make
 
     holder, _ = make_engine(tiny_sd3_path)
     _teacher_folder(holder, tmp_path / "teacher")
-    base = ["--", f"model.path={tiny_sd3_path}", "diffusion_loss.name=distill_kl", "algorithm.drop_zero_advantage=false",
-            f"trainer.default_local_dir={tmp_path}"][1:]
-    load_config("flow_grpo_tiny", [*base, f"diffusion_loss.teacher={tmp_path / 'teacher'}"])
+    base = [f"model.path={tiny_sd3_path}", "diffusion_loss.name=distill_kl", "algorithm.drop_zero_advantage=false",
+            f"trainer.default_local_dir={tmp_path}", f"diffusion_loss.teacher={tmp_path / 'teacher'}"]
+    load_config("flow_grpo_tiny", base)
     for overrides, field in (
             (["algorithm.drop_zero_advantage=true"], "algorithm.drop_zero_advantage"),
             ([f"diffusion_loss.teacher={tmp_path}"], "diffusion_loss.teacher"),  # no LoRA file
@@ -343,7 +344,7 @@ def test_a_checkpoint_teacher_is_its_ema_adapter_and_must_share_the_base(tmp_pat
     step = tmp_path / "run" / "checkpoints" / "global_step_4"
     for inner in ("actor/adapter", "actor/ema_adapter"):
         (step / inner).mkdir(parents=True)
-        (step / inner / LORA_FILE).write_bytes(b"")
+        save_file({"transformer.block.lora_A.weight": torch.zeros(2, 2)}, step / inner / LORA_FILE)
     assert teacher_weights(str(step)) == TeacherWeights("lora", step / "actor" / "ema_adapter")
     (step / "actor" / "ema_adapter" / LORA_FILE).unlink()
     assert teacher_weights(str(step)) == TeacherWeights("lora", step / "actor" / "adapter")
@@ -369,7 +370,7 @@ def test_a_whole_teacher_is_checked_against_the_base_at_start_up(tiny_sd3_path, 
 
     step = tmp_path / "run" / "checkpoints" / "global_step_3"
     (step / "actor").mkdir(parents=True)
-    (step / "actor" / "trainable.safetensors").write_bytes(b"")
+    save_file({"block.weight": torch.zeros(2, 2)}, step / "actor" / "trainable.safetensors")
     (step / "config.yaml").write_text(f"model:\n  path: {tiny_sd3_path}\n")
     base = [f"model.path={tiny_sd3_path}", "diffusion_loss.name=distill_kl", "algorithm.drop_zero_advantage=false",
             f"trainer.default_local_dir={tmp_path}"]
@@ -421,10 +422,10 @@ def test_the_plan_holds_a_whole_teacher_as_a_frozen_copy_on_every_gpu(tmp_path):
 
     whole = tmp_path / "whole" / "global_step_3"
     (whole / "actor").mkdir(parents=True)
-    (whole / "actor" / "trainable.safetensors").write_bytes(b"")
+    stand_in_safetensors(whole / "actor" / "trainable.safetensors")
     lora = tmp_path / "lora"
     lora.mkdir()
-    (lora / LORA_FILE).write_bytes(b"")
+    stand_in_safetensors(lora / LORA_FILE)
 
     def resident(teacher, gpus, *more):
         cfg = paper_config("opd_sd35", f"diffusion_loss.teacher={teacher}", *more)
@@ -435,7 +436,7 @@ def test_the_plan_holds_a_whole_teacher_as_a_frozen_copy_on_every_gpu(tmp_path):
         assert (resident(whole, gpus, f"trainer.strategy={strategy}")
                 - resident(lora, gpus, f"trainer.strategy={strategy}")) == pytest.approx(params * 2, rel=1e-9)
     full = ("model.lora_rank=0",)
-    assert resident("base", 1, *full) - resident(whole, 1, *full) == 0  # each a frozen copy
+    # under full fine-tuning `base` is a frozen copy too (a source routed to it), one beside the whole teacher's
     assert resident("{a: base, '*': " + str(whole) + "}", 1, *full) - resident(whole, 1, *full) == pytest.approx(
         params * 2, rel=1e-9)
 
@@ -453,7 +454,7 @@ def test_the_diffusion_opd_config_samples_and_updates_as_its_reference(tmp_path)
     from pixelrl.engine.config import optimizer_steps_per_rollout
     from pixelrl.models.sd3.model import SD3Model
 
-    (tmp_path / "pytorch_lora_weights.safetensors").write_bytes(b"")
+    stand_in_safetensors(tmp_path / "pytorch_lora_weights.safetensors")
     cfg = paper_config("opd_ode_sd35", f"diffusion_loss.teacher={tmp_path}")
     r, a = cfg.rollout, cfg.actor
     assert (r.n, r.num_steps, r.resolution, r.guidance_scale, r.noise_level, r.sde_type) == (1, 10, 512, 4.5, 0.0, "ode")
@@ -484,3 +485,42 @@ def test_opd_sd35_keeps_the_launchers_update_schedule():
     cfg = compose_config("opd_sd35")
     assert (cfg.data.train_batch_size, cfg.rollout.n, optimizer_steps_per_rollout(cfg)) == (8, 8, 2)
     assert cfg.actor.ema_decay == 0.0 and cfg.model.max_sequence_length == 256 and cfg.val_kwargs.num_steps == 28
+
+
+def test_a_teacher_that_cannot_teach_is_refused_naming_the_field(tiny_sd3_path, tmp_path, make_engine):
+    """distill_kl toward the student's own base (`base`, or model.path named as a teacher) would
+    train with loss and gradient 0; a teacher LoRA cut short, or one adapting modules this base
+    lacks (the LoRA of a deeper model, which diffusers would apply in part without a word), is
+    refused with the field and the file."""
+    from safetensors import safe_open
+
+    from pixelrl.config import load_config
+
+    holder, _ = make_engine(tiny_sd3_path)
+    _teacher_folder(holder, tmp_path / "teacher")
+    base = [f"model.path={tiny_sd3_path}", "diffusion_loss.name=distill_kl", "algorithm.drop_zero_advantage=false",
+            f"trainer.default_local_dir={tmp_path}"]
+    for teacher in ("base", str(tiny_sd3_path)):
+        with pytest.raises(ConfigError, match=r"diffusion_loss\.teacher.*own base.*stay 0"):
+            load_config("flow_grpo_tiny", [*base, f"diffusion_loss.teacher={teacher}"])
+    # beside a policy loss the base is a real teacher: the student moves away from it
+    load_config("flow_grpo_tiny", [f"model.path={tiny_sd3_path}", "diffusion_loss.distill_coef=0.1",
+                                   f"trainer.default_local_dir={tmp_path}"])
+
+    lora = tmp_path / "teacher" / "pytorch_lora_weights.safetensors"
+    with safe_open(str(lora), "pt") as file:
+        tensors, metadata = {k: file.get_tensor(k) for k in file.keys()}, file.metadata()
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / lora.name).write_bytes(lora.read_bytes()[: lora.stat().st_size // 2])
+    with pytest.raises(ConfigError, match=r"diffusion_loss\.teacher.*cut.*cannot be read.*cut short or damaged"):
+        load_config("flow_grpo_tiny", [*base, f"diffusion_loss.teacher={tmp_path / 'cut'}"])
+
+    deeper = {**tensors, **{k.replace("transformer_blocks.0.", "transformer_blocks.99."): v.clone()
+                            for k, v in tensors.items() if "transformer_blocks.0." in k}}
+    assert len(deeper) > len(tensors)
+    (tmp_path / "deeper").mkdir()
+    save_file(deeper, tmp_path / "deeper" / lora.name, metadata=metadata)
+    with pytest.raises(ConfigError, match=r"diffusion_loss\.teacher.*of the \d+ modules its LoRA adapts are not in "
+                                          r".*transformer_blocks\.99\."):
+        make_engine(tiny_sd3_path, diffusion_loss__name="distill_kl", algorithm__drop_zero_advantage=False,
+                    diffusion_loss__teacher=str(tmp_path / "deeper"))

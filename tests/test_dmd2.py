@@ -231,6 +231,12 @@ def test_an_attempt_does_not_depend_on_its_micro_batches(tiny_pixel_path):
     ("model.lora_rank=0", "model.lora_rank"),
     ("diffusion_loss.kl_coef=0.1", "diffusion_loss.kl_coef"),
     ("diffusion_loss.params.cycle=[student,student]", "diffusion_loss.params.cycle"),
+    # a param of another kind than its default's is named, not a raw TypeError from a comparison
+    ("diffusion_loss.params.cycle=null", "diffusion_loss.params.cycle"),
+    ("diffusion_loss.params.shift=fast", "diffusion_loss.params.shift"),
+    ("diffusion_loss.params.score_timesteps=1000.5", "diffusion_loss.params.score_timesteps"),
+    ("diffusion_loss.params.reuse_rollout=null", "diffusion_loss.params.reuse_rollout"),
+    ("diffusion_loss.params.teacher_guidance=null", "diffusion_loss.params.teacher_guidance"),
     ("algorithm.trainer_type=transition", "diffusion_loss.name"),
 ])
 def test_config_refuses_what_dmd2_cannot_run(tmp_path, override, field):

@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import assert_learned, read_metrics, train_cli
+from conftest import assert_learned, damaged_png, read_metrics, train_cli
 from pixelrl.data.preferences import DatasetError, PreferenceDataset, read_preference_file
 from pixelrl.shapes.preferences import preference_pairs
 
@@ -67,6 +67,7 @@ def test_reader_accepts_paths_base64_and_parquet_bytes_and_decodes_pixels(tmp_pa
 @pytest.mark.parametrize("case, message", [
     ("missing", "row 2: `rejected` image"),
     ("unreadable", "row 2: `chosen` image"),
+    ("damaged", "row 2: `rejected` image"),
     ("sizes", "row 2: chosen is 32x32 but rejected is 16x16"),
     ("resolution", "row 2: images are 16x16, the model trains at rollout.resolution = 32"),
     ("no_key", "row 2: `chosen` must be an image path or image bytes"),
@@ -81,6 +82,8 @@ def test_bad_rows_name_the_file_and_the_row(tmp_path, case, message):
         bad["rejected"] = "gone.png"
     elif case == "unreadable":
         bad["chosen"] = "broken.png"
+    elif case == "damaged":  # whole chunks, damaged pixel data: found when the file is read
+        bad["rejected"] = damaged_png(tmp_path / "damaged.png")
     elif case == "sizes":
         bad["rejected"] = "small.png"
     elif case == "resolution":

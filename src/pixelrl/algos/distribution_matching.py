@@ -63,9 +63,6 @@ class DMD2Params:
 
     def __post_init__(self) -> None:
         p = "diffusion_loss.params"
-        if not isinstance(self.reuse_rollout, bool):
-            raise ConfigError(f"{p}.reuse_rollout", self.reuse_rollout, "true (one rollout per training step for every "
-                              "attempt: Flow-Factory) or false (fresh prompts for each attempt: verl-omni)")
         if not self.shift > 0:
             raise ConfigError(f"{p}.shift", self.shift, "must be > 0 (verl-omni: 3)")
         if isinstance(self.score_timesteps, bool) or not isinstance(self.score_timesteps, int) or self.score_timesteps < 0:

@@ -96,9 +96,35 @@ class LossSpec:
             if unknown:
                 raise ConfigError("diffusion_loss.params", given,
                                   f"loss `{self.name}` has no param(s) {unknown}; known: {sorted(known)}")
+            for f in dataclasses.fields(self.params):
+                if f.name in given:
+                    _check_param_kind(f, given[f.name])
             own = dataclasses.asdict(self.params(**given))
         shared = {k: getattr(loss_cfg, k) for k in SHARED_FIELDS if hasattr(loss_cfg, k)}
         return SimpleNamespace(**shared, **own)
+
+
+def _check_param_kind(f: dataclasses.Field, value) -> None:
+    """A `diffusion_loss.params` value of its default's kind (null included), so that a params
+    class's own checks compare numbers with numbers and lists with lists."""
+    from collections.abc import Mapping, Sequence
+
+    default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+    if default is None:
+        return
+    kinds = [(bool, "true or false", lambda v: isinstance(v, bool)),
+             (int, "a whole number", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+             (float, "a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
+             (str, "a string", lambda v: isinstance(v, str)),
+             (Sequence, "a list", lambda v: isinstance(v, Sequence) and not isinstance(v, str)),
+             (Mapping, "a mapping", lambda v: isinstance(v, Mapping))]
+    for kind, words, fits in kinds:
+        if isinstance(default, kind):
+            if not fits(value):
+                shown = str(default).lower() if isinstance(default, bool) else repr(default)  # as YAML spells it
+                raise ConfigError(f"diffusion_loss.params.{f.name}", value, f"must be {words} (default: {shown}); "
+                                  "remove the override to keep the default")
+            return
 
 
 # The Flow-GRPO family: its losses re-score the rollout's stored SDE transitions

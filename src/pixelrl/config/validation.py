@@ -212,13 +212,31 @@ def _check_teachers(cfg: PixelRLConfig, loss, method) -> None:
     if "teacher_mean" in loss.step_keys and cfg.algorithm.drop_zero_advantage:
         raise ConfigError("algorithm.drop_zero_advantage", True, f"{loss.name} trains every sample toward the "
                           "teacher (no reward or advantage enters its loss): set algorithm.drop_zero_advantage=false")
+    if "teacher_mean" in loss.step_keys and all(_is_the_base(cfg, spec) for spec in
+                                                 teacher_routes(cfg.diffusion_loss.teacher).values()):
+        raise ConfigError("diffusion_loss.teacher", cfg.diffusion_loss.teacher, f"{loss.name} pulls the student "
+                          "toward its teacher, and this one is the student's own base: the student starts equal to "
+                          "it, so the loss and its gradient stay 0 at every step; name a fine-tuned teacher (an RL "
+                          "run's global_step_N folder, a LoRA folder, or a pipeline folder of another fine-tune)")
     routed = hasattr(cfg.diffusion_loss.teacher, "keys")
     for source, spec in teacher_routes(cfg.diffusion_loss.teacher).items():
         _check_teacher(cfg, f"diffusion_loss.teacher.{source}" if routed else "diffusion_loss.teacher", spec)
 
 
+def _is_the_base(cfg: PixelRLConfig, spec: str) -> bool:
+    """`base`, or model.path's own folder named as a teacher."""
+    from pixelrl.algos.distillation import BASE_TEACHER
+    from pixelrl.core.assets import resolve
+
+    if spec == BASE_TEACHER:
+        return True
+    return Path(resolve(str(spec))).resolve() == Path(resolve(str(cfg.model.path))).resolve()
+
+
 def _check_teacher(cfg: PixelRLConfig, field: str, spec: str) -> None:
-    from pixelrl.engine.checkpoint import LORA_FILE, teacher_weights
+    from safetensors import safe_open
+
+    from pixelrl.engine.checkpoint import LORA_FILE, TEACHER_FILE_FIX, teacher_weights
 
     weights = teacher_weights(spec)
     if weights is None:
@@ -241,6 +259,15 @@ def _check_teacher(cfg: PixelRLConfig, field: str, spec: str) -> None:
         raise ConfigError(field, spec, f"no {LORA_FILE} there (nor in a checkpoint's actor/ema_adapter or "
                           "actor/adapter): name an RL run's global_step_N folder, a `pixelrl export --adapter-only` "
                           "folder, any diffusers LoRA folder of this model family, or a pipeline folder of it")
+    files = [weights.path / LORA_FILE] if weights.kind == "lora" else (
+        [weights.path] if weights.path.is_file() else sorted(weights.path.glob("*.safetensors")))
+    for file in files:  # the header says how long the file must be: a copy cut short shows here
+        try:
+            with safe_open(str(file), "pt"):
+                pass
+        except Exception as err:  # safetensors raises its own error type, or OSError
+            raise ConfigError(field, spec, f"{file} cannot be read ({str(err).splitlines()[0][:160]}): "
+                              f"{TEACHER_FILE_FIX}") from None
     saved = next((p / "config.yaml" for p in weights.path.parents if (p / "config.yaml").is_file()
                   and p.name.startswith("global_step_")), None)
     if saved is not None:  # a checkpoint says which base its weights were trained from

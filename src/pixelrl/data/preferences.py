@@ -5,8 +5,8 @@ A `.jsonl` or `.parquet` file; each row has the prompt (`data.prompt_key`), `cho
 image is a path (relative to the dataset file's folder, or absolute), raw bytes (a parquet
 binary column), `{"bytes": ...}` (base64 text in jsonl) or `{"path": ...}`, the layout of an
 exported Hugging Face image column. Every row is checked when the dataset is opened (the file
-exists and is an image of the training size, chosen and rejected of one size); the pixels are
-decoded when a row is loaded, and a file that turns out unreadable then names itself and its row.
+exists and decodes in full to an image of the training size, chosen and rejected of one size,
+upright as its EXIF orientation says); the pixels are decoded again when a row is loaded.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from pixelrl.data.prompts import DatasetError, PromptDataset, _normalise, _row_error, read_records
 
@@ -43,11 +43,14 @@ def _image_source(record: dict, key: str, folder: Path, path: Path, row: int):
     raise _row_error(path, row, f"`{key}` must be an image path or image bytes, got {type(value).__name__}")
 
 
-def _open(source, path: Path, row: int, key: str) -> Image.Image:
+def decode_image_source(source, path: Path, row: int, key: str) -> np.ndarray:
+    """The image as uint8 [H, W, 3], upright as its EXIF orientation says, or the row's error:
+    damaged pixel data shows only when it is decoded, so the check when the file is read decodes."""
+    where = source if isinstance(source, Path) else "its bytes"
     try:
-        return Image.open(io.BytesIO(source) if isinstance(source, bytes) else source)
-    except (UnidentifiedImageError, OSError) as err:
-        where = source if isinstance(source, Path) else "its bytes"
+        with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as opened:
+            return np.asarray(ImageOps.exif_transpose(opened).convert("RGB"), dtype=np.uint8)
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
         raise _row_error(path, row, f"`{key}` image {where} is not a readable image ({err})") from None
 
 
@@ -65,8 +68,8 @@ def read_preference_file(path: str | Path, resolution: int, prompt_key: str = "p
         sizes = []
         for key in IMAGE_KEYS:
             row[key] = _image_source(record, key, path.parent, path, number)
-            with _open(row[key], path, number, key) as image:
-                sizes.append(image.size)
+            height, width, _ = decode_image_source(row[key], path, number, key).shape
+            sizes.append((width, height))
         if sizes[0] != sizes[1]:
             raise _row_error(path, number, f"chosen is {sizes[0][0]}x{sizes[0][1]} but rejected is "
                                            f"{sizes[1][0]}x{sizes[1][1]}: a pair must have one size")
@@ -95,11 +98,7 @@ class PreferenceDataset(PromptDataset):
     def __getitem__(self, index: int) -> dict:
         row = dict(self.rows[index])
         for key in IMAGE_KEYS:
-            try:
-                with _open(row[key], Path(row["file"]), row["row"], key) as image:
-                    row[key] = np.asarray(image.convert("RGB"), dtype=np.uint8)
-            except OSError as err:  # truncated data shows only when the pixels are decoded
-                raise _row_error(Path(row["file"]), row["row"], f"`{key}` image cannot be decoded ({err})") from None
+            row[key] = decode_image_source(row[key], Path(row["file"]), row["row"], key)
         return row
 
 

@@ -4,8 +4,8 @@ A row has a `prompt` (the column name is configurable), and optionally `data_sou
 group validation metrics), `metadata` (a dict handed to reward functions, e.g. the ground
 truth of a compositional prompt) and, for an edit family, its condition: `image` (one path) or
 `images` (a list), relative to the file's folder. Each image is checked when the file is read
-(there, readable, a colour mode pixelrl converts, within the size limits) and decoded when its
-row is drawn. A bad row stops loading with the file and row number.
+(there, decodable, a colour mode pixelrl converts, within the size limits) and decoded, upright
+as its EXIF orientation says, when its row is drawn. A bad row stops loading with the file and row number.
 """
 
 from __future__ import annotations
@@ -95,7 +95,10 @@ def condition_image_problem(image: Path, where: str = "") -> str:
     try:
         with Image.open(image) as opened:
             mode, (width, height) = opened.mode, opened.size
-            opened.verify()  # a truncated or damaged file, without decoding all of it
+            # decoded in full once: `verify()` walks a PNG's chunks without inflating them, so a
+            # file whose chunks are whole but whose pixel data is damaged would pass it and then
+            # stop the run at the step that draws its row, at every resume
+            opened.load()
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
         return f"condition image `{image}` is not a readable image ({err})"
     if mode not in CONDITION_MODES:
@@ -116,10 +119,12 @@ def load_condition_image(file: str, height: int, width: int, fit: str = "crop") 
     source of the output's aspect, as an edit's output follows it, loses nothing); `pad`: all of it,
     scaled to fit inside and centred on white (verl-omni's edit data, letterboxed to a square);
     `stretch`: all of it, resized to the output's shape (flow_grpo's edit scripts)."""
-    from PIL import Image
+    from PIL import Image, ImageOps
 
     with Image.open(file) as opened:
-        image = opened.convert("RGBA") if opened.mode in ("RGBA", "LA", "P") else opened.convert("RGB")
+        # shown as every viewer (and diffusers' `load_image`) shows it: EXIF orientation applied
+        upright = ImageOps.exif_transpose(opened)
+        image = upright.convert("RGBA") if upright.mode in ("RGBA", "LA", "P") else upright.convert("RGB")
     if image.mode == "RGBA":
         white = Image.new("RGBA", image.size, (255, 255, 255, 255))
         image = Image.alpha_composite(white, image).convert("RGB")
@@ -143,12 +148,18 @@ def load_condition_image(file: str, height: int, width: int, fit: str = "crop") 
     return torch.from_numpy(np.array(image, dtype=np.uint8))
 
 
+# EXIF orientations that turn the picture a quarter (transposed, rotated 90 or 270, transversed)
+QUARTER_TURNS = (5, 6, 7, 8)
+
+
 def image_size(file: str) -> tuple[int, int]:
-    """(width, height) of an image file, from its header."""
+    """(width, height) of an image file as shown, from its header (EXIF orientation applied)."""
     from PIL import Image
 
     with Image.open(file) as opened:
-        return opened.size
+        width, height = opened.size
+        turned = opened.getexif().get(0x0112) in QUARTER_TURNS  # 0x0112: the orientation tag
+    return (height, width) if turned else (width, height)
 
 
 def aspect_sizes(rows: list[dict], size_of, batch_size: int) -> list[tuple]:

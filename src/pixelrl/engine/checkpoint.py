@@ -52,6 +52,10 @@ class TeacherWeights:
     path: Path
 
 
+TEACHER_FILE_FIX = ("it holds a diffusion_loss.teacher's weights and is cut short or damaged: copy or export the "
+                    "teacher again, or name another one")
+
+
 def teacher_weights(spec: str) -> TeacherWeights | None:
     """The weights a `diffusion_loss.teacher` entry names, or None for the base model. A
     checkpoint (global_step_N) gives the weights its validation scored: its actor's EMA when it
@@ -82,7 +86,7 @@ def teacher_state(weights: TeacherWeights) -> dict[str, torch.Tensor]:
     files = [weights.path] if weights.path.is_file() else sorted(weights.path.glob("*.safetensors"))
     state: dict[str, torch.Tensor] = {}
     for file in files:
-        state.update(read_checkpoint_file(file, lambda path: load_file(str(path))))
+        state.update(read_checkpoint_file(file, lambda path: load_file(str(path)), TEACHER_FILE_FIX))
     return state
 
 
@@ -184,9 +188,10 @@ def _load_ema(engine, state: dict[str, torch.Tensor]) -> None:
         copy_full_into(value, state[name])
 
 
-def read_checkpoint_file(path: Path, read):
+def read_checkpoint_file(path: Path, read, fix: str | None = None):
     """`read(path)`, with any failure (a truncated or corrupted file, tensors of another shape)
-    turned into one message naming the file and the checkpoints to fall back to."""
+    turned into one message naming the file and `fix`, by default the checkpoints to fall back to
+    (a file read as something other than a run's checkpoint, a teacher, says its own fix)."""
     try:
         return read(path)
     except PixelRLError:
@@ -201,8 +206,11 @@ def read_checkpoint_file(path: Path, read):
         # read for training (resume) or for eval / generate / export: the advice serves both
         fallback = (f"use an earlier checkpoint of the run (here: {others}): `--checkpoint <folder>` to evaluate or "
                     "generate, trainer.resume_mode=<folder> to resume training from it" if others
-                    else "no other checkpoint is there: to train, start over with trainer.resume_mode=disable")
+                    else "no other checkpoint of the run is there: to train, start over with "
+                    "trainer.resume_mode=disable; to evaluate, generate or export, name another run's checkpoint")
         detail = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+        if fix is not None:
+            raise CheckpointError(f"file `{path}` cannot be read ({detail}): {fix}") from None
         raise CheckpointError(f"checkpoint file `{path}` cannot be read ({detail}). When resuming with a "
                               "model.lora_rank, lora_target_modules or model other than the run that wrote it (its "
                               f"config.yaml sits beside it), use those; if the file is truncated or corrupted, "

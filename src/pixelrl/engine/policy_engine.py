@@ -19,15 +19,14 @@ from pixelrl.engine import distribution_matching  # noqa: F401  (registers its o
 from pixelrl.engine.objectives import OBJECTIVES, side_by_side, step_groups, whole_group_order
 from pixelrl.engine.weights_ema import WeightsEMA
 from pixelrl.engine.checkpoint import teacher_weights
-from pixelrl.engine.teachers import holding_teacher, score_by_teacher
+from pixelrl.engine.teachers import add_teacher_adapter, holding_teacher, score_by_teacher
 from pixelrl.core.batch import Batch
 from pixelrl.engine.config import EngineConfig, actor_optimizer_steps
 from pixelrl.core.errors import ConfigError
 from pixelrl.models.base import DiffusionModel
 from pixelrl.algos.distillation import BASE_TEACHER, teacher_routes
 from pixelrl.algos.forward_process import old_policy_decay, rollout_policy
-from pixelrl.models.lora import (adapter_active, adapters_disabled, add_adapter_copy, add_adapter_from_folder, add_lora,
-                                 blend_adapter)
+from pixelrl.models.lora import adapter_active, adapters_disabled, add_adapter_copy, add_lora, blend_adapter
 from pixelrl.sampling.rollout import SamplingSettings, rollout, step_with_log_prob
 from pixelrl.sampling.schedule import schedule_sigmas
 from pixelrl.sampling.windows import Window, full_window
@@ -90,7 +89,7 @@ class PolicyEngine:
                 self._frozen_reference = self._reference_copy()
         for spec, weights in teachers.items():
             if weights is not None and weights.kind == "lora":  # a frozen adapter beside the student's
-                add_adapter_from_folder(model.transformer, names[spec], weights.path)
+                add_teacher_adapter(model.transformer, names[spec], weights, spec)
         # each data_source's teacher: a policy name, or None for `base` (adapters off, or the frozen copy)
         self.teacher_of_source: dict[str, str | None] = {source: names.get(spec) for source, spec in routes.items()}
         self.objective.add_adapters()  # the other trained roles' (DMD2's fake score)

@@ -8,6 +8,7 @@ import torch
 from pixelrl.core.batch import Batch
 from pixelrl.core.errors import ConfigError
 from pixelrl.engine.checkpoint import TeacherWeights, teacher_state
+from pixelrl.models.lora import add_adapter_from_folder, lora_modules_absent
 
 
 def holding_teacher(copy: torch.nn.Module, weights: TeacherWeights, spec: str) -> torch.nn.Module:
@@ -26,6 +27,17 @@ def holding_teacher(copy: torch.nn.Module, weights: TeacherWeights, spec: str) -
         for name, param in params.items():
             param.copy_(state[name])
     return copy
+
+
+def add_teacher_adapter(transformer: torch.nn.Module, name: str, weights: TeacherWeights, spec: str) -> None:
+    """A teacher LoRA as the frozen adapter `name` beside the student's, refused when it adapts
+    modules this denoiser lacks (diffusers would apply the rest without a word)."""
+    absent, adapted = lora_modules_absent(transformer, weights.path)
+    if absent:
+        raise ConfigError("diffusion_loss.teacher", spec, f"{len(absent)} of the {adapted} modules its LoRA adapts are "
+                          f"not in model.path's denoiser (e.g. `{absent[0]}`): it is a LoRA of another model or size "
+                          "and would be applied in part; name a LoRA trained on model.path's base")
+    add_adapter_from_folder(transformer, name, weights.path)
 
 
 def score_by_teacher(engine, batch: Batch, settings) -> Batch:

@@ -96,6 +96,21 @@ def add_adapter_from_folder(transformer: nn.Module, new_name: str, folder, resto
     activate_adapter(transformer, restore)
 
 
+def lora_modules_absent(transformer: nn.Module, folder) -> tuple[list[str], int]:
+    """The modules a diffusers LoRA folder's file adapts that `transformer` lacks, and how many it
+    adapts in all: diffusers applies the tensors that fit and drops the rest without a word, so a
+    LoRA of a deeper or another model would be applied in part."""
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    with safe_open(str(Path(folder) / "pytorch_lora_weights.safetensors"), "pt") as file:
+        keys = list(file.keys())
+    adapted = sorted({key.split(".lora_")[0].removeprefix("transformer.") for key in keys if ".lora_" in key})
+    present = {name for name, _ in transformer.named_modules()}
+    return [name for name in adapted if name not in present], len(adapted)
+
+
 def activate_adapter(transformer: nn.Module, name: str) -> None:
     """Make `name` the only active adapter; its LoRA weights (only) are trainable when `name`
     is the training adapter, every other parameter stays frozen."""

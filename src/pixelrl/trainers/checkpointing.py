@@ -219,7 +219,15 @@ def list_checkpoints(root: Path) -> list[int]:
 
 
 def find_resume_folder(root: Path, resume_mode: str) -> Path | None:
-    """The checkpoint to resume from: none (`disable`), the pointer's (`auto`), or a given path."""
+    """The checkpoint to resume from: none (`disable`), the pointer's (`auto`), or a given path;
+    its trainer state read (and checked against its folder's name) before any worker starts."""
+    folder = _resume_folder(root, resume_mode)
+    if folder is not None:
+        read_trainer_state(folder)
+    return folder
+
+
+def _resume_folder(root: Path, resume_mode: str) -> Path | None:
     if resume_mode == "disable":
         return None
     if resume_mode != "auto":
@@ -250,14 +258,21 @@ def find_resume_folder(root: Path, resume_mode: str) -> Path | None:
 def read_trainer_state(folder: Path) -> dict:
     """A checkpoint's trainer_state.json ({"global_step": N} and, with trainer.best_metric, "best");
     a damaged file stops with one message naming it and the checkpoints to fall back to."""
-    from pixelrl.engine.checkpoint import read_checkpoint_file
+    from pixelrl.engine.checkpoint import CheckpointError, read_checkpoint_file
 
     def read(path: Path) -> dict:
         state = json.loads(path.read_text())
         int(state["global_step"])  # a state without a step is damaged
         return state
 
-    return read_checkpoint_file(folder / "trainer_state.json", read)
+    state = read_checkpoint_file(folder / "trainer_state.json", read)
+    named = STEP_DIR.match(folder.name)
+    if named and int(named.group(1)) != int(state["global_step"]):
+        # a resume would start at the file's step and quietly train fewer (or more) steps than asked
+        raise CheckpointError(f"`{folder / 'trainer_state.json'}` says global step {state['global_step']}, its folder "
+                              f"says {named.group(1)}: the folder was renamed or its files copied from another "
+                              "step's; put back the checkpoint's own trainer_state.json, or resume from another")
+    return state
 
 
 def load_trainer_state(folder: Path) -> tuple[int, dict]:

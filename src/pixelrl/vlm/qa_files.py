@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pixelrl.data.preferences import _image_source, _open
+from pixelrl.data.preferences import _image_source, decode_image_source
 from pixelrl.data.prompts import DatasetError, _normalise, _row_error, read_records, text_lines
 
 
@@ -43,8 +43,7 @@ def read_qa_file(path: str | Path, question_key: str = "prompt", field: str = "d
         if answer is None or isinstance(answer, (dict, list)) or not str(answer).strip():
             raise _row_error(path, number, f"`answer` must be a non-empty string or number, got {answer!r}")
         image = _image_source(record, "image", path.parent, path, number)
-        with _open(image, path, number, "image"):
-            pass  # opening reads the header: a file that is not an image stops here, not mid-run
+        decode_image_source(image, path, number, "image")  # decoded in full: damaged data stops here, not mid-run
         kind = record.get("type")
         rows.append({"question": base["prompt"], "answer": str(answer).strip(),
                      "type": str(kind) if kind not in (None, "") else base["data_source"],
@@ -111,11 +110,7 @@ def load_item(row: dict) -> dict:
     """The item the trainer uses: the row with its image decoded (uint8 [H, W, 3]) and its
     metadata's keys beside the row's own (which win on a clash)."""
     path = Path(row["file"])
-    try:
-        with _open(row["image"], path, row["row"], "image") as image:
-            pixels = np.asarray(image.convert("RGB"), dtype=np.uint8)
-    except OSError as err:  # truncated data shows only when the pixels are decoded
-        raise _row_error(path, row["row"], f"`image` cannot be decoded ({err})") from None
+    pixels = decode_image_source(row["image"], path, row["row"], "image")
     item = {**row["metadata"], **{k: v for k, v in row.items() if k != "metadata"}}
     item["image"] = pixels
     return item
