@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -66,6 +67,7 @@ def test_the_demo_runs_end_to_end_and_writes_its_summary(tmp_path, capsys):
                         "trainer.save_freq=2", "val_kwargs.guidance_scale=2.5"], per_category=2)
     printed = capsys.readouterr().out
     assert "| model (exact) |" in printed and "paired 95% interval" in printed and "criteria" not in printed
+    assert "trained all 2 steps" in printed
     written = json.loads((tmp_path / "pixelrl" / "shapes_demo" / "demo_summary.json").read_text())
     assert written["paired_strict_interval"] == list(summary["paired_strict_interval"])
     assert set(written["before"]["strict"]) == set(written["after"]["strict"])
@@ -74,22 +76,41 @@ def test_the_demo_runs_end_to_end_and_writes_its_summary(tmp_path, capsys):
     assert written["evaluated_with"]["guidance_scale"] == 2.5 and "guidance 2.5;" in printed
     # and the run report shows the held-out tables as printed, and the before / after picture
     page = (tmp_path / "pixelrl" / "shapes_demo" / "report.html").read_text()
-    assert "paired 95% interval" in page and 'alt="before_after.png"' in page and "| model (exact) |" in page
+    assert "paired 95% interval" in page and 'alt="before_after.png"' in page and "<th>model (exact)</th>" in page
+
+
+def test_a_demo_cut_short_by_its_time_budget_says_so_beside_its_table():
+    from types import SimpleNamespace
+
+    from pixelrl.shapes.demo import steps_line
+
+    cfg = SimpleNamespace(trainer=SimpleNamespace(total_training_steps=210, time_budget_s=840.0))
+    assert steps_line(cfg, Path("runs/x/checkpoints/global_step_210")) == "trained all 210 steps"
+    assert steps_line(cfg, Path("global_step_126")) == (
+        "trained 126 of 210 steps: trainer.time_budget_s=840 s ran out (a slower or busier CPU fits fewer steps); "
+        "these results are not the documented 210-step run's")
 
 
 def test_grid_captions_break_between_words():
-    """A caption wider than its cell breaks at a space, never inside a word ("a triang / le"), and is
-    drawn whole: the caption band grows to the longest caption's lines."""
+    """A caption wider than its cell breaks at a space, never inside a word ("a triang / le"), in
+    the largest font (12 px down to 8) in which every word fits, and is drawn whole: the caption
+    band grows to the longest caption's lines. Only a word wider than a line at 8 px is cut."""
     from unittest import mock
 
     from pixelrl.trainers import tracking
 
     drawn = []
-    with mock.patch.object(tracking.ImageDraw.ImageDraw, "text", lambda self, xy, text, **kw: drawn.append(text)):
+    with mock.patch.object(tracking.ImageDraw.ImageDraw, "text",
+                           lambda self, xy, text, **kw: drawn.append((text, kw["font"]))):
         grid = tracking.image_grid(np.zeros((2, 16, 16, 3), np.uint8), ["two red squares and a blue triangle", "a"],
                                    scale=3)
-    assert drawn == ["two red", "squares", "and a", "blue", "triangle", "a"]  # 8 characters a line, 48 px cells
-    assert grid.shape == (48 + 5 * 11 + 2, 2 * 48, 3)
+    assert [text for text, _ in drawn] == ["two red", "squares", "and a", "blue", "triangle", "a"]
+    assert {font.size for _, font in drawn} == {11}  # "triangle" is 45 px at 12 px: 11 px fits the 44 px line
+    assert all(font.getlength(text) <= 44 for text, font in drawn)
+    assert grid.shape == (48 + 5 * (11 + 3) + 4, 2 * 48, 3)
+    font = tracking.caption_font([], 40)
+    assert tracking.wrap_to_width("abcdefghijklmnopqrstuvwxyz x", font, 40) == ["abcdef", "ghijkl", "mnopq",
+                                                                                "rstuvw", "xyz x"]
 
 
 def test_curve_axes_sum_step_times_and_images():
@@ -243,5 +264,5 @@ def test_the_distillation_demo_distils_the_demos_policy_end_to_end(tmp_path, mon
     summary = json.loads((run / "demo_summary.json").read_text())
     assert set(summary) >= {"base", "teacher", "student"} and summary["teacher_checkpoint"].endswith("global_step_2")
     assert (run / "base_teacher_student.png").is_file()
-    page = (run / "report.html").read_text()  # the run report shows the table as printed, and the picture
-    assert "| student: LoRA r32, 2 distillation steps |" in page and 'alt="base_teacher_student.png"' in page
+    page = (run / "report.html").read_text()  # the run report shows the table printed, and the picture
+    assert "<td>student: LoRA r32, 2 distillation steps</td>" in page and 'alt="base_teacher_student.png"' in page

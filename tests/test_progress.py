@@ -19,6 +19,18 @@ def test_the_eta_counts_this_process_steps_only():
     assert progress.line(6) == "6/10, 1m00s, eta 2m00s"
 
 
+def test_the_eta_ends_where_the_time_budget_stops_the_run():
+    """210 steps at 4 s each would take 14 minutes more; a 10-minute trainer.time_budget_s stops the
+    run first, and the ETA says so."""
+    now = [0.0]
+    progress = Progress(total=210, clock=lambda: now[0], budget_s=600.0)
+    now[0] += 40.0
+    assert progress.line(10) == "10/210, 40s, eta 9m20s (time budget)"
+    unbounded = Progress(total=20, clock=lambda: now[0], budget_s=600.0)
+    now[0] += 40.0
+    assert unbounded.line(10) == "10/20, 40s, eta 40s"  # the steps end first
+
+
 def test_console_lines_end_with_the_progress(tmp_path):
     lines = []
     tracker = Tracker(["console"], tmp_path, "p", "e", {}, console=lines.append, total_steps=3)

@@ -196,7 +196,7 @@ def test_the_edit_demo_runs_end_to_end_and_writes_its_summary(tmp_path, capsys):
     grid = Image.open(run / "source_base_trained.png")
     assert grid.size[0] == 8 * 32 * 3  # eight edits a row (two per kind), three bands
     page = (run / "report.html").read_text()
-    assert "| model (exact) |" in page and 'alt="source_base_trained.png"' in page
+    assert "<th>model (exact)</th>" in page and 'alt="source_base_trained.png"' in page
 
 
 def test_eval_scores_an_editing_model_per_kind_of_edit(tmp_path, capsys):

@@ -347,6 +347,28 @@ def test_demo_vlm_prints_the_validated_accuracies_before_and_after(tiny_vlm_path
     assert rows["colour"][-1] == pytest.approx(sum(colour) / len(colour), abs=5e-4)
     assert rows["overall"][-1] == pytest.approx(sum(map(shapes_qa.colour_only_accuracy, items)) / 12, abs=5e-4)
     assert any(line.startswith("gain: ") for line in out)
+    # its report: the table as an HTML table, the validations by step
+    page = (tmp_path / "pixelrl" / "vlm_grpo_shapes_qa" / "report.html").read_text()
+    assert f"<td>overall</td><td>{before['val/accuracy']:.3f}</td><td>{after['val/accuracy']:.3f}</td>" in page
+    assert "<th>val/accuracy</th>" in page and "No validation was run" not in page
+
+
+def test_demo_vlm_run_again_goes_beside_the_earlier_run(tiny_vlm_path, tmp_path, capsys):
+    """A second demo-vlm (whose before and after must start from scratch) is not refused for the
+    first one's checkpoints, nor written over them: it takes the next folder."""
+    from pixelrl.cli import main
+
+    earlier = tmp_path / "pixelrl" / "vlm_grpo_shapes_qa"
+    (earlier / "checkpoints" / "global_step_1").mkdir(parents=True)
+    (earlier / "checkpoints" / "global_step_1" / "kept").write_text("the first run's")
+    assert main(["demo-vlm", f"model.path={tiny_vlm_path}", f"trainer.default_local_dir={tmp_path}",
+                 "data.train_batch_size=4", "rollout.n=2", "actor.ppo_mini_batch_size=8",
+                 "actor.ppo_micro_batch_size=8", "vlm.val_items=4", "trainer.total_training_steps=1",
+                 "trainer.test_freq=1", "trainer.save_freq=-1", "trainer.logger=[jsonl]",
+                 "trainer.backend=local", "trainer.n_workers=1"]) == 0
+    assert f"an earlier demo-vlm run is in {earlier}: this one writes {earlier}_2" in capsys.readouterr().out
+    assert (earlier.parent / "vlm_grpo_shapes_qa_2" / "report.html").is_file()
+    assert sorted(p.name for p in earlier.rglob("*")) == ["checkpoints", "global_step_1", "kept"]
 
 
 @pytest.mark.learning

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import sys
 import time
+from pathlib import Path
 
 from pixelrl.cli.arguments import non_negative_int, positive_int
 
@@ -45,9 +48,21 @@ def cmd_demo_vlm(args) -> int:
     from pixelrl.vlm.qa_tasks import task_items
     from pixelrl.vlm.trainer import VLMPPOTrainer
 
+    from pixelrl.trainers.report import write_report
+    from pixelrl.trainers.run_folder import run_dir_of
+
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    cfg = load_config("vlm_grpo_shapes_qa", ["trainer.resume_mode=disable", "trainer.val_before_train=true",
-                                             *args.overrides])
+    fixed = ["trainer.resume_mode=disable", "trainer.val_before_train=true"]  # before and after: always from scratch
+    cfg = load_config("vlm_grpo_shapes_qa", [*fixed, *args.overrides])
+    if not any(o.startswith("trainer.experiment_name=") for o in args.overrides):
+        # an earlier demo's run stays as it is: this one goes to the next free folder beside it
+        name, earlier = cfg.trainer.experiment_name, run_dir_of(cfg)
+        for n in itertools.count(2):
+            if not any((run_dir_of(cfg) / "checkpoints").glob("global_step_*")):
+                break
+            cfg = load_config("vlm_grpo_shapes_qa", [*fixed, *args.overrides, f"trainer.experiment_name={name}_{n}"])
+        if run_dir_of(cfg) != earlier:
+            print(f"an earlier demo-vlm run is in {earlier}: this one writes {run_dir_of(cfg)}")
     task = "the shipped shapes-QA Qwen2-VL" if cfg.vlm.task == "shapes_qa" else f"{cfg.model.path} with question files"
     print(f"pixelrl demo-vlm: GRPO on {task}, {cfg.data.train_batch_size} questions x "
           f"{cfg.rollout.n} answers per step, {cfg.trainer.total_training_steps} steps; held-out accuracy on "
@@ -65,21 +80,31 @@ def cmd_demo_vlm(args) -> int:
     print(f"{'question type':<14}{'accuracy':>17}{'balanced accuracy':>22}{'colour only':>14}")
     print(f"{'':<14}{'before':>8}{'after':>9}{'before':>13}{'after':>9}")
     types = sorted(k[len("val/accuracy_"):] for k in before if k.startswith("val/accuracy_"))
+    table = ["| question type | accuracy before | after | balanced before | after | colour only |",
+             "|---|---|---|---|---|---|"]
     for name, plain, balanced in [(t, f"val/accuracy_{t}", f"val/balanced_accuracy_{t}") for t in types] + \
             [("overall", "val/accuracy", "val/balanced_accuracy")]:
+        colour = f"{reference[plain.removeprefix('val/')]:.3f}" if reference else "-"
         print(f"{name:<14}{before[plain]:>8.3f}{after[plain]:>9.3f}{before[balanced]:>13.3f}{after[balanced]:>9.3f}"
-              + (f"{reference[plain.removeprefix('val/')]:>14.3f}" if reference else f"{'-':>14}"))
-    print(f"gain: {after['val/accuracy'] - before['val/accuracy']:+.3f} accuracy, "
-          f"{after['val/balanced_accuracy'] - before['val/balanced_accuracy']:+.3f} balanced accuracy in "
-          f"{minutes:.1f} min; run folder {result['run_dir']}")
+              f"{colour:>14}")
+        table.append(f"| {name} | {before[plain]:.3f} | {after[plain]:.3f} | {before[balanced]:.3f} | "
+                     f"{after[balanced]:.3f} | {colour} |")
+    gain = (f"gain: {after['val/accuracy'] - before['val/accuracy']:+.3f} accuracy, "
+            f"{after['val/balanced_accuracy'] - before['val/balanced_accuracy']:+.3f} balanced accuracy in "
+            f"{minutes:.1f} min")
+    run_dir = Path(result["run_dir"])
+    (run_dir / "demo_summary.json").write_text(json.dumps({
+        "lines": [f"held-out accuracy on {cfg.vlm.val_items} test questions (greedy), before and after "
+                  f"{cfg.trainer.total_training_steps} GRPO steps", *table, gain],
+        "before": before, "after": after, "minutes": minutes}, indent=1))
+    print(f"{gain}; run folder {run_dir}")
+    print(f"wrote {run_dir / 'demo_summary.json'}, {write_report(run_dir)}")
     return 0
 
 
 def cmd_eval_vlm(args) -> int:
     """Greedy held-out accuracy of a Qwen2-VL folder, per question type: on question files
     (`vlm.task: files` rows) or on the shapes-QA test questions."""
-    import json
-    from pathlib import Path
 
     import torch
 

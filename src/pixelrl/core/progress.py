@@ -17,10 +17,12 @@ def duration(seconds: float) -> str:
 
 class Progress:
     """`i/N, elapsed, eta`: the ETA is the mean time of the units done since this object was made
-    (`first_done` of them were done before: a resumed run) times the units left."""
+    (`first_done` of them were done before: a resumed run) times the units left, or what is left
+    of `budget_s` (a run's trainer.time_budget_s, counted from this object's start) where that
+    ends the run sooner."""
 
-    def __init__(self, total: int, first_done: int = 0, clock=time.monotonic):
-        self.total, self.done_before, self.clock = int(total), int(first_done), clock
+    def __init__(self, total: int, first_done: int = 0, clock=time.monotonic, budget_s: float = 0.0):
+        self.total, self.done_before, self.clock, self.budget_s = int(total), int(first_done), clock, float(budget_s)
         self.start = clock()
 
     def line(self, done: int) -> str:
@@ -29,6 +31,8 @@ class Progress:
             return ""
         elapsed = self.clock() - self.start
         eta = elapsed / since * max(0, self.total - done)
+        if self.budget_s > 0 and self.budget_s - elapsed < eta:
+            return f"{done}/{self.total}, {duration(elapsed)}, eta {duration(max(0.0, self.budget_s - elapsed))} (time budget)"
         return f"{done}/{self.total}, {duration(elapsed)}, eta {duration(eta)}"
 
 

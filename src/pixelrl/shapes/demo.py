@@ -151,6 +151,17 @@ def demo_report(base: dict, trained: dict, div_before: dict, div_after: dict) ->
 DEMO_CONFIG = "shapes_demo"
 
 
+def steps_line(cfg, final: Path) -> str:
+    """How many of its steps the run trained (its final checkpoint's) and why it stopped: a
+    time-budgeted demo cut short on a slower or busier machine is not the documented run."""
+    ran, total, budget = int(final.name.rsplit("_", 1)[-1]), cfg.trainer.total_training_steps, cfg.trainer.time_budget_s
+    if ran >= total:
+        return f"trained all {total} steps"
+    why = (f"trainer.time_budget_s={budget:.0f} s ran out (a slower or busier CPU fits fewer steps)" if budget
+           else "the run stopped early")
+    return f"trained {ran} of {total} steps: {why}; these results are not the documented {total}-step run's"
+
+
 def demo_setup(config_name: str, overrides: list[str], per_category: int):
     """A demo's config (checked to save the checkpoint the demo evaluates), its run folder, the
     held-out items and the sampling they are judged with: as the run validates (a policy trained
@@ -199,9 +210,10 @@ def run_demo(overrides: list[str], per_category: int = 64, config_name: str = DE
 
     div_before, div_after = diversity(base["images"], items), diversity(trained["images"], items)
     print()
-    printed = [f"held-out scores (GenEval-style, {len(items)} images, {eval_kwargs['num_steps']} steps, guidance "
+    printed = [steps_line(cfg, final),
+               f"held-out scores (GenEval-style, {len(items)} images, {eval_kwargs['num_steps']} steps, guidance "
                f"{eval_kwargs['guidance_scale']:g}; [a, b] = 95% bootstrap interval over items)"]
-    print(printed[0])
+    print("\n".join(printed))
     for score in ("strict", "exact"):
         for scored in (base, trained):
             scored[f"{score}_interval"] = bootstrap_overall(scored["items"], score)

@@ -55,7 +55,7 @@ def gain_lines(scored: dict[str, dict]) -> list[str]:
 
 
 def run_distill_demo(overrides: list[str], per_category: int = 64, teacher: str | None = None) -> dict:
-    from pixelrl.shapes.demo import comparison_grid, demo_setup
+    from pixelrl.shapes.demo import comparison_grid, demo_setup, steps_line
     from pixelrl.shapes.evaluate import bootstrap_overall, evaluate_geneval
     from pixelrl.trainers.checkpointing import find_resume_folder, load_for_eval
     from pixelrl.trainers.controller import DiffusionTrainer
@@ -84,7 +84,8 @@ def run_distill_demo(overrides: list[str], per_category: int = 64, teacher: str 
 
     labels = {"base": f"base ({cfg.model.path})", "teacher": f"teacher: RL ({teacher_folder.name})",
               "student": f"student: {student}, {final.name.rsplit('_', 1)[-1]} distillation steps"}
-    printed = [f"held-out scores (GenEval-style, {len(items)} images, {eval_kwargs['num_steps']} steps, guidance "
+    printed = [steps_line(cfg, final),
+               f"held-out scores (GenEval-style, {len(items)} images, {eval_kwargs['num_steps']} steps, guidance "
                f"{eval_kwargs['guidance_scale']:g}; [a, b] = 95% bootstrap interval over items)",
                "| model | strict | exact scene | careful judge | images/s (sampling and judging) |", "|---|---|---|---|---|"]
     for name, result in scored.items():

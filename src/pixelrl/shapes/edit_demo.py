@@ -39,7 +39,7 @@ def run_edit_demo(overrides: list[str], per_edit: int = 64) -> dict:
     from pixelrl.config.sections import validation_guidance
     from pixelrl.core.errors import ConfigError
     from pixelrl.shapes import edit_world
-    from pixelrl.shapes.demo import comparison_grid
+    from pixelrl.shapes.demo import comparison_grid, steps_line
     from pixelrl.shapes.edit_evaluate import careful_reasons, evaluate_edits, format_edit_table
     from pixelrl.shapes.evaluate import bootstrap_overall
     from pixelrl.trainers.checkpointing import find_resume_folder, load_for_eval
@@ -63,7 +63,8 @@ def run_edit_demo(overrides: list[str], per_edit: int = 64) -> dict:
     steps = int(final.name.rsplit("_", 1)[-1])
     trained = evaluate_edits(load_for_eval(checkpoint=str(final)), items, progress=True, **eval_kwargs)
 
-    printed = [f"held-out edits ({len(items)} edits, {per_edit} per kind, instructions never trained on; "
+    printed = [steps_line(cfg, final),
+               f"held-out edits ({len(items)} edits, {per_edit} per kind, instructions never trained on; "
                f"{eval_kwargs['num_steps']} steps, guidance {eval_kwargs['guidance_scale']:g}; [a, b] = 95% bootstrap "
                "interval over items)"]
     for score in ("exact", "careful", "kept"):

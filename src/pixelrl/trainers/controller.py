@@ -229,7 +229,7 @@ class DiffusionTrainer:
             tracker = Tracker(t.logger, self.run_dir, t.project_name, t.experiment_name,
                               OmegaConf.to_container(OmegaConf.create(self.saved_yaml)), console=self.console,
                               resumed_step=start_step,  # rows past it (or all, from scratch) will run again
-                              total_steps=total)
+                              total_steps=total, time_budget_s=t.time_budget_s)
             history, val_history = [], []
             try:
                 if t.val_before_train and val_set is not None and start_step == 0:

@@ -1,10 +1,10 @@
 """`pixelrl report RUN`: one self-contained HTML page of a run folder, readable offline.
 
-It holds the curves of the run's main metrics (inline SVG, no script), the sample grids by step
-(PNG inlined as data URIs), the validation scores by step, the held-out tables a demo wrote, where
-the time went, and the resolved config. Everything is read from the files the run wrote
-(metrics.jsonl, read as `pixelrl plot` reads it; samples/, validation/, config.yaml,
-demo_summary.json); nothing is unpickled and
+It holds the curves of the run's main metrics (matplotlib figures with axes, a smoothed line and
+the values that are not finite marked, inlined as PNG data URIs; no script), the validation
+metrics by step, a demo's held-out tables as HTML tables, the sample grids by step, where the
+time went, and the resolved config. Everything is read from the files the run wrote
+(metrics.jsonl, read as `pixelrl plot` reads it; samples/, config.yaml, demo_summary.json); nothing is unpickled and
 nothing named by the files is executed. Text from the files is HTML-escaped.
 """
 
@@ -38,30 +38,33 @@ def curve_keys(rows: list[dict]) -> list[str]:
     return keys
 
 
-def svg_curve(rows: list[dict], key: str, width: int = 420, height: int = 180) -> str:
-    """One metric against the step as an inline SVG line with its axis ranges written out."""
-    points = [(float(r["step"]), float(r[key])) for r in rows if isinstance(r.get(key), (int, float))
-              and math.isfinite(float(r[key]))]
-    if not points:
+def curve_figure(rows: list[dict], key: str) -> str:
+    """One metric against the step as a figure: axes with ticks and units, the raw values and a
+    smoothed line, values that are not finite marked and named in the caption (`curves`)."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pixelrl.trainers.curves import draw_metric, not_finite_note
+
+    fig, ax = plt.subplots(figsize=(4.6, 2.6))
+    xs, ys, bad = draw_metric(ax, rows, key)
+    if not xs and not bad:
+        plt.close(fig)
         return ""
-    xs, ys = [p[0] for p in points], [p[1] for p in points]
-    x0, x1 = min(xs), max(xs) if max(xs) > min(xs) else min(xs) + 1
-    y0, y1 = min(ys), max(ys) if max(ys) > min(ys) else min(ys) + 1
-    pad = 30
-
-    def at(x, y):
-        return (pad + (x - x0) / (x1 - x0) * (width - 2 * pad), height - pad - (y - y0) / (y1 - y0) * (height - 2 * pad))
-
-    path = " ".join(f"{px:.1f},{py:.1f}" for px, py in (at(x, y) for x, y in points))
-    marks = "".join(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="2"/>' for px, py in (at(x, y) for x, y in points)) \
-        if len(points) <= 60 else ""
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
     name = html.escape(key)
-    return (f'<figure class="curve"><svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-            f'role="img" aria-label="{name}"><rect width="100%" height="100%" fill="#fff" stroke="#ccc"/>'
-            f'<polyline fill="none" stroke="#1f77b4" stroke-width="1.5" points="{path}"/><g fill="#1f77b4">{marks}</g>'
-            f'<text x="{pad}" y="14" font-size="11">{y1:.4g}</text>'
-            f'<text x="{pad}" y="{height - 8}" font-size="11">{y0:.4g} (step {x0:g} .. {x1:g})</text></svg>'
-            f'<figcaption>{name}: {ys[0]:.4g} at step {xs[0]:g}, {ys[-1]:.4g} at step {xs[-1]:g}</figcaption></figure>')
+    values = f"{ys[0]:.4g} at step {xs[0]:g}, {ys[-1]:.4g} at step {xs[-1]:g}" if xs else "no finite value"
+    warning = f' <strong class="bad">{html.escape(not_finite_note(bad))}</strong>' if bad else ""
+    data = base64.b64encode(buffer.getvalue()).decode("ascii")
+    return (f'<figure class="curve"><img class="plot" alt="{name}" src="data:image/png;base64,{data}">'
+            f'<figcaption>{name}: {values}{warning}</figcaption></figure>')
 
 
 def inline_png(path: Path) -> str:
@@ -69,31 +72,33 @@ def inline_png(path: Path) -> str:
     return f'<img alt="{html.escape(path.name)}" src="data:image/png;base64,{data}">'
 
 
-def validation_table(run: Path) -> str:
-    """Mean of each score in validation/step_*/samples.jsonl, by step."""
-    rows = []
-    for folder in sorted((run / "validation").glob("step_*")):
-        samples = folder / "samples.jsonl"
-        if not samples.is_file():
-            continue
-        values: dict[str, list[float]] = {}
-        for line in samples.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            for key, value in record.items():
-                if key not in ("index", "seed") and isinstance(value, (int, float)):
-                    values.setdefault(key, []).append(float(value))
-        if values:
-            rows.append((folder.name, {k: sum(v) / len(v) for k, v in values.items()}, len(next(iter(values.values())))))
-    if not rows:
-        return "<p>No validation was run (set data.val_files and trainer.test_freq).</p>"
-    keys = sorted({k for _, means, _ in rows for k in means})
+def _number(value) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return ""
+    return f"{value:.4f}" if math.isfinite(value) else f'<span class="bad">{value}</span>'
+
+
+def validation_table(rows: list[dict]) -> str:
+    """The validation metrics by step (`val-core/*` of the diffusion trainers, `val/*` of the
+    vision-language one), each column headed by its name, the images' count where logged."""
+    validations = [r for r in rows if any(k.startswith(("val-core/", "val/")) for k in r)]
+    if not validations:
+        return ""
+    keys = sorted({k for r in validations for k in r if k.startswith(("val-core/", "val/"))
+                   and isinstance(r[k], (int, float)) and not isinstance(r[k], bool)})
     head = "".join(f"<th>{html.escape(k)}</th>" for k in keys)
-    body = "".join(f"<tr><td>{html.escape(name)}</td><td>{n}</td>" + "".join(
-        f"<td>{means[k]:.4f}</td>" if k in means else "<td></td>" for k in keys) + "</tr>" for name, means, n in rows)
-    return f'<table class="validation"><tr><th>step</th><th>images</th>{head}</tr>{body}</table>'
+    body = "".join(f"<tr><td>{r['step']:g}</td>" + "".join(f"<td>{_number(r.get(k))}</td>" for k in keys) + "</tr>"
+                   for r in validations)
+    return f'<div class="wide"><table class="validation"><tr><th>step</th>{head}</tr>{body}</table></div>'
+
+
+def no_validation_hint(config: dict) -> str:
+    """Why a run logged no validation, from its config: no prompts to validate on, or none due."""
+    data, trainer = config.get("data") or {}, config.get("trainer") or {}
+    if data.get("val_files") or data.get("val_prompts"):
+        return (f"<p>No validation was run: data.val_files is set but trainer.test_freq is "
+                f"{html.escape(str(trainer.get('test_freq')))}; set it to validate every N steps.</p>")
+    return "<p>No validation was run (set data.val_files and trainer.test_freq to validate every N steps).</p>"
 
 
 def timing_table(rows: list[dict]) -> str:
@@ -103,23 +108,75 @@ def timing_table(rows: list[dict]) -> str:
     cells = []
     for key in keys:
         values = [float(r[key]) for r in rows if isinstance(r.get(key), (int, float))]
-        cells.append(f"<tr><td>{html.escape(key[9:])}</td><td>{sum(values) / len(values):.3f}</td>"
-                     f"<td>{sum(values):.1f}</td></tr>")
+        finite = [v for v in values if math.isfinite(v)]
+        mean = f"{sum(finite) / len(finite):.3f}" if finite else ""
+        skipped = len(values) - len(finite)
+        note = f' <span class="bad">({skipped} not finite, left out)</span>' if skipped else ""
+        cells.append(f"<tr><td>{html.escape(key[9:])}</td><td>{mean}</td><td>{sum(finite):.1f}{note}</td></tr>")
     return ("<table class=\"timing\"><tr><th>phase</th><th>mean s per step</th><th>total s</th></tr>"
             + "".join(cells) + "</table>")
 
 
-def demo_tables(run: Path) -> str:
+def _table_row(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def lines_as_html(lines: list[str]) -> str:
+    """Printed lines as HTML: each markdown table (`| a | b |` lines, the `|---|` rule under its
+    header; a rule after rows starts the next table) as a table, every other line as a
+    paragraph; all text escaped."""
+    out, table = [], []
+
+    def flush():
+        if table:
+            rows = [r for r in table if not all(set(c) <= set("-: ") for c in r)]
+            head, body = rows[0], rows[1:]
+            out.append('<div class="wide"><table class="heldout"><tr>' + "".join(f"<th>{html.escape(c)}</th>" for c in head)
+                       + "</tr>" + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"
+                                           for r in body) + "</table></div>")
+            table.clear()
+
+    for line in (str(line) for line in lines):
+        if line.strip().startswith("|"):
+            row = _table_row(line)
+            if all(set(c) <= set("-: ") for c in row) and len(table) > 1:  # a rule: the row above heads a new table
+                header = table.pop()
+                flush()
+                table.append(header)
+            table.append(row)
+            continue
+        flush()
+        if line.strip():
+            out.append(f"<p>{html.escape(line)}</p>")
+    flush()
+    return "".join(out)
+
+
+def demo_lines(run: Path) -> list[str]:
     """The held-out lines a demo wrote (demo_summary.json's `lines`), as they were printed."""
     path = run / "demo_summary.json"
     if not path.is_file():
-        return ""
+        return []
     try:
         lines = json.loads(path.read_text()).get("lines", [])
     except (ValueError, AttributeError):
-        return ""
-    text = "\n".join(str(line) for line in lines)
-    return f"<h2>Held-out evaluation</h2><pre class=\"heldout\">{html.escape(text)}</pre>" if text else ""
+        return []
+    return lines if isinstance(lines, list) else []
+
+
+def _config(run: Path) -> tuple[str, dict]:
+    """The run's config.yaml as text and as plain data (nothing resolved or executed)."""
+    from omegaconf import OmegaConf
+
+    path = run / "config.yaml"
+    if not path.is_file():
+        return "(no config.yaml)", {}
+    text = path.read_text()
+    try:
+        data = OmegaConf.to_container(OmegaConf.create(text), resolve=False)
+    except Exception:  # a damaged config still gets its page, without the hint it would give
+        data = None
+    return text, data if isinstance(data, dict) else {}
 
 
 def write_report(run: str | Path, out: str | Path | None = None) -> Path:
@@ -129,25 +186,36 @@ def write_report(run: str | Path, out: str | Path | None = None) -> Path:
     grids = sorted((run / "samples").glob("*.png"))[-MAX_GRIDS:] if (run / "samples").is_dir() else []
     # the pictures a demo wrote beside the run (before / after on the same prompts and seeds, curves)
     grids = [p for p in (run / name for name in FIGURES) if p.is_file()] + grids
-    config = (run / "config.yaml").read_text() if (run / "config.yaml").is_file() else "(no config.yaml)"
+    config_text, config = _config(run)
     last = rows[-1]["step"] if rows else 0
-    curves = "".join(svg_curve(rows, key) for key in curve_keys(rows)) or "<p>No metrics logged yet.</p>"
+    curves = "".join(curve_figure(rows, key) for key in curve_keys(rows)) or "<p>No metrics logged yet.</p>"
     pictures = "".join(f"<figure class=\"grid\">{inline_png(p)}<figcaption>{html.escape(p.stem)}</figcaption>"
                        "</figure>" for p in grids) or "<p>No sample grids (set trainer.log_image_grid_every).</p>"
+    validation, held_out = validation_table(rows), lines_as_html(demo_lines(run))
+    if held_out:  # a demo's own held-out evaluation is the validation a user reads first
+        validation = (f"<h3>Held-out evaluation (the demo's, after training)</h3>{held_out}"
+                      + (f"<h3>During training</h3>{validation}" if validation else ""))
     page = f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>pixelrl run {html.escape(run.name)}</title>
-<style>body{{font-family:sans-serif;margin:2em;max-width:1400px}} figure{{display:inline-block;margin:.5em}}
-table{{border-collapse:collapse}} td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}
-pre{{background:#f6f6f6;padding:1em;overflow:auto}} img{{image-rendering:pixelated;max-width:640px}}</style>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>pixelrl run {html.escape(run.name)}</title>
+<style>body{{font-family:sans-serif;margin:1.5em;max-width:1400px;line-height:1.4}}
+figure{{display:inline-block;margin:.5em;vertical-align:top;max-width:100%}}
+figcaption{{font-size:14px;max-width:460px;overflow-wrap:break-word}}
+img.plot{{width:460px;max-width:100%;height:auto}}
+figure.grid img{{image-rendering:pixelated;width:720px;max-width:100%;height:auto}}
+figure.grid figcaption{{max-width:720px}}
+.wide{{overflow-x:auto;max-width:100%}} table{{border-collapse:collapse;font-size:14px;margin:.5em 0}}
+td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}} th{{background:#f3f3f3}}
+td:first-child,th:first-child{{text-align:left}} .bad{{color:#b00}}
+pre{{background:#f6f6f6;padding:1em;overflow:auto}}</style>
 </head><body>
 <h1>pixelrl run <code>{html.escape(run.name)}</code></h1>
 <p id="summary">{len(rows)} logged rows, last step {last:g}; folder <code>{html.escape(str(run.resolve()))}</code></p>
 <h2>Curves</h2><div id="curves">{curves}</div>
+<h2>Validation</h2><div id="validation">{validation or no_validation_hint(config)}</div>
 <h2>Sample grids</h2><div id="grids">{pictures}</div>
-<h2>Validation</h2>{validation_table(run)}
-{demo_tables(run)}
 <h2>Where the time went</h2>{timing_table(rows)}
-<h2>Config</h2><pre id="config">{html.escape(config)}</pre>
+<h2>Config</h2><pre id="config">{html.escape(config_text)}</pre>
 </body></html>
 """
     target = Path(out) if out else run / "report.html"

@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import textwrap
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageDraw
+from PIL import Image, ImageDraw, ImageFont
 
 from pixelrl.core.errors import ConfigError
 from pixelrl.core.progress import Progress
@@ -18,6 +17,36 @@ from pixelrl.core.progress import Progress
 ROLE_PREFIXES = ("student/", "fake_score/")
 CONSOLE_KEYS = ("critic/rewards/mean", "actor/pg_loss", "actor/kl", "actor/clipfrac", "actor/grad_norm",
                 "critic/explained_variance", "student/loss", "fake_score/loss", "perf/throughput", "perf/mfu", "timing_s/step")
+
+
+CAPTION_PX = (12, 11, 10, 9, 8)  # the caption font sizes tried, largest first
+
+
+def caption_font(captions: list[str], width: float):
+    """The largest caption font in which every word of `captions` fits `width` pixels."""
+    words = {word for caption in captions for word in caption.split()}
+    for size in CAPTION_PX:
+        font = ImageFont.load_default(size=size)
+        if all(font.getlength(word) <= width for word in words):
+            return font
+    return font
+
+
+def wrap_to_width(text: str, font, width: float) -> list[str]:
+    """`text` in lines no wider than `width` pixels in `font`, broken between words (inside a word
+    only where the word alone is wider)."""
+    lines: list[str] = []
+    for word in text.split():
+        candidate = f"{lines[-1]} {word}" if lines else word
+        if lines and font.getlength(candidate) <= width:
+            lines[-1] = candidate
+            continue
+        while font.getlength(word) > width and len(word) > 1:  # longer than a line: cut where it fills one
+            cut = max([i for i in range(1, len(word)) if font.getlength(word[:i]) <= width] or [1])
+            lines.append(word[:cut])
+            word = word[cut:]
+        lines.append(word)
+    return lines
 
 
 def image_grid(images: np.ndarray, captions: list[str] | None = None, ncols: int = 8, scale: int = 2) -> np.ndarray:
@@ -29,10 +58,15 @@ def image_grid(images: np.ndarray, captions: list[str] | None = None, ncols: int
     ncols = min(ncols, count)
     nrows = math.ceil(count / ncols)
     cell_w = w * scale
-    # every caption whole, broken between words (a word longer than a line is broken inside it);
-    # the caption band is as tall as the longest needs
-    wrapped = [textwrap.wrap(c, width=max(4, cell_w // 6)) for c in captions] if captions else []
-    text_h = 11 * max(map(len, wrapped), default=0) + 2 if captions else 0
+    # every caption whole, in a scalable font (the bitmap default is ~8 px high): 12 px, or the
+    # largest down to 8 px in which every word fits the cell, broken between words to the cell's
+    # width (a word wider than a line even at 8 px is broken inside it); the caption band is as
+    # tall as the longest needs
+    font = caption_font(captions or [], cell_w - 4)
+    wrapped = [wrap_to_width(c, font, cell_w - 4) for c in captions] if captions else []
+    size = font.size
+    line_h = size + 3
+    text_h = line_h * max(map(len, wrapped), default=0) + 4 if captions else 0
     canvas = Image.new("RGB", (ncols * cell_w, nrows * (h * scale + text_h)), (255, 255, 255))
     pen = ImageDraw.Draw(canvas)
     for i in range(count):
@@ -40,18 +74,20 @@ def image_grid(images: np.ndarray, captions: list[str] | None = None, ncols: int
         x, y = col * cell_w, row * (h * scale + text_h)
         canvas.paste(Image.fromarray(images[i]).resize((cell_w, h * scale), Image.NEAREST), (x, y))
         for j, line in enumerate(wrapped[i] if captions else []):
-            pen.text((x + 1, y + h * scale + 11 * j), line, fill=(0, 0, 0))
+            pen.text((x + 2, y + h * scale + 2 + line_h * j), line, fill=(0, 0, 0), font=font)
     return np.asarray(canvas)
 
 
 class Tracker:
     def __init__(self, loggers: list[str], run_dir: Path, project: str, experiment: str, config: dict, console=print,
-                 resumed_step: int | None = None, total_steps: int | None = None):
+                 resumed_step: int | None = None, total_steps: int | None = None, time_budget_s: float = 0.0):
         """`resumed_step`: the step of the checkpoint this run continues from. A step's row is
         logged before its checkpoint is written, so rows past that step belong to steps that
         will be run again: they are dropped (jsonl) or purged (tensorboard), never doubled.
-        `total_steps`: the run's last step; console lines then end with progress and an ETA."""
-        self.progress = Progress(total_steps, resumed_step or 0) if total_steps else None  # console's [i/N, eta]
+        `total_steps`: the run's last step; console lines then end with progress and an ETA (within
+        `time_budget_s`, when set)."""
+        # the console's [i/N, eta]; the ETA ends where trainer.time_budget_s would stop the run first
+        self.progress = Progress(total_steps, resumed_step or 0, budget_s=time_budget_s) if total_steps else None
         self.loggers = list(loggers)
         self.run_dir = Path(run_dir)
         self.console = console
@@ -171,14 +207,17 @@ def plot_metrics(metrics_file: str | Path, patterns: list[str], out: str | Path,
     """One panel per metric matching any of `patterns` (shell-style: `val-core/*/gold/*`) from a
     run's metrics.jsonl, against `x`: `step`, `minutes` (the per-step times summed) or `images`
     (images generated for training so far: `training/images` summed). Panels follow the
-    patterns' order (the keys one pattern matches, alphabetically). Returns the plotted keys;
-    writes a PNG."""
+    patterns' order (the keys one pattern matches, alphabetically); each draws its raw values, a
+    smoothed line and its non-finite values marked (`curves.draw_metric`). Returns the plotted
+    keys; writes a PNG."""
     import fnmatch
 
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from pixelrl.trainers.curves import draw_metric
 
     rows = read_metric_rows(metrics_file)
     logged = sorted({k for r in rows for k in r})
@@ -188,12 +227,9 @@ def plot_metrics(metrics_file: str | Path, patterns: list[str], out: str | Path,
                           f"{sorted({k for r in rows for k in r})[:12]}")
     axis = x_axis(rows, x)
     fig, axes = plt.subplots(len(keys), 1, figsize=(6, 2.2 * len(keys)), sharex=True, squeeze=False)
-    for ax, key in zip(axes[:, 0], keys):
-        points = [(axis[r["step"]], r[key]) for r in rows if key in r]
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o" if len(points) < 40 else None, ms=3)
-        ax.set_ylabel(key.replace("/", "/\n", 1), fontsize=7)
-        ax.grid(alpha=0.3)
-    axes[-1, 0].set_xlabel({"step": "step", "minutes": "minutes of training", "images": "images generated"}[x])
+    label = {"step": "step", "minutes": "minutes of training", "images": "images generated"}[x]
+    for i, (ax, key) in enumerate(zip(axes[:, 0], keys)):
+        draw_metric(ax, rows, key, axis, label if i == len(keys) - 1 else "")
     fig.tight_layout()
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
