@@ -403,3 +403,27 @@ def test_compiled_blocks_under_fsdp2_train_as_the_eager_blocks(ray_cluster, tiny
     moved = max(float(np.abs(eager[k] - start[k]).max()) for k in eager)
     apart = max(float(np.abs(rank0[k] - eager[k]).max()) for k in eager)
     assert moved > 1e-4 and apart < 1e-2 * moved
+
+
+def test_the_local_cluster_keeps_token_authentication_without_its_note(monkeypatch, caplog):
+    """Ray notes at every start that it turned token authentication on by default, the first line a
+    demo printed: pixelrl leaves that note out while Ray starts, and only that one."""
+    import logging
+
+    import ray
+
+    from pixelrl.workers import local_ray
+
+    note = logging.getLogger(local_ray._AUTH_LOGGER)
+
+    def init(**kwargs):
+        note.warning("Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled to opt out.")
+        note.warning("Token authentication is enabled but no authentication token was found")
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(local_ray, "_start_watchdog", lambda: None)
+    with caplog.at_level(logging.WARNING, logger=local_ray._AUTH_LOGGER):
+        local_ray.start_local_ray(1)
+        note.warning("Token authentication is enabled for this Ray cluster.")  # after the start: shown
+    assert [r.getMessage()[:60] for r in caplog.records] == [
+        "Token authentication is enabled but no authentication token ", "Token authentication is enabled for this Ray cluster."]

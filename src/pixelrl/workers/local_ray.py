@@ -7,6 +7,10 @@ host's address whenever multi-node clusters are enabled. A cluster pixelrl start
 only this process, so it starts with multi-node clusters disabled for the duration of
 `ray.init`; joining a cluster (`trainer.ray_address`, `RAY_ADDRESS`) is left as configured.
 
+Token authentication, Ray's default for a new local cluster, stays on (another user of the
+machine cannot submit work to it); Ray's note that it is on, the first line every demo printed,
+is left out (every other authentication message shows).
+
 No orphans: Ray ties the GCS and the raylet to the driver's life, but the agents the raylet
 starts (dashboard agent, runtime-env agent) survive a SIGKILL of the driver. A watchdog process
 (`python -m pixelrl.workers.local_ray <pid>`, in its own session so a Ctrl-C in the terminal
@@ -17,11 +21,14 @@ can start another), looks once more for their children, and kills them all.
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
 
 _MULTI_NODE_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # Ray's own switch; "0" = this node only
+# the logger of Ray's note that a new local cluster turned token authentication on by default
+_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 _watchdog: subprocess.Popen | None = None
 
 
@@ -33,15 +40,26 @@ def start_local_ray(num_cpus: int) -> None:
     saved_env, saved_flag = os.environ.get(_MULTI_NODE_SWITCH), ray_constants.ENABLE_RAY_CLUSTER
     os.environ[_MULTI_NODE_SWITCH] = "0"  # read by the processes ray.init spawns
     ray_constants.ENABLE_RAY_CLUSTER = False  # read by this process when it picks the node address
+    quiet = _QuietDefaultAuthNote()
+    logging.getLogger(_AUTH_LOGGER).addFilter(quiet)
     try:
         ray.init(num_cpus=num_cpus, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
     finally:
+        logging.getLogger(_AUTH_LOGGER).removeFilter(quiet)
         ray_constants.ENABLE_RAY_CLUSTER = saved_flag
         if saved_env is None:
             os.environ.pop(_MULTI_NODE_SWITCH, None)
         else:
             os.environ[_MULTI_NODE_SWITCH] = saved_env
     _start_watchdog()
+
+
+class _QuietDefaultAuthNote(logging.Filter):
+    """Drops Ray's note that token authentication is on by default (it stays on); any other
+    authentication message, a missing token or a disabled mode, still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
 
 
 def _start_watchdog() -> None:
