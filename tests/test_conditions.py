@@ -560,3 +560,49 @@ def test_a_source_is_read_upright_as_its_exif_orientation_says(tmp_path):
     data = PromptDataset.from_files([file]).keeping_aspects(lambda w, h: (h, w), batch_size=1)
     (source,) = data[0]["condition_images"]
     assert source.shape == (48, 32, 3) and source[4, 16, 0] > 200
+
+
+def test_the_diffusers_lines_an_edit_export_prints_edit_as_pixelrl_generate_does(tiny_kontext_path, tmp_path, capsys,
+                                                                                 monkeypatch):
+    """`pixelrl export` of a Kontext run prints plain diffusers lines that, run as printed beside a
+    `your_source.png`, give pixelrl generate's edit of it: the prompt by keyword (as the first
+    positional argument it was taken for the image), the source passed, the output kept at the
+    trained area (max_area, no resize to the pipeline's preferred 1024-px sizes)."""
+    import json
+
+    import numpy as np
+    from PIL import Image
+    from conftest import train_cli
+
+    from pixelrl.cli import main
+    from pixelrl.cli.shapes import edit_sources
+    from pixelrl.engine.evaluate import generate
+    from pixelrl.models.loader import load_folder_model
+
+    file = _write_edit_rows(tmp_path / "data", EDIT_ROWS)
+    code, _ = train_cli(tmp_path / "out", tiny_kontext_path, "model.type=flux_kontext", "model.max_sequence_length=16",
+                        f"data.train_files=[{file}]", "data.train_batch_size=2", "rollout.n=2",
+                        "actor.ppo_micro_batch_size=2", "trainer.backend=local", "trainer.total_training_steps=1",
+                        "trainer.save_freq=1", "trainer.experiment_name=edit", "actor.lr=0.05",
+                        "reward.functions=[{name: source_preservation}]", config="flow_grpo_flux_tiny")
+    assert code == 0
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "out" / "pixelrl" / "edit" / "checkpoints" / "global_step_1"),
+                 str(tmp_path / "exported")]) == 0
+    printed = capsys.readouterr().out.split("in plain diffusers:\n", 1)[1]
+    assert "prompt='make the red circle blue', image=source" in printed and "max_area=1024, _auto_resize=False" in printed
+    monkeypatch.chdir(tmp_path)
+    stored = np.zeros((40, 40, 3), np.uint8)
+    stored[:, :20] = (220, 40, 40)
+    stored[:, 20:] = (40, 40, 220)
+    Image.fromarray(stored).save(tmp_path / "your_source.png")
+    namespace: dict = {}
+    exec("\n".join(line[4:] for line in printed.splitlines()), namespace)  # the user's copy-paste
+    theirs = np.asarray(namespace["sample"], dtype=np.int16)
+    model = load_folder_model(tmp_path / "exported")
+    sources, size = edit_sources(model, [str(tmp_path / "your_source.png")], 1, 32)
+    sampler = json.loads((tmp_path / "exported" / "pixelrl_sampler.json").read_text())
+    ours = generate(model, ["make the red circle blue"], [0], num_steps=sampler["num_steps"],
+                    guidance_scale=sampler["guidance_scale"], condition_images=sources, output_size=size,
+                    sigma_schedule=sampler["sigma_schedule"], sigma_shift=sampler["sigma_shift"])
+    assert theirs.shape == (32, 32, 3) and np.abs(theirs - ours[0].numpy().astype(np.int16)).max() <= 3

@@ -104,10 +104,13 @@ def test_export_pipeline_and_adapter_load_in_diffusers(tmp_path, tiny_sd3_path):
     assert abs(fused - adapted).max() < 1e-3  # fused pipeline == base + adapter
 
 
-def test_exported_pipeline_declares_how_it_trained_and_samples_like_its_checkpoint(tmp_path, tiny_sd3_path):
+def test_exported_pipeline_declares_how_it_trained_and_samples_like_its_checkpoint(tmp_path, tiny_sd3_path, capsys):
     """The run trained with zero T5 tokens; its exported folder says so, so that pixelrl loads it
     as it trained (the family default, 256 zero tokens, would give other images) and samples what
-    the checkpoint does."""
+    the checkpoint does; the plain diffusers lines the export prints pass those zero tokens too
+    and, run as printed, sample the same picture."""
+    import numpy as np
+
     from pixelrl.cli import main
     from pixelrl.engine.evaluate import generate
     from pixelrl.trainers.checkpointing import load_for_eval
@@ -116,7 +119,10 @@ def test_exported_pipeline_declares_how_it_trained_and_samples_like_its_checkpoi
     code, run = train_cli(tmp_path, tiny_sd3_path, *LOCAL, "trainer.total_training_steps=1")
     assert code == 0
     ckpt = run / "checkpoints" / "global_step_1"
+    capsys.readouterr()
     assert main(["export", str(ckpt), str(tmp_path / "pipeline")]) == 0
+    printed = capsys.readouterr().out.split("in plain diffusers:\n", 1)[1]
+    assert "max_sequence_length=0" in printed
     assert declared_options(tmp_path / "pipeline") == {"max_sequence_length": 0}
     exported = load_for_eval(str(tmp_path / "pipeline"))
     assert exported.max_sequence_length == 0
@@ -124,6 +130,13 @@ def test_exported_pipeline_declares_how_it_trained_and_samples_like_its_checkpoi
     from_export = generate(exported, ["a red circle"], [0], **kwargs)
     from_checkpoint = generate(load_for_eval(checkpoint=str(ckpt)), ["a red circle"], [0], **kwargs)
     assert (from_export.float() - from_checkpoint.float()).abs().max() <= 1
+    sampler = json.loads((tmp_path / "pipeline" / "pixelrl_sampler.json").read_text())  # as the run validated
+    sampled = generate(exported, ["a red circle"], [0], num_steps=sampler["num_steps"],
+                       guidance_scale=sampler["guidance_scale"], resolution=32)
+    namespace: dict = {}
+    exec("\n".join(line[4:] for line in printed.splitlines()), namespace)  # the user's copy-paste
+    theirs = np.asarray(namespace["sample"], dtype=np.int16)
+    assert np.abs(theirs - sampled[0].numpy().astype(np.int16)).max() <= 3
     from pixelrl.models.loader import load_folder_model
 
     as_family_default = generate(load_folder_model(tmp_path / "pipeline", max_sequence_length=256), ["a red circle"],

@@ -97,6 +97,9 @@ class DiffusionModel(ABC):
     # the most it can take (None: exactly condition_images); every sample of a batch takes as many
     condition_images: int = 0
     most_condition_images: int | None = None
+    # an edit pipeline call's arguments, beside height and width, that keep the output and its
+    # source at the trained size ({area}: the trained resolution squared)
+    diffusers_edit_size: str = ""
 
     @classmethod
     def condition_range(cls) -> tuple[int, int]:

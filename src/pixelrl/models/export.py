@@ -53,13 +53,27 @@ def diffusers_example(family, folder: str | Path, sampler: dict, resolution: int
     if custom:
         options = ", ".join(f"{k}={v!r}" for k, v in sampler["diffusers"]["scheduler"].items())
         lines.append(f"pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(pipe.scheduler.config, {options})")
-    call = [repr("a red circle"), f"num_inference_steps={sampler['num_steps']}",
-            f"{family.diffusers_guidance_argument}={sampler['guidance_scale']:g}", f"height={resolution}",
-            f"width={resolution}"]
+    edits = family.condition_images > 0
+    call = [f"prompt={'make the red circle blue' if edits else 'a red circle'!r}",
+            f"num_inference_steps={sampler['num_steps']}",
+            f"{family.diffusers_guidance_argument}={sampler['guidance_scale']:g}"]
+    if edits:  # the picture to edit, as the pipeline takes it (positional, it would be the prompt)
+        lines[1:1] = ["from diffusers.utils import load_image"]
+        lines.append('source = load_image("your_source.png")  # the picture to edit')
+        call.insert(1, "image=source" if family.most_condition_images in (None, 1) else "image=[source]")
+    call += [f"height={resolution}", f"width={resolution}"]
+    if family.diffusers_edit_size:  # what else the pipeline needs to keep the trained size
+        call.append(family.diffusers_edit_size.format(area=resolution * resolution))
+    if edits:
+        lines.append(f"# a source that is not square: pixelrl generate prints the output size it takes (about {resolution}"
+                     f" x {resolution} px in the source's aspect); give it as height and width"
+                     + (" (max_area their product)" if "max_area" in family.diffusers_edit_size else "")
+                     + ", and the source cropped to that aspect as pixelrl crops it")
     if custom:
         call.append(f"sigmas={sampler['diffusers']['call']['sigmas']}")
-    if max_sequence_length > 0:
-        call.append(f"max_sequence_length={max_sequence_length}")
+    # always given: the pipelines' default (SD3: 256 T5 tokens) is not what the run trained with,
+    # and an SD3 run with no T5 tokens samples another picture with 256 of them
+    call.append(f"max_sequence_length={max_sequence_length}")
     if sampler.get("negative_prompt") and family.uses_negative_prompt and sampler["guidance_scale"] > 1:
         call.append(f"negative_prompt={sampler['negative_prompt']!r}")
     call.append("generator=torch.Generator().manual_seed(0)")

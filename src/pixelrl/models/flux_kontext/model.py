@@ -16,6 +16,9 @@ from pixelrl.models.flux.model import FluxModel
 
 class FluxKontextModel(FluxModel):
     pipeline_class_name = "FluxKontextPipeline"
+    # FluxKontextPipeline scales height x width to max_area (1024 x 1024 by default) and resizes
+    # the source to one of its preferred 1024-px sizes unless told not to
+    diffusers_edit_size = "max_area={area}, _auto_resize=False"
     condition_images = 1
 
     def _append_condition(self, packed, image_ids, condition_latents):
