@@ -84,6 +84,12 @@ def test_an_edits_sources_travel_to_a_server_reward_that_reads_them():
             remote(server.url, retries=0)(edits, ["p"] * 3, [{}] * 3)
         body = encode_request(edits.numpy(), ["p"] * 3, [{}] * 3, sources=[(s[0].numpy(),) for s in sources])
         assert post(server.url, body)[0] == 200
+        # rows whose sources differ in size (a client's own edits) are each scored, not a 500
+        mixed = [sources[0], (np.repeat(np.repeat(sources[1][0].numpy(), 2, 0), 2, 1),), sources[2]]
+        status, answer = post(server.url, encode_request(edits.numpy(), ["p"] * 3, [{}] * 3,
+                                                         sources=[(np.asarray(s[0]),) for s in mixed]))
+        assert status == 200, answer
+        assert answer["scores"]["source_preservation"] == pytest.approx(local["source_preservation"].tolist(), abs=1e-6)
     with RewardServer("source_preservation", limits=Limits(max_total_pixels=3 * 64 + 2 * 64)) as server:
         status, answer = post(server.url, body)  # 3 edits and 3 sources of 8 x 8: 384 pixels
         assert status == 413 and "pixels in all" in answer["error"]

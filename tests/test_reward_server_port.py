@@ -42,3 +42,24 @@ def test_a_reward_that_fails_to_build_leaves_the_port_free(monkeypatch):
     monkeypatch.undo()
     with server.RewardServer("jpeg_compressibility", port=port) as again:  # the port was released
         assert again.url.endswith(f":{port}")
+
+
+def test_the_ipv6_loopback_is_served():
+    """--host ::1 was refused with a message blaming another server: the server bound IPv4 only."""
+    import json
+    import urllib.request
+
+    from pixelrl.rewards import server
+
+    if not socket.has_ipv6:
+        pytest.skip("this Python has no IPv6 sockets")
+    try:
+        probe = socket.socket(socket.AF_INET6)
+        probe.bind(("::1", 0))
+        probe.close()
+    except OSError as err:
+        pytest.skip(f"this machine has no IPv6 loopback ({err})")
+    with server.RewardServer("jpeg_compressibility", host="::1") as served:
+        assert served.url.startswith("http://[::1]:")
+        with urllib.request.urlopen(served.url + "/health", timeout=10) as answer:
+            assert json.loads(answer.read())["status"] == "ok"

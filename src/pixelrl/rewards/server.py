@@ -62,6 +62,8 @@ class _CappedHTTPServer(ThreadingHTTPServer):
 
     def __init__(self, address, handler, max_connections: int):
         self._slots = threading.BoundedSemaphore(max_connections)
+        if ":" in address[0]:  # an IPv6 literal (::1): the socket must be of that family to bind it
+            self.address_family = socket.AF_INET6
         super().__init__(address, handler)
 
     def process_request(self, request, client_address):
@@ -118,7 +120,7 @@ class RewardServer:
     @property
     def url(self) -> str:
         host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     def serve_forever(self) -> None:
         self._httpd.serve_forever()

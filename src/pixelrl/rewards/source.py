@@ -16,16 +16,20 @@ from pixelrl.rewards.registry import (check_model_folder_option, check_number_op
 
 def first_sources(condition_images, size: tuple[int, int]) -> torch.Tensor:
     """Each row's first source as uint8 [B, H, W, 3] at `size`, when the run decodes sources at
-    another size than it generates (`rollout.condition_resolution`): area averages to shrink
-    (each output pixel the mean of the source pixels it covers), bilinear to enlarge."""
-    sources = torch.stack([row[0] for row in condition_images])
-    if tuple(sources.shape[1:3]) == tuple(size):
-        return sources
-    shrink = sources.shape[1] >= size[0] and sources.shape[2] >= size[1]
-    resized = torch.nn.functional.interpolate(sources.permute(0, 3, 1, 2).float(), size=size,
+    another size than it generates (`rollout.condition_resolution`), or rows sent to a reward
+    server carry sources of several sizes: each resized on its own, area averages to shrink (each
+    output pixel the mean of the source pixels it covers), bilinear to enlarge."""
+    return torch.stack([_at_size(row[0], tuple(size)) for row in condition_images])
+
+
+def _at_size(source: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    if tuple(source.shape[:2]) == size:
+        return source
+    shrink = source.shape[0] >= size[0] and source.shape[1] >= size[1]
+    resized = torch.nn.functional.interpolate(source.permute(2, 0, 1)[None].float(), size=size,
                                               mode="area" if shrink else "bilinear",
                                               **({} if shrink else {"align_corners": False}))
-    return resized.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
+    return resized[0].round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0)
 
 
 @register_reward("source_preservation")
