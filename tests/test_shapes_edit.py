@@ -208,6 +208,8 @@ def test_eval_scores_an_editing_model_per_kind_of_edit(tmp_path, capsys):
     for score in ("exact", "followed", "kept", "careful"):
         assert f"| model ({score}) | overall | recolour | remove | add | move | count |" in printed
     assert "| builtin:shapes_edit | " in printed and "10 edits (test split)" in printed
+    # the size is the world's, not "as given" (no --resolution was): only --steps was given
+    assert "(the editing world's scenes' size; the rest the model folder's defaults; --steps as given)" in printed
     result = json.loads(out.read_text())
     assert result["num_images"] == 10 and result["model"] == "builtin:shapes_edit" and result["num_steps"] == 3
     low, high = result["exact_interval"]

@@ -72,6 +72,8 @@ def test_eval_and_generate_commands(tmp_path, tiny_pixel_path, capsys):
     printed = capsys.readouterr().out
     assert "| model | overall | single_object |" in printed and "| model (exact) | overall |" in printed
     result = json.loads(out.read_text())
+    assert (f"diversity of one prompt's images: mean pairwise L1 {result['diversity']['pairwise_l1']:.3f}, distinct "
+            f"pairs {result['diversity']['distinct_pair_fraction']:.2f}") in printed and "{'pairwise_l1'" not in printed
     assert result["num_images"] == 12 and set(result["strict"]) >= {"counting", "position"}
     assert set(result["exact"]) == set(result["strict"]) and result["overall_exact"] <= result["overall"]
     low, high = result["strict_interval"]

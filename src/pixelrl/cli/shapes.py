@@ -73,8 +73,9 @@ def cmd_eval(args) -> int:
     print(format_careful(result))
     low, high = bootstrap_overall(result["items"], "partial")
     print(f"partial-credit overall {result['overall_partial']:.3f} [{low:.3f}, {high:.3f}]; unrequested objects "
-          f"per image {result['extra_objects']:.2f}; diversity {result['diversity']}  ([a, b]: 95% bootstrap "
-          "interval over items)")
+          f"per image {result['extra_objects']:.2f}; diversity of one prompt's images: mean pairwise L1 "
+          f"{result['diversity']['pairwise_l1']:.3f}, distinct pairs {result['diversity']['distinct_pair_fraction']:.2f}"
+          "  ([a, b]: 95% bootstrap interval over items)")
     print(f"background (pixels darker than 48): mean level {result['background_level']:.2f} of 255, "
           f"{result['background_specks']:.1%} brighter than 12")
     print("what went wrong (fraction of each category's images):")
@@ -95,12 +96,13 @@ def cmd_eval(args) -> int:
 FOLDER_STEPS, FOLDER_GUIDANCE = 10, 4.0  # a model folder's defaults (the shipped model card's figures)
 
 
-def sampling_options(args, model) -> dict:
+def sampling_options(args, model, resolution: tuple[int, str] | None = None) -> dict:
     """How `generate` and `eval` sample: --resolution, --steps and --cfg when given; else, for a
     --checkpoint, what its run validated with (rollout.resolution, val_kwargs.num_steps, the
     validation guidance, rollout.negative_prompt); else what the folder's sampler file says, and
-    for the rest the model's own size (its pipeline's default), 10 steps and guidance 4.0. Prints
-    one line saying what it uses and whence."""
+    for the rest the model's own size (its pipeline's default), 10 steps and guidance 4.0. A task
+    that fixes the size passes `resolution` (the side, and whence it comes). Prints one line saying
+    what it uses and whence."""
     from pixelrl.core.errors import ConfigError
 
     if args.checkpoint:
@@ -115,6 +117,8 @@ def sampling_options(args, model) -> dict:
 
         sampler = read_sampler(resolve(str(getattr(args, "model", None) or "builtin:shapes"))) or {}
         source = f"the folder's {SAMPLER_FILE}" if sampler else "the model folder's defaults"
+    if resolution is not None:
+        sampler, source = {**sampler, "resolution": resolution[0]}, f"{resolution[1]}' size; the rest {source}"
     given = {"resolution": sampler["resolution"] if "resolution" in sampler else model.default_resolution(),
              "num_steps": sampler.get("num_steps", FOLDER_STEPS),
              "guidance_scale": sampler.get("guidance_scale", FOLDER_GUIDANCE)}
@@ -247,11 +251,11 @@ def _eval_edit(args) -> int:
     if args.resolution not in (None, edit_world.SIZE):
         raise ConfigError("--resolution", args.resolution, f"the editing world's scenes are {edit_world.SIZE} px and "
                           "an edit has its source's size: leave it out")
-    args.resolution = edit_world.SIZE  # not the family's default (FLUX.1 Kontext's pipeline samples 256 px here)
     model_path = args.model or (None if args.checkpoint else "builtin:shapes_edit")
     model = load_for_eval(model_path, args.checkpoint)
     items = edit_world.evaluation_items(args.split, per_edit=args.per_category or 64, seed=args.seed)
-    sampling = sampling_options(args, model)
+    # the world's size, not the family's default (FLUX.1 Kontext's pipeline samples 256 px here)
+    sampling = sampling_options(args, model, resolution=(edit_world.SIZE, "the editing world's scenes"))
     result = evaluate_edits(model, items, progress=True, **sampling)
     result.pop("images"), result.pop("sources")
     name = Path(args.checkpoint).name if args.checkpoint else model_path
