@@ -443,6 +443,13 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
      "missing.jsonl, row 1"),
     ("edit rows whose source PNG has whole chunks but damaged pixel data (PIL's verify() passes it)",
      [*SHAPES, "data.train_files=[{edits}/damaged.jsonl]"], "damaged.jsonl, row 1: condition image"),
+    ("the shapes detector reward on prompt rows without scene metadata (it failed at step 1 before)",
+     [*SHAPES, "data.train_files=[{plain_prompts}]"], "reward `shapes_geneval` judges each image from its row's"),
+    ("the shapes detector reward on inline prompts", [*SHAPES, "data.train_files=[]", "data.prompts=[a cat, a dog]"],
+     "`data.prompts` = '2 inline prompts'"),
+    ("the editing reward on edit rows without edit metadata", ["train", "--config-name", "shapes_edit_demo",
+                                                               "data.train_files=[{edits}/edits.jsonl]"],
+     "reward `shapes_edit` judges each image from its row's `metadata`"),
     ("edit rows for a text-to-image model", [*SHAPES, "data.train_files=[{edits}/edits.jsonl]"],
      "takes 0 condition"),
     ("a source-reading reward on a text-to-image model", [*SHAPES, "reward.functions=[{name: source_preservation}]"],
@@ -513,6 +520,7 @@ def _make_places(root: Path) -> None:
     (root / "edits" / "missing.jsonl").write_text('{"prompt": "make it blue", "image": "gone.png"}\n')
     damaged_png(root / "edits" / "damaged.png")
     (root / "edits" / "damaged.jsonl").write_text('{"prompt": "make it blue", "image": "damaged.png"}\n')
+    (root / "plain_prompts.jsonl").write_text('{"prompt": "a red circle"}\n{"prompt": "two blue squares"}\n')
     (root / "recipe.yaml").write_text("defaults: [no_such_base]\nrollout:\n  n: 2\n")  # extends nothing there
     (root / "not_utf8.jsonl").write_bytes(b'{"prompt": "a red circle"}\n{"prompt": "a caf\xe9"}\n')  # Latin-1
     # an adapter whose weights file was cut short (a header promising more bytes than follow)
@@ -537,7 +545,7 @@ def replay(argv: list[str], root: Path, workdir: Path) -> tuple[int, str]:
               "{ckpt_torn}": str(root / "ckpt_torn"), "{prefs}": str(root / "prefs"),
               "{broken_plugin}": str(root / "broken_plugin.py"), "{pretrain_run}": str(root / "pretrain_run"),
               "{ckpt_on_base}": str(root / "ckpt_on_base"), "{dangling}": str(root / "dangling"),
-              "{edits}": str(root / "edits"), "{not_utf8}": str(root / "not_utf8.jsonl"),
+              "{edits}": str(root / "edits"), "{plain_prompts}": str(root / "plain_prompts.jsonl"), "{not_utf8}": str(root / "not_utf8.jsonl"),
               "{recipe}": str(root / "recipe.yaml")}
     filled = []
     for arg in argv:

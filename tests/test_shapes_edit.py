@@ -214,3 +214,31 @@ def test_eval_scores_an_editing_model_per_kind_of_edit(tmp_path, capsys):
     assert result["num_images"] == 10 and result["model"] == "builtin:shapes_edit" and result["num_steps"] == 3
     low, high = result["exact_interval"]
     assert low <= result["exact"] <= high and set(result["exact_by_edit"]) == set(edit_world.EDITS)
+
+
+def test_what_the_edit_reward_needs_of_a_rows_metadata_by_hand():
+    from pixelrl.data.prompts import PromptDataset
+    from pixelrl.shapes.edit_world import edit_metadata_problem
+
+    shipped = PromptDataset.from_files(["builtin:shapes_edit/train"])
+    assert not any(edit_metadata_problem(row["metadata"]) for row in shipped.rows)  # every kind of rule
+    keep = {"shape": "circle", "colour": "red", "rule": "at", "cx": 8, "cy": 8}
+    assert edit_metadata_problem({"keep": [keep], "edited": [], "removed": []}) == ""
+    assert "no `removed` list" in edit_metadata_problem({"keep": [keep], "edited": []})
+    assert "without shape, colour, cx, cy" in edit_metadata_problem(
+        {"keep": [{k: v for k, v in keep.items() if k != "cy"}], "edited": [], "removed": []})
+    assert "without shape, colour, places" in edit_metadata_problem(
+        {"keep": [], "edited": [{"shape": "star", "colour": "red", "rule": "one_of"}], "removed": []})
+    assert "known `rule`" in edit_metadata_problem({"keep": [{**keep, "rule": "near"}], "edited": [], "removed": []})
+
+
+def test_what_the_scene_reward_needs_of_a_rows_metadata_by_hand():
+    from pixelrl.shapes.detector import scene_metadata_problem
+    from pixelrl.shapes.world import evaluation_items
+
+    assert not any(scene_metadata_problem(it["metadata"]) for it in evaluation_items("test", per_category=4))
+    circle = {"shape": "circle", "colour": None, "count": 1}
+    assert scene_metadata_problem({"category": "single_object", "objects": [circle]}) == ""
+    assert "no `objects` list" in scene_metadata_problem({"category": "single_object"})
+    assert "without shape, colour and count" in scene_metadata_problem({"category": "x", "objects": [{"shape": "c"}]})
+    assert "no `category`" in scene_metadata_problem({"objects": [circle]})

@@ -342,3 +342,20 @@ def _check_shapes_geneval(options: dict, field: str) -> None:
 
 
 shapes_geneval.check_options = _check_shapes_geneval
+
+
+def scene_metadata_problem(metadata: dict) -> str:
+    """What a row's metadata lacks for shapes_geneval to score its image ("" when nothing): the
+    prompt's `category` and its `objects`, each {shape, colour, count} (`relation` optional)."""
+    objects = metadata.get("objects")
+    if not isinstance(objects, list) or not objects:
+        return "no `objects` list (each {shape, colour, count})"
+    for obj in objects:
+        if not isinstance(obj, dict) or not {"shape", "colour", "count"} <= set(obj):
+            return f"an object without shape, colour and count ({obj!r})"
+    if "category" not in metadata:
+        return "no `category` (single_object, two_object, counting, colors, position or color_attr)"
+    return ""
+
+
+shapes_geneval.metadata_problem = scene_metadata_problem

@@ -281,6 +281,28 @@ def shapes_edit(exact_weight: float = 0.0):
     return reward
 
 
+RULE_NEEDS = {"free": (), "at": ("cx", "cy"), "one_of": ("places",), "left": ("cx", "cy"), "right": ("cx", "cy"),
+              "up": ("cx", "cy"), "down": ("cx", "cy")}  # what `_fits` reads of each kind of rule
+
+
+def edit_metadata_problem(metadata: dict) -> str:
+    """What a row's metadata lacks for shapes_edit to score its edit ("" when nothing): the lists
+    `keep`, `edited` and `removed` of rules, each with its shape, colour, kind (`rule`) and what
+    that kind reads (`_fits`: a place cx, cy; `places` for one_of; nothing for free)."""
+    for key in ("keep", "edited", "removed"):
+        rules = metadata.get(key)
+        if not isinstance(rules, list):
+            return f"no `{key}` list of rules"
+        for rule in rules:
+            if not isinstance(rule, dict) or rule.get("rule") not in RULE_NEEDS:
+                return f"a `{key}` rule without a known `rule` ({sorted(RULE_NEEDS)}): {rule!r}"
+            needs = ("shape", "colour", *RULE_NEEDS[rule["rule"]])
+            if not set(needs) <= set(rule):
+                return f"a `{key}` rule without {', '.join(needs)}: {rule!r}"
+    return ""
+
+
+shapes_edit.metadata_problem = edit_metadata_problem
 shapes_edit.check_options = lambda options, field: check_number_option(
     options, field, "exact_weight", 0.0, lambda v: 0 <= v <= 1, "a number in [0, 1]: the weight of the exact edit")
 

@@ -27,6 +27,7 @@ def datasets_of(cfg: PixelRLConfig):
         train = (PromptDataset.from_files(d.train_files, d.prompt_key, size, condition_fit=d.condition_fit)
                  if d.train_files else PromptDataset.from_prompts(d.prompts))
         check_conditions(cfg, train, "data.train_files")
+        check_reward_metadata(cfg, train, "data.train_files" if d.train_files else "data.prompts")
         if d.source_weights:
             check_source_weights(d.source_weights, {row["data_source"] for row in train.rows})
             train = train.weighted(d.source_weights)
@@ -37,6 +38,7 @@ def datasets_of(cfg: PixelRLConfig):
            if d.val_files else None)
     if val is not None:
         check_conditions(cfg, val, "data.val_files")
+        check_reward_metadata(cfg, val, "data.val_files")
         if cfg.rollout.output_aspect == "source":
             val = val.keeping_aspects(source_sizer(cfg), 1)  # validation generates each size apart
     return train, val
@@ -93,6 +95,28 @@ def check_conditions(cfg: PixelRLConfig, dataset: PromptDataset, field: str) -> 
                if takes == 0 else f"give every row {span} (`image`, or `images` for several: paths relative to the file)")
         raise ConfigError(field, files, f"model.type={cfg.model.type} takes {span} condition image(s) per prompt, but "
                           f"the file has {given}: {fix}")
+
+
+def check_reward_metadata(cfg: PixelRLConfig, dataset: PromptDataset, field: str) -> None:
+    """A reward that judges from each row's metadata (the shapes detectors: what the scene or the
+    edit asks) says what it needs (`metadata_problem`): every row is checked before any worker
+    starts, so a file without it stops here, naming the data, not at the first step's reward."""
+    from pixelrl.rewards.registry import REWARDS
+
+    for function in cfg.reward.functions:
+        problem_of = getattr(REWARDS.get(function["name"]), "metadata_problem", None)
+        if problem_of is None:
+            continue
+        problems = [(row, problem_of(row["metadata"])) for row in dataset.rows]
+        bad = [(row, problem) for row, problem in problems if problem]
+        if bad:
+            row, problem = bad[0]
+            where = (f"{len(dataset.rows)} inline prompts" if field == "data.prompts"
+                     else list(getattr(cfg.data, field.split(".")[1])))
+            raise ConfigError(field, where, f"reward `{function['name']}` judges each image from its row's `metadata`, "
+                              f"and {len(bad)} of {len(problems)} rows lack it (the row {row['prompt'][:60]!r}: "
+                              f"{problem}): give every row that metadata (docs/shapes.md, 'Your own prompts', says what "
+                              "it holds; builtin:shapes and builtin:shapes_edit rows carry it), or use another reward")
 
 
 def check_picture_batches(cfg: PixelRLConfig, dataset: PromptDataset) -> None:
