@@ -139,14 +139,16 @@ def test_source_weights_repeat_each_row_of_a_source_in_place():
         with open(path, "w") as f:
             for prompt, source in [("a", "one"), ("b", "two"), ("c", "one"), ("d", "three")]:
                 f.write(json.dumps({"prompt": prompt, "data_source": source}) + "\n")
-        cfg = load_config("shapes_flow_grpo", [f"data.train_files=[{path}]", "data.source_weights={two: 3, three: 0}"])
+        rule = "reward.functions=[{name: jpeg_compressibility, weight: 1.0}]"  # rows without scene metadata
+        cfg = load_config("shapes_flow_grpo", [f"data.train_files=[{path}]", "data.source_weights={two: 3, three: 0}",
+                                               rule])
         train, _ = datasets_of(cfg)
         assert [r["prompt"] for r in train.rows] == ["a", "b", "b", "b", "c"]
         loader = make_loader(train, 5, shuffle=True, seed=1, drop_last=True)
         assert sorted(next(iter(loader))["prompts"]) == ["a", "b", "b", "b", "c"]
         for weights, problem in [("{four: 2}", "no training row has data_source"), ("{two: 1.5}", "whole number"),
                                  ("{two: -1}", "whole number"), ("{one: 0, two: 0, three: 0}", "leaves no training row")]:
-            cfg = load_config("shapes_flow_grpo", [f"data.train_files=[{path}]", f"data.source_weights={weights}"])
+            cfg = load_config("shapes_flow_grpo", [f"data.train_files=[{path}]", f"data.source_weights={weights}", rule])
             with pytest.raises(ConfigError, match=problem):
                 datasets_of(cfg)
 

@@ -26,6 +26,7 @@ def test_an_interruption_without_a_checkpoint_says_every_step_is_lost(tmp_path):
 def test_an_interruption_after_a_checkpoint_names_it_and_the_steps_to_train_again(tmp_path):
     _logged(tmp_path, range(1, 7))
     (tmp_path / "checkpoints" / "global_step_4").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "global_step_4" / "trainer_state.json").write_text('{"global_step": 4}')
     (tmp_path / "checkpoints" / POINTER).write_text("4")
     summary = interruption_summary(tmp_path, 4)
     assert summary.endswith("global_step_4 (step 4 of the 6 trained): a restart resumes there; steps 5..6 will "

@@ -237,7 +237,7 @@ def test_one_registry_of_method_families_names_every_trainer_type_objective_and_
     import pixelrl.trainers.controller  # noqa: F401  (imports every built-in consumer)
 
     families = set(METHODS.names())
-    assert families == {"transition", "forward_process", "distribution_matching"}
+    assert families == {"transition", "forward_process", "distribution_matching", "supervised"}
     assert set(OBJECTIVES.names()) == families and all(OBJECTIVES.get(n).name == n for n in families)
     assert set(CONSUMERS.names()) == families
     assert {LOSSES.get(n).objective for n in LOSSES.names()} == families

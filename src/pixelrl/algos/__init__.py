@@ -4,7 +4,7 @@ from pixelrl.algos.advantages import (
     ADVANTAGE_ESTIMATORS, get_advantage_estimator, group_advantages, group_reward_stats,
 )
 from pixelrl.algos.losses import LOSSES, LossSpec, get_loss, register_loss, require_keys
-from pixelrl.algos import dgpo, distillation, distribution_matching, forward_process  # noqa: F401  (registers their losses)
+from pixelrl.algos import dgpo, distillation, distribution_matching, forward_process, supervised  # noqa: F401  (registers their losses)
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "get_advantage_estimator", "group_advantages", "group_reward_stats",

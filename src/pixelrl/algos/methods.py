@@ -44,6 +44,9 @@ class MethodSpec:
     rescores_transitions: bool = False
     # the method reads a frozen teacher whatever the loss's options (DMD2's real score)
     reads_teacher: bool = False
+    # it trains on images the dataset holds (supervised fine-tuning's demonstration rows, each
+    # with a `target`), read at rollout.resolution, instead of prompts it samples for
+    trains_on_demonstrations: bool = False
     # (diffusion_loss section) -> the attempts of one training step in order, each a trained
     # role's name; None: one rollout per step, trained for actor.ppo_epochs x mini-batches
     attempt_cycle: Callable | None = None

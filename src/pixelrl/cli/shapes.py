@@ -1,4 +1,5 @@
-"""The shapes world: `demo`, `demo-distill`, `demo-edit`, `eval`, `generate`, `pretrain-shapes`, `make-preferences`."""
+"""The shapes world: `demo`, `demo-distill`, `demo-edit`, `eval`, `generate`, `pretrain-shapes`, `make-preferences`,
+`make-demonstrations`."""
 
 from __future__ import annotations
 
@@ -360,6 +361,27 @@ def cmd_make_preferences(args) -> int:
     return 0
 
 
+def cmd_make_demonstrations(args) -> int:
+    from pixelrl.core.errors import ConfigError
+    from pixelrl.data.prompts import PromptDataset
+    from pixelrl.shapes.demonstrations import write_demonstrations
+    from pixelrl.shapes.detector import scene_metadata_problem
+
+    if (Path(args.out) / "demonstrations.jsonl").exists():
+        raise ConfigError("OUT", args.out, "already holds a demonstrations.jsonl (and its images), which this would "
+                          "overwrite: write to a new folder, or delete that one first")
+    check_output_dir(args.out, "OUT")
+    rows = PromptDataset.from_files([args.prompts], field="--prompts").rows
+    lacking = next((row for row in rows if scene_metadata_problem(row["metadata"])), None)
+    if lacking is not None:
+        raise ConfigError("--prompts", args.prompts, f"the row {lacking['prompt'][:60]!r} has "
+                          f"{scene_metadata_problem(lacking['metadata'])}: the scenes are rendered from each row's "
+                          "metadata (docs/shapes.md, 'Your own prompts')")
+    path = write_demonstrations(rows, Path(args.out), per_prompt=args.per_prompt, seed=args.seed)
+    print(f"{len(rows) * args.per_prompt} exact scenes of {len(rows)} prompts; wrote {path}")
+    return 0
+
+
 def cmd_pretrain_shapes(args) -> int:
     import torch
 
@@ -485,3 +507,11 @@ def add_parsers(sub) -> None:
     prefs.add_argument("--margin", type=non_negative_float, default=1.0, help="least score difference of a pair")
     prefs.add_argument("--pairs-per-prompt", type=positive_int, default=2, help="the most pairs kept per prompt")
     prefs.set_defaults(func=cmd_make_preferences)
+    demos = sub.add_parser("make-demonstrations", help="render each prompt's exact scene: (prompt, target) rows for "
+                           "supervised fine-tuning (algorithm.trainer_type=supervised)")
+    demos.add_argument("out", help="folder for demonstrations.jsonl and images/")
+    demos.add_argument("--prompts", default="builtin:shapes/train_balanced", help="a prompt file whose rows carry "
+                       "scene metadata")
+    demos.add_argument("--per-prompt", type=positive_int, default=4, help="layouts (seeds) rendered per prompt")
+    demos.add_argument("--seed", type=non_negative_int, default=0, help="the first layout seed")
+    demos.set_defaults(func=cmd_make_demonstrations)

@@ -30,8 +30,8 @@ def cmd_train(args) -> int:
         return 0
     first, last = history[0], history[-1]
     # offline DPO generates nothing during training: its implicit accuracy instead; DMD2 scores no
-    # training sample: its student loss
-    key = next(k for k in ("critic/rewards/mean", "actor/implicit_acc", "student/loss") if k in first)
+    # training sample: its student loss; supervised fine-tuning: its flow-matching loss
+    key = next(k for k in ("critic/rewards/mean", "actor/implicit_acc", "student/loss", "actor/sft_loss") if k in first)
     print(f"done: {len(history)} steps, {key} {first[key]:.4f} -> {last[key]:.4f}; run folder {result['run_dir']}")
     return 0
 

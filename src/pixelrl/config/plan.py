@@ -192,7 +192,7 @@ def step_work(cfg: PixelRLConfig, gpus: int) -> Work:
     images = images_per_step(cfg) // gpus
     loss = LOSSES.get(cfg.diffusion_loss.name)
     method = method_of_loss(loss)
-    if not method.samples_through_producer:
+    if not method.samples_through_producer and method.attempt_cycle is not None:  # DMD2's cycle of attempts
         return _attempt_cycle_work(cfg, loss, images)
     branches = _cfg_branches(cfg)
     if method.rescores_transitions:
@@ -209,8 +209,9 @@ def step_work(cfg: PixelRLConfig, gpus: int) -> Work:
         pairs = loss.trains_on_pairs
         per_substep = 2 if pairs else 1  # chosen and rejected side by side
         passes = int(bool(needed & REFERENCE_STEP_KEYS)) + int("v_old" in needed)
-        samples = cfg.data.train_batch_size // gpus if pairs else images
-    sampled = images if cfg.algorithm.sample_source == "online" else 0
+        # a pair per prompt; a demonstration per row (supervised fine-tuning); else every sample
+        samples = cfg.data.train_batch_size // gpus if pairs or method.trains_on_demonstrations else images
+    sampled = images if cfg.algorithm.sample_source == "online" and method.samples_through_producer else 0
     return Work(sampled, r.num_steps, samples, substeps, per_substep, min(a.window_steps_per_forward or substeps,
                 substeps), passes, a.ppo_epochs, branches, optimizer_steps_per_rollout(cfg))
 

@@ -54,52 +54,80 @@ def decode_image_source(source, path: Path, row: int, key: str) -> np.ndarray:
         raise _row_error(path, row, f"`{key}` image {where} is not a readable image ({err})") from None
 
 
-def read_preference_file(path: str | Path, resolution: int, prompt_key: str = "prompt") -> list[dict]:
-    """Checked rows: {prompt, data_source, metadata, chosen, rejected (path or bytes), scores}."""
+def read_image_rows(path: str | Path, resolution: int, prompt_key: str, keys: tuple[str, ...], kind: str,
+                    write_hint: str) -> list[tuple[dict, dict]]:
+    """(checked row, its record) of a file whose rows each hold images under `keys`, all decoded
+    in full, of one size, and at `resolution` x `resolution`: {prompt, data_source, metadata,
+    file, row, <key>: path or bytes}. `kind` and `write_hint` name the file in its errors."""
     from pixelrl.core.assets import resolve
 
     path = Path(resolve(str(path), "data.train_files"))
     if not path.is_file():
-        raise DatasetError(f"preference file `{path}` does not exist: check data.train_files (write one with "
-                           "`pixelrl make-preferences`)")
+        raise DatasetError(f"{kind} file `{path}` does not exist: check data.train_files ({write_hint})")
     rows = []
     for number, record in read_records(path, prompt_key, kinds=".jsonl or .parquet"):
         row = {**_normalise(path, number, record, prompt_key), "file": str(path), "row": number}
         sizes = []
-        for key in IMAGE_KEYS:
+        for key in keys:
             row[key] = _image_source(record, key, path.parent, path, number)
             height, width, _ = decode_image_source(row[key], path, number, key).shape
             sizes.append((width, height))
-        if sizes[0] != sizes[1]:
-            raise _row_error(path, number, f"chosen is {sizes[0][0]}x{sizes[0][1]} but rejected is "
+        if len(set(sizes)) > 1:
+            raise _row_error(path, number, f"{keys[0]} is {sizes[0][0]}x{sizes[0][1]} but {keys[1]} is "
                                            f"{sizes[1][0]}x{sizes[1][1]}: a pair must have one size")
         if sizes[0] != (resolution, resolution):
             raise _row_error(path, number, f"images are {sizes[0][0]}x{sizes[0][1]}, the model trains at "
                                            f"rollout.resolution = {resolution}: resize the dataset or set it")
+        rows.append((row, record))
+    if not rows:
+        raise DatasetError(f"{kind} file `{path}` has no rows")
+    return rows
+
+
+def read_preference_file(path: str | Path, resolution: int, prompt_key: str = "prompt") -> list[dict]:
+    """Checked rows: {prompt, data_source, metadata, chosen, rejected (path or bytes), scores}."""
+    rows = []
+    for row, record in read_image_rows(path, resolution, prompt_key, IMAGE_KEYS, "preference",
+                                       "write one with `pixelrl make-preferences`"):
         for key in ("chosen_score", "rejected_score"):
             if record.get(key) is not None:
                 try:
                     row[key] = float(record[key])
                 except (TypeError, ValueError):
-                    raise _row_error(path, number, f"`{key}` must be a number, got {record[key]!r}") from None
+                    raise _row_error(Path(row["file"]), row["row"], f"`{key}` must be a number, got "
+                                                                   f"{record[key]!r}") from None
         rows.append(row)
-    if not rows:
-        raise DatasetError(f"preference file `{path}` has no rows")
     return rows
 
 
-class PreferenceDataset(PromptDataset):
-    """Prompt rows with a pair of images each, decoded on access (uint8 [H, W, 3])."""
+class ImageRowsDataset(PromptDataset):
+    """Prompt rows with images under `keys`, decoded on access (uint8 [H, W, 3]); trained as they
+    are, so the loader takes no condition buckets."""
+
+    keys: tuple[str, ...] = ()
+
+    def __getitem__(self, index: int) -> dict:
+        row = dict(self.rows[index])
+        for key in self.keys:
+            row[key] = decode_image_source(row[key], Path(row["file"]), row["row"], key)
+        return row
+
+    def loader_buckets(self) -> None:
+        return None
+
+
+class PreferenceDataset(ImageRowsDataset):
+    """Prompt rows with a pair of images each."""
+
+    keys = IMAGE_KEYS
 
     @classmethod
     def from_files(cls, files, resolution: int, prompt_key: str = "prompt") -> "PreferenceDataset":
         return cls([row for f in files for row in read_preference_file(f, resolution, prompt_key)])
 
-    def __getitem__(self, index: int) -> dict:
-        row = dict(self.rows[index])
-        for key in IMAGE_KEYS:
-            row[key] = decode_image_source(row[key], Path(row["file"]), row["row"], key)
-        return row
+    @staticmethod
+    def collate(rows: list[dict]) -> dict:
+        return collate_preferences(rows)
 
 
 def collate_preferences(rows: list[dict]) -> dict:

@@ -270,6 +270,14 @@ class PromptDataset(torch.utils.data.Dataset):
             return dict(Counter(self.row_sizes))
         return self.condition_counts()
 
+    def loader_buckets(self) -> list | None:
+        """What the loader batches apart (`EpochSampler`'s buckets): the condition buckets."""
+        return self.condition_buckets()
+
+    @staticmethod
+    def collate(rows: list[dict]) -> dict[str, list]:
+        return collate_rows(rows)
+
     def condition_buckets(self) -> list | None:
         """Each row's batching key when the rows differ in it (a batch stacks its rows' condition
         latents, so the loader batches each number of pictures, and each size, apart), else None."""

@@ -324,8 +324,9 @@ class ForwardProcessObjective(Objective):
             inputs = {"err_chosen": err[:b], "err_rejected": err[b:], "ref_err_chosen": ref_err[:b],
                       "ref_err_rejected": ref_err[b:]}
         else:
-            inputs = {"x0": clean[0], "x_t": x_t, "t": t, "eps": eps, "v": v, "v_ref": v_ref, "v_old": v_old,
-                      "advantages": micro["advantages"].to(device).float()}
+            inputs = {"x0": clean[0], "x_t": x_t, "t": t, "eps": eps, "v": v, "v_ref": v_ref, "v_old": v_old}
+            if "advantages" in micro:  # supervised fine-tuning's demonstrations carry none
+                inputs["advantages"] = micro["advantages"].to(device).float()
             if e.loss.whole_groups:  # the micro-batch's prompt groups, whole (the engine keeps them so)
                 inputs["groups"] = group_indices(micro["uids"]).to(device)
                 inputs["num_groups"] = len(set(micro["uids"]))
@@ -336,3 +337,8 @@ class ForwardProcessObjective(Objective):
         return e.loss(inputs, e.loss_options)
 
 
+@register_objective
+class SupervisedObjective(ForwardProcessObjective):
+    """Supervised fine-tuning's: the forward process on a dataset's targets (`algos.supervised`),
+    drawn and trained as the forward-process methods train their samples."""
+    name = "supervised"

@@ -362,11 +362,14 @@ class PolicyEngine:
 
     @torch.no_grad()
     def encode(self, batch: Batch) -> Batch:
-        """Clean latents of given images (offline preference pairs): `x0` from `images` and
-        `x0_rejected` from `images_rejected`, through the model's autoencoder when it has one."""
-        require_keys("encode", ("images", "images_rejected"), batch.keys())
+        """Clean latents of given images (demonstrations, offline preference pairs): `x0` from
+        `images` and, for a pair, `x0_rejected` from `images_rejected`, through the model's
+        autoencoder when it has one."""
+        require_keys("encode", ("images",), batch.keys())
         out = {}
         for source, target in (("images", "x0"), ("images_rejected", "x0_rejected")):
+            if source not in batch:
+                continue
             out[target] = torch.cat([self.model.encode(part[source]).cpu()
                                      for part in batch.split(max(1, self.cfg.rollout.micro_batch_size))])
         return Batch(out)

@@ -21,8 +21,7 @@ from PIL import Image
 from pixelrl.config.auto_size import estimated_peak_gb
 from pixelrl.config.sections import PixelRLConfig, validation_guidance
 from pixelrl.core.config_io import saved_yaml, to_yaml
-from pixelrl.data.preferences import collate_preferences
-from pixelrl.data.prompts import PromptDataset, collate_rows, make_loader
+from pixelrl.data.prompts import PromptDataset, make_loader
 from pixelrl.engine.evaluate import diversity
 from pixelrl.engine.image_stats import StatisticsDrift
 from pixelrl.engine.preflight import preflight_warnings
@@ -204,10 +203,9 @@ class DiffusionTrainer:
                      f"{reward_names(cfg)}; run folder {self.run_dir}")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(self.saved_yaml)
-        offline = cfg.algorithm.sample_source == "offline"
+        # prompt rows, preference pairs or demonstrations: each dataset says how its rows batch
         loader = make_loader(train_set, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed,
-                             drop_last=True, collate_fn=collate_preferences if offline else collate_rows,
-                             buckets=None if offline else train_set.condition_buckets())
+                             drop_last=True, collate_fn=train_set.collate, buckets=train_set.loader_buckets())
         total = t.total_training_steps or len(loader) * t.total_epochs
         self.best = BestCheckpoint(self.ckpt_root, t.best_metric) if t.best_metric else None
         try:

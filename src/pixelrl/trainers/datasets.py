@@ -9,13 +9,15 @@ from pathlib import Path
 
 from pixelrl.config.sections import PixelRLConfig
 from pixelrl.core.errors import ConfigError
+from pixelrl.algos.methods import method_of
+from pixelrl.data.demonstrations import DemonstrationDataset
 from pixelrl.data.preferences import PreferenceDataset
 from pixelrl.data.prompts import PromptDataset
 
 
 def datasets_of(cfg: PixelRLConfig):
     """(training set, validation set or None) as `cfg.data` names them: prompt files or inline
-    prompts, or preference pairs for offline sampling."""
+    prompts, preference pairs for offline sampling, or a supervised method's demonstrations."""
     d = cfg.data
     size = cfg.rollout.condition_size
     if cfg.algorithm.sample_source == "offline":
@@ -23,6 +25,11 @@ def datasets_of(cfg: PixelRLConfig):
             raise ConfigError("rollout.output_aspect", cfg.rollout.output_aspect, "offline preference pairs are "
                               "read at rollout.resolution, with no source to take an aspect from: leave it at square")
         train = PreferenceDataset.from_files(d.train_files, cfg.rollout.resolution, d.prompt_key)
+    elif method_of(cfg).trains_on_demonstrations:
+        if cfg.rollout.output_aspect != "square":
+            raise ConfigError("rollout.output_aspect", cfg.rollout.output_aspect, "demonstrations are read at "
+                              "rollout.resolution: leave it at square")
+        train = DemonstrationDataset.from_files(d.train_files, cfg.rollout.resolution, d.prompt_key)
     else:
         train = (PromptDataset.from_files(d.train_files, d.prompt_key, size, condition_fit=d.condition_fit)
                  if d.train_files else PromptDataset.from_prompts(d.prompts))

@@ -1,4 +1,5 @@
-"""The forward-process consumer: Diffusion-DPO, DiffusionNFT, AWM and DGPO.
+"""The forward-process consumer (Diffusion-DPO, DiffusionNFT, AWM and DGPO) and supervised
+fine-tuning's, which trains the same objective on a dataset's images.
 
 The producer is the shared one (`make_rollout`), but only the final clean samples are used: the
 consumer trains the `forward_process` objective, noising them again at sampled timesteps.
@@ -70,24 +71,43 @@ def train_on_forward_process(actor, rollout: Rollout, cfg, num_workers: int = 1,
 def offline_preference_step(actor, rows: dict, cfg, num_workers: int = 1) -> dict[str, float]:
     """Diffusion-DPO on a batch of dataset pairs: encode chosen and rejected images to clean
     latents on the workers, then update. A row holds its whole pair, so no mini-batch splits one."""
-    timer = PhaseTimer()
-    with timer.phase("encode"):
-        pairs = actor.encode(Batch({"images": rows["chosen"], "images_rejected": rows["rejected"]}))
-    train = Batch({"x0": pairs["x0"], "x0_rejected": pairs["x0_rejected"]}, {"prompts": rows["prompts"]},
-                  {"num_mini_batches": mini_batches_per_epoch(cfg)})
-    label_draws(train)
-    with timer.phase("update_actor"):
-        actor_metrics = actor.update(train)
-    metrics = actor_step_metrics(actor_metrics)
+    metrics = dataset_step(actor, Batch({"images": rows["chosen"], "images_rejected": rows["rejected"]}),
+                           rows["prompts"], cfg)
     for key, values in rows["scores"].items():
         known = [v for v in values if v is not None]
         if known:
             metrics[f"data/{key}/mean"] = float(np.mean(known))
+    metrics["training/pairs"] = metrics.pop("training/rows")
+    metrics["perf/throughput"] = metrics["training/pairs"] / metrics["timing_s/step"] / num_workers  # pairs/s/worker
+    return metrics
+
+
+def dataset_step(actor, images: Batch, prompts: list[str], cfg) -> dict[str, float]:
+    """One update on images a dataset holds (`images`, and a pair's `images_rejected`): encoded to
+    clean latents on the workers, their forward-process draws labelled, then trained."""
+    timer = PhaseTimer()
+    with timer.phase("encode"):
+        clean = actor.encode(images)
+    train = Batch(dict(clean.tensors), {"prompts": prompts}, {"num_mini_batches": mini_batches_per_epoch(cfg)})
+    label_draws(train)
+    with timer.phase("update_actor"):
+        actor_metrics = actor.update(train)
+    metrics = actor_step_metrics(actor_metrics)
     metrics.update({f"timing_s/{name}": secs for name, secs in timer.seconds.items()})
     metrics["timing_s/step"] = sum(timer.seconds.values())
-    metrics["training/pairs"] = len(train)
-    metrics["perf/throughput"] = len(train) / metrics["timing_s/step"] / num_workers  # pairs per second per worker
+    metrics["training/rows"] = len(train)
     return metrics
+
+
+def supervised_step(ctx: StepContext) -> tuple:
+    """Supervised fine-tuning's step: the loader's demonstrations, their targets trained on."""
+    rows = ctx.next_rows()
+    metrics = dataset_step(ctx.actor, Batch({"images": rows["targets"]}), rows["prompts"], ctx.cfg)
+    metrics["perf/throughput"] = metrics["training/rows"] / metrics["timing_s/step"] / ctx.actor.size
+    return None, metrics
+
+
+register_consumer("supervised")(supervised_step)
 
 
 class ForwardProcessConsumer(RolloutConsumer):

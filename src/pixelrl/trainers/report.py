@@ -20,7 +20,7 @@ from pixelrl.engine.image_stats import STATISTICS
 from pixelrl.trainers.tracking import read_metric_rows
 
 # curves drawn when the run logged them, in this order (a pattern ends with * for a prefix)
-CURVES = ("critic/rewards/mean", "student/loss", "fake_score/loss", "actor/pg_loss", "actor/kl", "actor/grad_norm",
+CURVES = ("critic/rewards/mean", "student/loss", "fake_score/loss", "actor/sft_loss", "actor/pg_loss", "actor/kl", "actor/grad_norm",
           "val-core/*", *(f"val-aux/image/{name}" for name in STATISTICS), "timing_s/step")
 MAX_GRIDS = 12  # the last ones by step: a long run's page stays small
 FIGURES = ("before_after.png", "base_teacher_student.png", "source_base_trained.png", "reward_curve.png",

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from pixelrl.config.sections import PixelRLConfig
-from pixelrl.core.errors import ConfigError
+from pixelrl.core.errors import ConfigError, PixelRLError
 
 LOCK_NAME = ".pixelrl.lock"
 
@@ -110,7 +110,7 @@ def interruption_summary(run_dir: Path, save_freq: int) -> str:
     steps = _logged_steps(run_dir)
     try:
         latest = find_resume_folder(run_dir / "checkpoints", "auto")
-    except ConfigError:
+    except PixelRLError:  # a damaged pointer or trainer state: a restart says so itself
         latest = None
     if latest is None:
         when = {0: "saves only at the last step", -1: "never saves"}.get(save_freq, f"saves every {save_freq} steps")

@@ -16,7 +16,8 @@ from pixelrl.core.progress import Progress
 
 ROLE_PREFIXES = ("student/", "fake_score/")
 CONSOLE_KEYS = ("critic/rewards/mean", "actor/pg_loss", "actor/kl", "actor/clipfrac", "actor/grad_norm",
-                "critic/explained_variance", "student/loss", "fake_score/loss", "perf/throughput", "perf/mfu", "timing_s/step")
+                "critic/explained_variance", "student/loss", "fake_score/loss", "actor/sft_loss", "perf/throughput",
+                "perf/mfu", "timing_s/step")
 
 
 CAPTION_PX = (12, 11, 10, 9, 8)  # the caption font sizes tried, largest first
