@@ -372,11 +372,10 @@ def cmd_make_demonstrations(args) -> int:
                           "overwrite: write to a new folder, or delete that one first")
     check_output_dir(args.out, "OUT")
     rows = PromptDataset.from_files([args.prompts], field="--prompts").rows
-    lacking = next((row for row in rows if scene_metadata_problem(row["metadata"])), None)
+    lacking = next(((row, problem) for row in rows if (problem := scene_metadata_problem(row["metadata"]))), None)
     if lacking is not None:
-        raise ConfigError("--prompts", args.prompts, f"the row {lacking['prompt'][:60]!r} has "
-                          f"{scene_metadata_problem(lacking['metadata'])}: the scenes are rendered from each row's "
-                          "metadata (docs/shapes.md, 'Your own prompts')")
+        raise ConfigError("--prompts", args.prompts, f"the row {lacking[0]['prompt'][:60]!r} has {lacking[1]}: the "
+                          "scenes are rendered from each row's metadata (docs/shapes.md, 'Your own prompts')")
     path = write_demonstrations(rows, Path(args.out), per_prompt=args.per_prompt, seed=args.seed)
     print(f"{len(rows) * args.per_prompt} exact scenes of {len(rows)} prompts; wrote {path}")
     return 0

@@ -236,7 +236,7 @@ def _is_the_base(cfg: PixelRLConfig, spec: str) -> bool:
 def _check_teacher(cfg: PixelRLConfig, field: str, spec: str) -> None:
     from safetensors import safe_open
 
-    from pixelrl.engine.checkpoint import LORA_FILE, TEACHER_FILE_FIX, teacher_weights
+    from pixelrl.engine.checkpoint import LORA_FILE, TEACHER_FILE_FIX, teacher_files, teacher_weights
 
     weights = teacher_weights(spec)
     if weights is None:
@@ -259,9 +259,7 @@ def _check_teacher(cfg: PixelRLConfig, field: str, spec: str) -> None:
         raise ConfigError(field, spec, f"no {LORA_FILE} there (nor in a checkpoint's actor/ema_adapter or "
                           "actor/adapter): name an RL run's global_step_N folder, a `pixelrl export --adapter-only` "
                           "folder, any diffusers LoRA folder of this model family, or a pipeline folder of it")
-    files = [weights.path / LORA_FILE] if weights.kind == "lora" else (
-        [weights.path] if weights.path.is_file() else sorted(weights.path.glob("*.safetensors")))
-    for file in files:  # the header says how long the file must be: a copy cut short shows here
+    for file in teacher_files(weights):  # the header says how long the file must be: a copy cut short shows here
         try:
             with safe_open(str(file), "pt"):
                 pass

@@ -30,10 +30,10 @@ class Progress:
         if since <= 0:
             return ""
         elapsed = self.clock() - self.start
-        eta = elapsed / since * max(0, self.total - done)
+        eta, ends = elapsed / since * max(0, self.total - done), ""
         if self.budget_s > 0 and self.budget_s - elapsed < eta:
-            return f"{done}/{self.total}, {duration(elapsed)}, eta {duration(max(0.0, self.budget_s - elapsed))} (time budget)"
-        return f"{done}/{self.total}, {duration(elapsed)}, eta {duration(eta)}"
+            eta, ends = max(0.0, self.budget_s - elapsed), " (time budget)"
+        return f"{done}/{self.total}, {duration(elapsed)}, eta {duration(eta)}{ends}"
 
 
 def report_progress(what: str, progress: Progress, done: int, stream=None) -> None:

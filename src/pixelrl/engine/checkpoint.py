@@ -81,11 +81,18 @@ def teacher_weights(spec: str) -> TeacherWeights | None:
     return TeacherWeights("lora", folder)
 
 
+def teacher_files(weights: TeacherWeights) -> list[Path]:
+    """The safetensors files a teacher's weights are in: a LoRA folder's one file, a whole
+    denoiser's file, or a pipeline's `transformer/` folder of them."""
+    if weights.kind == "lora":
+        return [weights.path / LORA_FILE]
+    return [weights.path] if weights.path.is_file() else sorted(weights.path.glob("*.safetensors"))
+
+
 def teacher_state(weights: TeacherWeights) -> dict[str, torch.Tensor]:
     """A whole-denoiser teacher's tensors by parameter name."""
-    files = [weights.path] if weights.path.is_file() else sorted(weights.path.glob("*.safetensors"))
     state: dict[str, torch.Tensor] = {}
-    for file in files:
+    for file in teacher_files(weights):
         state.update(read_checkpoint_file(file, lambda path: load_file(str(path)), TEACHER_FILE_FIX))
     return state
 

@@ -114,14 +114,13 @@ def check_reward_metadata(cfg: PixelRLConfig, dataset: PromptDataset, field: str
         problem_of = getattr(REWARDS.get(function["name"]), "metadata_problem", None)
         if problem_of is None:
             continue
-        problems = [(row, problem_of(row["metadata"])) for row in dataset.rows]
-        bad = [(row, problem) for row, problem in problems if problem]
+        bad = [(row, problem) for row in dataset.rows if (problem := problem_of(row["metadata"]))]
         if bad:
             row, problem = bad[0]
             where = (f"{len(dataset.rows)} inline prompts" if field == "data.prompts"
                      else list(getattr(cfg.data, field.split(".")[1])))
             raise ConfigError(field, where, f"reward `{function['name']}` judges each image from its row's `metadata`, "
-                              f"and {len(bad)} of {len(problems)} rows lack it (the row {row['prompt'][:60]!r}: "
+                              f"and {len(bad)} of {len(dataset.rows)} rows lack it (the row {row['prompt'][:60]!r}: "
                               f"{problem}): give every row that metadata (docs/shapes.md, 'Your own prompts', says what "
                               "it holds; builtin:shapes and builtin:shapes_edit rows carry it), or use another reward")
 

@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 
 from pixelrl.engine.image_stats import STATISTICS
+from pixelrl.trainers.curves import split_points
 from pixelrl.trainers.tracking import read_metric_rows
 
 # curves drawn when the run logged them, in this order (a pattern ends with * for a prefix)
@@ -107,11 +108,9 @@ def timing_table(rows: list[dict]) -> str:
         return "<p>No timings logged.</p>"
     cells = []
     for key in keys:
-        values = [float(r[key]) for r in rows if isinstance(r.get(key), (int, float))]
-        finite = [v for v in values if math.isfinite(v)]
+        _, finite, bad = split_points(rows, key)
         mean = f"{sum(finite) / len(finite):.3f}" if finite else ""
-        skipped = len(values) - len(finite)
-        note = f' <span class="bad">({skipped} not finite, left out)</span>' if skipped else ""
+        note = f' <span class="bad">({len(bad)} not finite, left out)</span>' if bad else ""
         cells.append(f"<tr><td>{html.escape(key[9:])}</td><td>{mean}</td><td>{sum(finite):.1f}{note}</td></tr>")
     return ("<table class=\"timing\"><tr><th>phase</th><th>mean s per step</th><th>total s</th></tr>"
             + "".join(cells) + "</table>")
