@@ -7,7 +7,7 @@
     pixelrl generate --prompt "..." [--model PATH]      an image grid (PNG)
     pixelrl pretrain-shapes OUT [--steps N] [--world W]  pretrain a shapes model from scratch (scenes, text, edit)
     pixelrl make-preferences OUT [--prompts FILE]       offline DPO pairs from a model's scored samples
-    pixelrl make-demonstrations OUT [--per-prompt N]    exact shapes scenes: rows for supervised fine-tuning
+    pixelrl make-demonstrations OUT [--world edit]     exact shapes scenes or edits: rows for supervised fine-tuning
     pixelrl demo [key=value ...]                        AWM on the shipped shapes model, before/after
     pixelrl demo-distill [--teacher DIR]                then distil the demo's policy into a LoRA (on-policy)
     pixelrl demo-edit [key=value ...]                   RL on the shipped shapes editing model, before/after

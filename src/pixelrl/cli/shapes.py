@@ -364,14 +364,22 @@ def cmd_make_preferences(args) -> int:
 def cmd_make_demonstrations(args) -> int:
     from pixelrl.core.errors import ConfigError
     from pixelrl.data.prompts import PromptDataset
-    from pixelrl.shapes.demonstrations import write_demonstrations
+    from pixelrl.shapes.demonstrations import write_demonstrations, write_edit_demonstrations
+    from pixelrl.shapes.edit_world import EDITS
     from pixelrl.shapes.detector import scene_metadata_problem
 
     if (Path(args.out) / "demonstrations.jsonl").exists():
         raise ConfigError("OUT", args.out, "already holds a demonstrations.jsonl (and its images), which this would "
                           "overwrite: write to a new folder, or delete that one first")
     check_output_dir(args.out, "OUT")
-    rows = PromptDataset.from_files([args.prompts], field="--prompts").rows
+    if args.world == "edit":
+        if args.prompts is not None:
+            raise ConfigError("--prompts", args.prompts, "the editing world's demonstrations are drawn from its own "
+                              "instructions (`--per-edit` of each kind of edit): leave --prompts out with --world edit")
+        path = write_edit_demonstrations(Path(args.out), per_edit=args.per_edit, seed=args.seed)
+        print(f"{args.per_edit} edits of each of {len(EDITS)} kinds (source and a correct edit); wrote {path}")
+        return 0
+    rows = PromptDataset.from_files([args.prompts or "builtin:shapes/train_balanced"], field="--prompts").rows
     lacking = next(((row, problem) for row in rows if (problem := scene_metadata_problem(row["metadata"]))), None)
     if lacking is not None:
         raise ConfigError("--prompts", args.prompts, f"the row {lacking[0]['prompt'][:60]!r} has {lacking[1]}: the "
@@ -509,8 +517,11 @@ def add_parsers(sub) -> None:
     demos = sub.add_parser("make-demonstrations", help="render each prompt's exact scene: (prompt, target) rows for "
                            "supervised fine-tuning (algorithm.trainer_type=supervised)")
     demos.add_argument("out", help="folder for demonstrations.jsonl and images/")
-    demos.add_argument("--prompts", default="builtin:shapes/train_balanced", help="a prompt file whose rows carry "
-                       "scene metadata")
-    demos.add_argument("--per-prompt", type=positive_int, default=4, help="layouts (seeds) rendered per prompt")
+    demos.add_argument("--world", choices=["scenes", "edit"], default="scenes", help="scenes: (prompt, target) "
+                       "rows; edit: (instruction, source, target) rows of the editing world's train instructions")
+    demos.add_argument("--prompts", default=None, help="scenes: a prompt file whose rows carry scene metadata "
+                       "(default builtin:shapes/train_balanced)")
+    demos.add_argument("--per-prompt", type=positive_int, default=4, help="scenes: layouts (seeds) rendered per prompt")
+    demos.add_argument("--per-edit", type=positive_int, default=128, help="edit: items of each kind of edit")
     demos.add_argument("--seed", type=non_negative_int, default=0, help="the first layout seed")
     demos.set_defaults(func=cmd_make_demonstrations)

@@ -1,11 +1,14 @@
-"""Demonstrations for supervised fine-tuning: (prompt, target image) rows.
+"""Demonstrations for supervised fine-tuning: (prompt, target image) rows, and for an edit family
+(instruction, source image(s), target image) rows.
 
 A `.jsonl` or `.parquet` file; each row has the prompt (`data.prompt_key`), `target` (the image
 the model should draw for it: a path relative to the file's folder or absolute, raw bytes, or
-`{"bytes": ...}` / `{"path": ...}` as a Hugging Face image column exports it), and optionally
-`data_source` and `metadata` (handed to the validation rewards). Every target is decoded in full
-when the file is read and must be rollout.resolution square; it is decoded again when its row is
-drawn.
+`{"bytes": ...}` / `{"path": ...}` as a Hugging Face image column exports it), for an edit family
+its source as a prompt row names it (`image`, or `images` for several: paths relative to the
+file), and optionally `data_source` and `metadata` (handed to the validation rewards). Every
+target and source is decoded in full when the file is read, and a target must be
+rollout.resolution square; both are decoded again when their row is drawn, the sources fitted to
+the run's condition size as a prompt row's are.
 """
 
 from __future__ import annotations
@@ -16,25 +19,42 @@ import numpy as np
 import torch
 
 from pixelrl.data.preferences import ImageRowsDataset, read_image_rows
+from pixelrl.data.prompts import _condition_paths, collate_rows
 
 TARGET_KEY = "target"
 
 
 def read_demonstration_file(path: str | Path, resolution: int, prompt_key: str = "prompt") -> list[dict]:
-    """Checked rows: {prompt, data_source, metadata, file, row, target (path or bytes)}."""
-    return [row for row, _ in read_image_rows(path, resolution, prompt_key, (TARGET_KEY,), "demonstration",
-                                              "write the shapes world's with `pixelrl make-demonstrations`")]
+    """Checked rows: {prompt, data_source, metadata, file, row, target (path or bytes)[, images]}."""
+    rows = []
+    for row, record in read_image_rows(path, resolution, prompt_key, (TARGET_KEY,), "demonstration",
+                                       "write the shapes world's with `pixelrl make-demonstrations`"):
+        sources = _condition_paths(Path(row["file"]), row["row"], record)
+        rows.append({**row, "images": sources} if sources else row)
+    return rows
 
 
 class DemonstrationDataset(ImageRowsDataset):
+    """Demonstration rows; a row with sources also carries them decoded at `output_size` (the
+    run's condition size), and rows are batched apart by their number of sources."""
+
     keys = (TARGET_KEY,)
 
     @classmethod
-    def from_files(cls, files, resolution: int, prompt_key: str = "prompt") -> "DemonstrationDataset":
-        return cls([row for f in files for row in read_demonstration_file(f, resolution, prompt_key)])
+    def from_files(cls, files, resolution: int, prompt_key: str = "prompt",
+                   condition_size: tuple[int, int] | None = None,
+                   condition_fit: str = "crop") -> "DemonstrationDataset":
+        return cls([row for f in files for row in read_demonstration_file(f, resolution, prompt_key)],
+                   condition_size, condition_fit)
+
+    def __getitem__(self, index: int) -> dict:
+        return self.with_conditions(super().__getitem__(index), index)
+
+    def loader_buckets(self) -> list | None:
+        return self.condition_buckets()
 
     @staticmethod
     def collate(rows: list[dict]) -> dict:
-        return {"prompts": [r["prompt"] for r in rows], "data_sources": [r["data_source"] for r in rows],
-                "metadata": [r["metadata"] for r in rows],
-                "targets": torch.from_numpy(np.stack([r[TARGET_KEY] for r in rows]))}
+        batch = collate_rows(rows)
+        batch["targets"] = torch.from_numpy(np.stack([r[TARGET_KEY] for r in rows]))
+        return batch

@@ -305,7 +305,10 @@ class PromptDataset(torch.utils.data.Dataset):
         return len(self.rows)
 
     def __getitem__(self, index: int) -> dict:
-        row = self.rows[index]
+        return self.with_conditions(self.rows[index], index)
+
+    def with_conditions(self, row: dict, index: int) -> dict:
+        """`row` with its condition images decoded (`condition_images`), as it is when it has none."""
         if not row.get("images"):
             return row
         if self.row_sizes is not None:

@@ -29,7 +29,9 @@ def datasets_of(cfg: PixelRLConfig):
         if cfg.rollout.output_aspect != "square":
             raise ConfigError("rollout.output_aspect", cfg.rollout.output_aspect, "demonstrations are read at "
                               "rollout.resolution: leave it at square")
-        train = DemonstrationDataset.from_files(d.train_files, cfg.rollout.resolution, d.prompt_key)
+        train = DemonstrationDataset.from_files(d.train_files, cfg.rollout.resolution, d.prompt_key, size,
+                                                condition_fit=d.condition_fit)
+        check_conditions(cfg, train, "data.train_files")
     else:
         train = (PromptDataset.from_files(d.train_files, d.prompt_key, size, condition_fit=d.condition_fit)
                  if d.train_files else PromptDataset.from_prompts(d.prompts))

@@ -72,7 +72,7 @@ def offline_preference_step(actor, rows: dict, cfg, num_workers: int = 1) -> dic
     """Diffusion-DPO on a batch of dataset pairs: encode chosen and rejected images to clean
     latents on the workers, then update. A row holds its whole pair, so no mini-batch splits one."""
     metrics = dataset_step(actor, Batch({"images": rows["chosen"], "images_rejected": rows["rejected"]}),
-                           rows["prompts"], cfg)
+                           {"prompts": rows["prompts"]}, cfg)
     for key, values in rows["scores"].items():
         known = [v for v in values if v is not None]
         if known:
@@ -82,13 +82,14 @@ def offline_preference_step(actor, rows: dict, cfg, num_workers: int = 1) -> dic
     return metrics
 
 
-def dataset_step(actor, images: Batch, prompts: list[str], cfg) -> dict[str, float]:
+def dataset_step(actor, images: Batch, conditions: dict, cfg) -> dict[str, float]:
     """One update on images a dataset holds (`images`, and a pair's `images_rejected`): encoded to
-    clean latents on the workers, their forward-process draws labelled, then trained."""
+    clean latents on the workers, their forward-process draws labelled, then trained under their
+    rows' `conditions` (the prompts, and an edit's `condition_images`)."""
     timer = PhaseTimer()
     with timer.phase("encode"):
         clean = actor.encode(images)
-    train = Batch(dict(clean.tensors), {"prompts": prompts}, {"num_mini_batches": mini_batches_per_epoch(cfg)})
+    train = Batch(dict(clean.tensors), dict(conditions), {"num_mini_batches": mini_batches_per_epoch(cfg)})
     label_draws(train)
     with timer.phase("update_actor"):
         actor_metrics = actor.update(train)
@@ -100,9 +101,11 @@ def dataset_step(actor, images: Batch, prompts: list[str], cfg) -> dict[str, flo
 
 
 def supervised_step(ctx: StepContext) -> tuple:
-    """Supervised fine-tuning's step: the loader's demonstrations, their targets trained on."""
+    """Supervised fine-tuning's step: the loader's demonstrations, their targets trained on (an
+    edit's under its sources)."""
     rows = ctx.next_rows()
-    metrics = dataset_step(ctx.actor, Batch({"images": rows["targets"]}), rows["prompts"], ctx.cfg)
+    conditions = {key: rows[key] for key in ("prompts", "condition_images") if key in rows}
+    metrics = dataset_step(ctx.actor, Batch({"images": rows["targets"]}), conditions, ctx.cfg)
     metrics["perf/throughput"] = metrics["training/rows"] / metrics["timing_s/step"] / ctx.actor.size
     return None, metrics
 
