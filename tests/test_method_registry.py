@@ -123,7 +123,8 @@ def example_method():
     from pixelrl.engine.objectives import OBJECTIVES
     from pixelrl.trainers.consumers import CONSUMERS
 
-    register_method(MethodSpec(METHOD, trained_roles=("student", HELPER), attempt_cycle=lambda loss_cfg: CYCLE))
+    register_method(MethodSpec(METHOD, trained_roles=("student", HELPER), attempt_cycle=lambda loss_cfg: CYCLE,
+                               training_metrics=("helper/loss", "student/weight_mean")))
     register_loss(LOSS, objective=METHOD, batch_keys=("x0", "advantages"),
                   step_keys=("v", "target", "weights"))(weighted_flow_matching)
     register_objective(TwoRoleObjective)
@@ -134,10 +135,11 @@ def example_method():
 
 
 def test_a_method_registered_outside_the_package_trains_both_roles_on_rewards(example_method, tmp_path,
-                                                                              tiny_pixel_path):
+                                                                              tiny_pixel_path, capsys):
     """Two steps through the real controller (one process): both adapters move, each role steps
     once per attempt of its cycle (the learner's schedule counted from the spec), the rewards
-    reach the student's weights, and the checkpoint holds the second role."""
+    reach the student's weights, and the checkpoint holds the second role. The metrics its spec
+    names are on the console line (a role's under its name) and drawn in the run report."""
     from safetensors.torch import load_file
 
     from pixelrl.config.validation import validate
@@ -146,7 +148,7 @@ def test_a_method_registered_outside_the_package_trains_both_roles_on_rewards(ex
     cfg = tiny_config(tiny_pixel_path, algorithm__trainer_type=METHOD, rollout__noise_level=0.0,
                       rollout__num_steps=4, data__train_batch_size=2, trainer__total_training_steps=2,
                       trainer__backend="local", trainer__n_workers=1, trainer__save_freq=2, trainer__test_freq=-1,
-                      trainer__logger=["jsonl"], trainer__default_local_dir=str(tmp_path))
+                      trainer__logger=["jsonl", "console"], trainer__default_local_dir=str(tmp_path))
     cfg.diffusion_loss.name = LOSS
     cfg.data.prompts = ["a red circle", "two blue squares", "a green tree", "a flower"]
     cfg.reward.functions = [{"name": "jpeg_compressibility", "weight": 1.0}]
@@ -156,6 +158,11 @@ def test_a_method_registered_outside_the_package_trains_both_roles_on_rewards(ex
     assert len(history) == 2
     assert all("helper/loss" in row and "student/loss" in row and "critic/rewards/mean" in row for row in history)
     assert all(0.0 < row["student/weight_mean"] < 1.0 for row in history)  # advantages select the samples
+    step_lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step 2:")]
+    assert "  helper/loss=" in step_lines[0] and "  student/weight_mean=" in step_lines[0]
+    from pixelrl.trainers.report import curve_keys
+
+    assert {"helper/loss", "student/weight_mean"} <= set(curve_keys(history))
     actor = tmp_path / "pixelrl" / cfg.trainer.experiment_name / "checkpoints" / "global_step_2" / "actor"
     student = load_file(str(actor / "trainable.safetensors"))
     helper = {k.replace(f".{HELPER}.", ".default."): v

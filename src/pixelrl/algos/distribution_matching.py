@@ -130,6 +130,7 @@ def check_distribution_matching(cfg) -> None:
 
 register_method(MethodSpec("distribution_matching", trained_roles=TRAINED_ROLES, samples_through_producer=False,
                            reads_rewards=False, reads_teacher=True, attempt_cycle=cycle_of,
+                           training_metrics=("student/loss", "fake_score/loss"),
                            check=check_distribution_matching))
 
 

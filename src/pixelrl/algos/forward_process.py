@@ -28,7 +28,9 @@ def check_forward_process(cfg) -> None:
 
 
 # Diffusion-DPO, DiffusionNFT, AWM, DGPO: the producer's clean samples re-noised at drawn timesteps
-register_method(MethodSpec("forward_process", check=check_forward_process))
+# offline Diffusion-DPO samples nothing in training: its implicit accuracy says how it goes
+register_method(MethodSpec("forward_process", training_metrics=("critic/rewards/mean", "actor/implicit_acc"),
+                           check=check_forward_process))
 
 
 # AWM's grid strata (the reference's `time_type`s): K strata of the sampler's grid indices up to

@@ -50,6 +50,9 @@ class MethodSpec:
     # (diffusion_loss section) -> the attempts of one training step in order, each a trained
     # role's name; None: one rollout per step, trained for actor.ppo_epochs x mini-batches
     attempt_cycle: Callable | None = None
+    # the metrics that say how its training goes, in order: printed on each step's console line,
+    # drawn first in the run report, and the first one a run logged is its done line's
+    training_metrics: tuple[str, ...] = ("critic/rewards/mean",)
     # the method's own rules on the run's config (the whole config object; each check names the
     # sections it reads); the rules every method shares stay in config/validation.py
     check: Callable = _no_checks
@@ -75,3 +78,19 @@ def method_of(cfg) -> MethodSpec:
 def method_of_loss(loss) -> MethodSpec:
     """The method family a registered loss (its `LossSpec`) trains under."""
     return METHODS.get(loss.objective, "diffusion_loss.name")
+
+
+def training_metric_keys() -> tuple[str, ...]:
+    """Every registered method's `training_metrics`, each once, in registration order (the
+    built-in methods first): what a run's console line and report look for whatever ran."""
+    keys: dict[str, None] = {}
+    for spec in METHODS.entries():
+        keys.update(dict.fromkeys(spec.training_metrics))
+    return tuple(keys)
+
+
+def trained_role_prefixes() -> tuple[str, ...]:
+    """The metric prefixes of every method's trained roles beyond the policy (DMD2's `student/`,
+    `fake_score/`): their metrics keep the prefix where others drop `actor/`."""
+    return tuple(dict.fromkeys(f"{role}/" for spec in METHODS.entries() for role in spec.trained_roles
+                               if role != POLICY_ROLE))

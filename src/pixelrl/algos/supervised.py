@@ -58,4 +58,5 @@ def check_supervised(cfg) -> None:
 
 
 register_method(MethodSpec("supervised", samples_through_producer=False, reads_rewards=False,
-                           trains_on_demonstrations=True, check=check_supervised))
+                           trains_on_demonstrations=True, training_metrics=("actor/sft_loss",),
+                           check=check_supervised))

@@ -28,11 +28,12 @@ def cmd_train(args) -> int:
     if not history:
         print("done: no steps left to train (the latest checkpoint is at trainer.total_training_steps)")
         return 0
+    from pixelrl.config.sections import training_metrics_of
+
     first, last = history[0], history[-1]
-    # offline DPO generates nothing during training: its implicit accuracy instead; DMD2 scores no
-    # training sample: its student loss; supervised fine-tuning: its flow-matching loss
-    key = next(k for k in ("critic/rewards/mean", "actor/implicit_acc", "student/loss", "actor/sft_loss") if k in first)
-    print(f"done: {len(history)} steps, {key} {first[key]:.4f} -> {last[key]:.4f}; run folder {result['run_dir']}")
+    key = next((k for k in training_metrics_of(cfg.algorithm.trainer_type) if k in first and k in last), None)
+    moved = f", {key} {first[key]:.4f} -> {last[key]:.4f}" if key else ""
+    print(f"done: {len(history)} steps{moved}; run folder {result['run_dir']}")
     return 0
 
 

@@ -228,12 +228,14 @@ class SeparateTrainer:
     vision-language trainer): `schema` is its config class (PixelRLConfig plus its sections),
     `check(cfg)` raises a ConfigError, `trainer_class()` imports and returns the trainer,
     `upgrade_saved(layer)` rewrites a saved config of an earlier schema in place (None: none),
-    `diffusion_field_hints` says what to use instead of a diffusion field, where there is something."""
+    `diffusion_field_hints` says what to use instead of a diffusion field, where there is something,
+    `training_metrics` what says how its training goes (as a `MethodSpec`'s)."""
     schema: type
     check: Callable[[PixelRLConfig], None]
     trainer_class: Callable[[], type]
     upgrade_saved: Callable | None = None
     diffusion_field_hints: dict = field(default_factory=dict)
+    training_metrics: tuple[str, ...] = ("critic/rewards/mean",)
 
 
 SEPARATE_TRAINERS: Registry = Registry("trainer type", "algorithm.trainer_type")
@@ -244,6 +246,13 @@ def schema_for(trainer_type: str) -> type:
     if trainer_type in METHODS or trainer_type not in SEPARATE_TRAINERS:
         return PixelRLConfig  # an unknown type is reported by validation, with the known ones
     return SEPARATE_TRAINERS.get(trainer_type).schema
+
+
+def training_metrics_of(trainer_type: str) -> tuple[str, ...]:
+    """The metrics that say how a run of this trainer type trains: its method's, or its separate
+    trainer's."""
+    spec = SEPARATE_TRAINERS.get(trainer_type) if trainer_type in SEPARATE_TRAINERS else METHODS.get(trainer_type)
+    return spec.training_metrics
 
 
 def _current_trainer_type(layers: list, warn: bool) -> str:

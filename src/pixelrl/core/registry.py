@@ -46,6 +46,11 @@ class Registry(Generic[T]):
                 f"unknown {self.kind}; choose one of {sorted(self._entries)}, or register your own in a module "
                 "or .py file listed under `plugins:` (imported in every worker)") from None
 
+    def entries(self) -> list[T]:
+        """Every registered object once (aliases share one), in registration order."""
+        self._complete()
+        return list({id(obj): obj for obj in self._entries.values()}.values())
+
     def names(self) -> list[str]:
         self._complete()
         return sorted(self._entries)

@@ -16,13 +16,15 @@ import json
 import math
 from pathlib import Path
 
+from pixelrl.algos.methods import training_metric_keys
 from pixelrl.engine.image_stats import STATISTICS
 from pixelrl.trainers.curves import split_points
 from pixelrl.trainers.tracking import read_metric_rows
 
 # curves drawn when the run logged them, in this order (a pattern ends with * for a prefix)
-CURVES = ("critic/rewards/mean", "student/loss", "fake_score/loss", "actor/sft_loss", "actor/pg_loss", "actor/kl", "actor/grad_norm",
-          "val-core/*", *(f"val-aux/image/{name}" for name in STATISTICS), "timing_s/step")
+# after the methods' own training metrics (`MethodSpec.training_metrics`)
+CURVES = ("actor/pg_loss", "actor/kl", "actor/grad_norm", "val-core/*",
+          *(f"val-aux/image/{name}" for name in STATISTICS), "timing_s/step")
 MAX_GRIDS = 12  # the last ones by step: a long run's page stays small
 FIGURES = ("before_after.png", "base_teacher_student.png", "source_base_trained.png", "reward_curve.png",
            "validation_curve.png")
@@ -31,7 +33,7 @@ FIGURES = ("before_after.png", "base_teacher_student.png", "source_base_trained.
 def curve_keys(rows: list[dict]) -> list[str]:
     present = sorted({k for row in rows for k in row})
     keys = []
-    for pattern in CURVES:
+    for pattern in (*training_metric_keys(), *CURVES):
         if pattern.endswith("*"):
             keys += [k for k in present if k.startswith(pattern[:-1]) and k not in keys]
         elif pattern in present:

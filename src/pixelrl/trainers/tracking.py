@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from pixelrl.algos.methods import trained_role_prefixes, training_metric_keys
 from pixelrl.core.errors import ConfigError
 from pixelrl.core.progress import Progress
 
-ROLE_PREFIXES = ("student/", "fake_score/")
-CONSOLE_KEYS = ("critic/rewards/mean", "actor/pg_loss", "actor/kl", "actor/clipfrac", "actor/grad_norm",
-                "critic/explained_variance", "student/loss", "fake_score/loss", "actor/sft_loss", "perf/throughput",
-                "perf/mfu", "timing_s/step")
+# shown on the console line after the methods' own training metrics (`MethodSpec.training_metrics`)
+CONSOLE_KEYS = ("actor/pg_loss", "actor/kl", "actor/clipfrac", "actor/grad_norm", "critic/explained_variance",
+                "perf/throughput", "perf/mfu", "timing_s/step")
 
 
 CAPTION_PX = (12, 11, 10, 9, 8)  # the caption font sizes tried, largest first
@@ -126,8 +126,9 @@ class Tracker:
             self._wandb.log(clean, step=step)
         if "console" in self.loggers:
             # a trained role's metrics keep their role (DMD2's student/loss and fake_score/loss)
-            shown = [f"{k if k.startswith(ROLE_PREFIXES) else k.split('/', 1)[-1]}={clean[k]:.4g}"
-                     for k in CONSOLE_KEYS if k in clean]
+            roles = trained_role_prefixes()
+            shown = [f"{k if k.startswith(roles) else k.split('/', 1)[-1]}={clean[k]:.4g}"
+                     for k in (*training_metric_keys(), *CONSOLE_KEYS) if k in clean]
             shown += [f"{k}={v:.4g}" for k, v in clean.items() if k.startswith(("val-core/", "val/"))]
             suffix = self.progress.line(step) if self.progress is not None else ""
             self.console(f"step {step}: " + "  ".join(shown) + (f"  [{suffix}]" if suffix else ""))
