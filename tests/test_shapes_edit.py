@@ -214,6 +214,19 @@ def test_eval_scores_an_editing_model_per_kind_of_edit(tmp_path, capsys):
     assert result["num_images"] == 10 and result["model"] == "builtin:shapes_edit" and result["num_steps"] == 3
     low, high = result["exact_interval"]
     assert low <= result["exact"] <= high and set(result["exact_by_edit"]) == set(edit_world.EDITS)
+    # paired against itself: every verdict's gain is 0 in a [0, 0] interval, and the pair is recorded
+    paired = tmp_path / "paired.json"
+    assert main(["eval", "--task", "edit", "--per-category", "2", "--steps", "3", "--baseline", str(out),
+                 "--out", str(paired)]) == 0
+    printed = capsys.readouterr().out
+    assert f"edit succeeded (exact): {result['exact']:.3f} -> {result['exact']:.3f} (+0.000, paired 95% interval " \
+           "[+0.000, +0.000])" in printed and "source pixels kept: " in printed
+    assert json.loads(paired.read_text())["paired"] == {"baseline": str(out), "exact_gain_interval": [0.0, 0.0]}
+    # a baseline of other items, or sampled otherwise, is refused before anything is sampled
+    for extra, message in ((["--per-category", "1"], "scored on other items"),
+                           (["--per-category", "2", "--steps", "2"], "sampled with num_steps = 3")):
+        assert main(["eval", "--task", "edit", *extra, "--baseline", str(out), "--out", str(tmp_path / "x.json")]) == 2
+        assert message in capsys.readouterr().err and not (tmp_path / "x.json").exists()
 
 
 def test_what_the_edit_reward_needs_of_a_rows_metadata_by_hand():

@@ -52,12 +52,11 @@ def cmd_eval(args) -> int:
     check_output_file(args.out, "--out", (".json",))
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     if args.task != "scenes":
-        if args.baseline:
+        if args.baseline and args.task == "text":
             from pixelrl.core.errors import ConfigError
 
-            raise ConfigError("--baseline", args.baseline, f"paired comparisons are of the scenes task: drop --task "
-                              f"{args.task}" + (" (`pixelrl demo-edit` prints the paired gains of its run)"
-                                                if args.task == "edit" else ""))
+            raise ConfigError("--baseline", args.baseline, "paired comparisons are of the scenes and edit tasks: drop "
+                              "--task text")
         return _eval_text(args) if args.task == "text" else _eval_edit(args)
     items = evaluation_items(args.split, per_category=args.per_category or 64, seed=args.seed)
     baseline = _read_baseline(args.baseline, items) if args.baseline else None  # before the model loads
@@ -178,8 +177,13 @@ def _check_baseline_sampling(path: str, baseline: dict, sampling: dict) -> None:
                               "again as this model samples")
 
 
-def _read_baseline(path: str, items: list[dict]) -> dict:
-    """A results.json of an earlier `pixelrl eval` on the same items, for paired intervals."""
+SCENES_RESULT_KEYS = ("items", "strict", "overall", "overall_exact", "overall_partial", "extra_objects", "diversity")
+EDIT_RESULT_KEYS = ("items", "exact", "followed", "kept", "careful", "pixels_kept")
+
+
+def _read_baseline(path: str, items: list[dict], needed: tuple[str, ...] = SCENES_RESULT_KEYS,
+                   task: str = "scenes") -> dict:
+    """A results.json of an earlier `pixelrl eval` of `task` on the same items, for paired intervals."""
     import json
 
     from pixelrl.core.errors import ConfigError
@@ -192,9 +196,8 @@ def _read_baseline(path: str, items: list[dict]) -> dict:
     except (OSError, ValueError) as err:
         raise ConfigError("--baseline", path, f"cannot read it as JSON ({err.__class__.__name__}): pass the "
                           "results.json an earlier `pixelrl eval --out` wrote") from None
-    needed = ("items", "strict", "overall", "overall_exact", "overall_partial", "extra_objects", "diversity")
     if not isinstance(baseline, dict) or any(k not in baseline for k in needed):
-        raise ConfigError("--baseline", path, "not a results.json of `pixelrl eval` (scenes task): it lacks "
+        raise ConfigError("--baseline", path, f"not a results.json of `pixelrl eval` ({task} task): it lacks "
                           f"{[k for k in needed if not isinstance(baseline, dict) or k not in baseline]}")
     scored = [(r.get("prompt"), r.get("seed")) for r in baseline["items"] if isinstance(r, dict)]
     if scored != [(it["prompt"], it["seed"]) for it in items]:
@@ -253,10 +256,13 @@ def _eval_edit(args) -> int:
         raise ConfigError("--resolution", args.resolution, f"the editing world's scenes are {edit_world.SIZE} px and "
                           "an edit has its source's size: leave it out")
     model_path = args.model or (None if args.checkpoint else "builtin:shapes_edit")
-    model = load_for_eval(model_path, args.checkpoint)
     items = edit_world.evaluation_items(args.split, per_edit=args.per_category or 64, seed=args.seed)
+    baseline = _read_baseline(args.baseline, items, EDIT_RESULT_KEYS, "edit") if args.baseline else None
+    model = load_for_eval(model_path, args.checkpoint)
     # the world's size, not the family's default (FLUX.1 Kontext's pipeline samples 256 px here)
     sampling = sampling_options(args, model, resolution=(edit_world.SIZE, "the editing world's scenes"))
+    if baseline is not None:
+        _check_baseline_sampling(args.baseline, baseline, sampling)
     result = evaluate_edits(model, items, progress=True, **sampling)
     result.pop("images"), result.pop("sources")
     name = Path(args.checkpoint).name if args.checkpoint else model_path
@@ -267,6 +273,14 @@ def _eval_edit(args) -> int:
     print(f"source pixels kept {result['pixels_kept']:.3f}; edits the lenient verdict passes and the careful judge "
           f"rejects: {rejects or 'none'}; {len(items)} edits ({args.split} split), [a, b]: 95% bootstrap interval")
     result.update(split=args.split, **sampling, model=name)
+    if baseline is not None:
+        from pixelrl.shapes.edit_demo import gain_lines
+
+        print(f"paired against {baseline.get('model', args.baseline)} ({args.baseline}):")
+        print("\n".join(gain_lines(baseline, result)))
+        result["paired"] = {"baseline": args.baseline,
+                            "exact_gain_interval": bootstrap_overall(result["items"], "exact",
+                                                                     baseline=baseline["items"])}
     return _write_result(result, args.out)
 
 
