@@ -528,8 +528,8 @@ def add_parsers(sub) -> None:
     prefs.add_argument("--margin", type=non_negative_float, default=1.0, help="least score difference of a pair")
     prefs.add_argument("--pairs-per-prompt", type=positive_int, default=2, help="the most pairs kept per prompt")
     prefs.set_defaults(func=cmd_make_preferences)
-    demos = sub.add_parser("make-demonstrations", help="render each prompt's exact scene: (prompt, target) rows for "
-                           "supervised fine-tuning (algorithm.trainer_type=supervised)")
+    demos = sub.add_parser("make-demonstrations", help="render each prompt's exact scene, or the editing world's "
+                           "exact edits: rows for supervised fine-tuning (algorithm.trainer_type=supervised)")
     demos.add_argument("out", help="folder for demonstrations.jsonl and images/")
     demos.add_argument("--world", choices=["scenes", "edit"], default="scenes", help="scenes: (prompt, target) "
                        "rows; edit: (instruction, source, target) rows of the editing world's train instructions")

@@ -19,7 +19,6 @@ import contextlib
 import dataclasses
 
 import torch
-from diffusers.utils.torch_utils import randn_tensor
 
 from pixelrl.algos.distribution_matching import (draw_score_sigmas, fake_score_loss, guided_velocity, noised,
                                                  update_cycle, x0_from_velocity)
@@ -30,6 +29,7 @@ from pixelrl.engine.learner import Learner, kept_on_device
 from pixelrl.engine.objectives import Objective, register_objective
 from pixelrl.models.base import PromptEmbeds
 from pixelrl.models.lora import activate_adapter, adapter_params, add_adapter_copy
+from pixelrl.sampling.rollout import randn_tensor
 
 FAKE_ADAPTER = "fake_score"
 

@@ -11,8 +11,6 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from diffusers.utils.torch_utils import randn_tensor
-
 from pixelrl.core.seeding import sample_generators
 from pixelrl.models.base import DiffusionModel, PromptEmbeds
 from pixelrl.sampling.multistep import DPMSolverPP2M
@@ -38,6 +36,14 @@ class SamplingSettings:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def randn_tensor(shape: tuple, **kwargs) -> torch.Tensor:
+    """diffusers' noise, row i from generator i as its pipelines draw it; imported on the first
+    draw, since importing diffusers pulls in torch._dynamo, about a second of every command's start."""
+    from diffusers.utils.torch_utils import randn_tensor as drawn_like_diffusers
+
+    return drawn_like_diffusers(shape, **kwargs)
 
 
 def stores_transitions(noise_level: float, solver: str, sde_type: str = "sde") -> bool:
