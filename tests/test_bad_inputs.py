@@ -127,6 +127,11 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("export with a relative model path from elsewhere", ["export", "{ckpt}", "{tmp}/out"], "--base-model"),
     # output locations of a training run
     ("run folder that is a file", [*SHAPES, "trainer.default_local_dir={file}"], "trainer.default_local_dir"),
+    ("a loss's params given as a list", [*SHAPES, "diffusion_loss.params=[1, 2]"],
+     "`diffusion_loss.params` = [1, 2]: must be a mapping"),
+    ("the reward functions given as a mapping", [*SHAPES, "reward.functions={name: x}"],
+     "`reward.functions` = {'name': 'x'}: must be a list"),
+    ("a whole section given as a list", ["config", "rollout=[1]"], "`rollout` = [1]: must be a mapping"),
     ("run folder under a file", [*SHAPES, "trainer.default_local_dir={file}/runs"], "is a file"),
     ("rollout dump under a file", [*SHAPES, "trainer.rollout_data_dir={file}/r"], "trainer.rollout_data_dir"),
     ("validation dump that is a file", [*SHAPES, "trainer.validation_data_dir={file}"],

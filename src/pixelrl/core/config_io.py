@@ -70,8 +70,8 @@ def _load_yaml_chain(path: Path, seen: tuple = ()):
     parents = node.pop("defaults", []) if "defaults" in node else []
     merged = OmegaConf.create()
     for parent in parents:
-        merged = OmegaConf.merge(merged, _load_yaml_chain(_parent_path(path, parent), seen + (path,)))
-    return OmegaConf.merge(merged, node)
+        merged = merge_layers(merged, _load_yaml_chain(_parent_path(path, parent), seen + (path,)))
+    return merge_layers(merged, node)
 
 
 def _not_yaml(text: str) -> bool:
@@ -157,7 +157,7 @@ def build_config(schema: type, layers: list):
 
     structured = OmegaConf.structured(schema)
     try:
-        merged = OmegaConf.merge(structured, *layers)
+        merged = merge_layers(structured, *layers)
         from_environment = list(_environment_values(OmegaConf.to_container(merged, resolve=False)))
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
@@ -170,6 +170,11 @@ def build_config(schema: type, layers: list):
             raise ConfigError(field, layered_value(layers, field, None),
                               f"unknown key{_did_you_mean(field.rsplit('.', 1)[-1], known)}; known keys here: "
                               f"{known}") from None
+        if field == "?":  # a whole section given as a list: OmegaConf names no key
+            for layer in layers:
+                key, value, expected = _container_clash(structured, layer)
+                if key:
+                    raise ConfigError(key, value, f"must be {expected}, as the schema has it") from None
         raise ConfigError(field, getattr(err, "value", None), _plain_type_error(first_line)) from None
     # the run's workers get these values; files and trackers get the interpolation text (saved_yaml)
     cfg._from_environment = from_environment
@@ -202,12 +207,52 @@ def _did_you_mean(key: str, known: list[str]) -> str:
     return f", did you mean `{close[0]}`?" if close else ""
 
 
+def merge_layers(*nodes):
+    """OmegaConf's merge of config layers, later over earlier; a key that is a mapping in one
+    layer and a list in a later one (`diffusion_loss.params=[1, 2]`) is one ConfigError naming it,
+    where OmegaConf raises a bare TypeError."""
+    from omegaconf import OmegaConf
+
+    merged = nodes[0]
+    for node in nodes[1:]:
+        try:
+            merged = OmegaConf.merge(merged, node)
+        except TypeError:
+            key, value, expected = _container_clash(merged, node)
+            if not key:
+                raise
+            example = "{name: x}" if expected == "a mapping of keys to values" else "[a, b]"
+            raise ConfigError(key, value, f"must be {expected}, as the config it overrides has it: e.g. "
+                              f"{key}={example}") from None
+    return merged
+
+
+def _container_clash(base, node, path: tuple = ()) -> tuple[str, object, str]:
+    """(dotted key, value, what it must be) of the first key `node` sets to a list where `base`
+    holds a mapping, or the reverse."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    for key in node.keys() if isinstance(node, DictConfig) else ():
+        if not isinstance(base, DictConfig) or key not in base:
+            continue
+        old, new = base._get_node(key), node._get_node(key)
+        if isinstance(old, DictConfig) and isinstance(new, ListConfig):
+            return ".".join((*path, str(key))), OmegaConf.to_container(new), "a mapping of keys to values"
+        if isinstance(old, ListConfig) and isinstance(new, DictConfig):
+            return ".".join((*path, str(key))), OmegaConf.to_container(new), "a list"
+        if isinstance(old, DictConfig) and isinstance(new, DictConfig):
+            found = _container_clash(old, new, (*path, str(key)))
+            if found[0]:
+                return found
+    return "", None, ""
+
+
 def layered_value(layers: list, key: str, default):
     """The value `key` (dotted) takes once `layers` are merged, before any schema: what decides
     the schema itself (the trainer type)."""
     from omegaconf import OmegaConf
 
-    value = OmegaConf.select(OmegaConf.merge(*layers) if layers else OmegaConf.create(), key, default=default)
+    value = OmegaConf.select(merge_layers(*layers) if layers else OmegaConf.create(), key, default=default)
     return default if value is None else value
 
 
