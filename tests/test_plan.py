@@ -229,6 +229,17 @@ def test_the_plan_keeps_the_algorithm_and_fits_the_memory():
     assert tight.estimate.step_s > roomy.estimate.step_s
 
 
+def test_a_plan_for_a_method_that_samples_nothing_keeps_its_sampling_micro_batch():
+    """SFT samples only for validation: the plan sizes its update and leaves rollout.micro_batch_size
+    as written (it proposed 1, from a step that samples no image)."""
+    from pixelrl.config import load_config
+
+    cfg = load_config("shapes_sft", ["data.train_files=[no_such_folder/demonstrations.jsonl]"])
+    plan = plan_for(cfg, 1, 80)
+    assert plan.choice.sampling_micro_batch == cfg.rollout.micro_batch_size == 64
+    assert "rollout.micro_batch_size" not in describe(cfg, plan, "shapes_sft")
+
+
 def test_the_plan_refuses_what_cannot_work():
     cfg = paper_config("flow_grpo_sd35")
     with pytest.raises(ConfigError, match=r"`--gpus` = 7.*GPU counts that keep the recipe: \[1, 2, 3, 4, 6"):

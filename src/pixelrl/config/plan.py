@@ -487,8 +487,12 @@ def plan_for(cfg: PixelRLConfig, gpus: int, gpu_memory_gb: float, peak_tflops: f
               if m % group == 0] or [per_worker]
     micros = micros if "actor.ppo_micro_batch_size" in chosen else [cfg.actor.ppo_micro_batch_size]
     recompute = (False, True) if "model.gradient_checkpointing" in chosen else (cfg.model.gradient_checkpointing,)
+    # a method that samples nothing to train on (SFT, offline DPO) keeps the validation's sampling
+    # micro-batch: a step's sampling cost says nothing of it
+    sizes_sampling = "rollout.micro_batch_size" in chosen and (work.sampled_images or
+                                                                 cfg.rollout.micro_batch_size == AUTO)
     samplings = _divisors(work.sampled_images or 1, max(1, MAX_ROWS_PER_CALL // work.branches)) \
-        if "rollout.micro_batch_size" in chosen else [cfg.rollout.micro_batch_size]
+        if sizes_sampling else [cfg.rollout.micro_batch_size]
     options = []
     for strategy in strategies:
         sharded = replace(planned, trainer=replace(planned.trainer, strategy=strategy))
