@@ -132,6 +132,8 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("the reward functions given as a mapping", [*SHAPES, "reward.functions={name: x}"],
      "`reward.functions` = {'name': 'x'}: must be a list"),
     ("a whole section given as a list", ["config", "rollout=[1]"], "`rollout` = [1]: must be a mapping"),
+    ("offline DPO mini-batches larger than a step's pairs",
+     ["config", "--config-name", "shapes_dpo_offline", "actor.ppo_mini_batch_size=32"], "the 16 preference pairs"),
     ("run folder under a file", [*SHAPES, "trainer.default_local_dir={file}/runs"], "is a file"),
     ("rollout dump under a file", [*SHAPES, "trainer.rollout_data_dir={file}/r"], "trainer.rollout_data_dir"),
     ("validation dump that is a file", [*SHAPES, "trainer.validation_data_dir={file}"],

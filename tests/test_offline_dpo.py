@@ -153,6 +153,19 @@ def test_offline_dpo_through_pixelrl_train_learns_from_a_written_dataset(tmp_pat
     assert_learned(before, after, 0.025)
 
 
+def test_an_offline_step_splits_its_pairs_not_prompts_times_rollout_n_into_mini_batches():
+    """16 pairs a step in mini-batches of 8: 2 optimizer steps per epoch, whatever rollout.n says
+    (shapes_dpo_offline keeps shapes_dpo's n = 8; counting 16 x 8 rows made 16 mini-batches of one
+    pair each, and the learning-rate schedule 8 times too long)."""
+    from pixelrl.config import load_config
+    from pixelrl.engine.config import images_per_step, mini_batches_per_epoch, optimizer_steps_per_rollout
+
+    cfg = load_config("shapes_dpo_offline", ["data.train_files=[no_such/preferences.jsonl]",
+                                             "actor.ppo_mini_batch_size=8", "actor.ppo_epochs=2"])
+    assert cfg.rollout.n == 8 and cfg.data.train_batch_size == 16
+    assert images_per_step(cfg) == 16 and mini_batches_per_epoch(cfg) == 2 and optimizer_steps_per_rollout(cfg) == 4
+
+
 def test_offline_needs_dpo_and_a_file(tmp_path, tiny_pixel_path, capsys):
     code, _ = train_cli(tmp_path, tiny_pixel_path, "trainer.backend=local", "algorithm.sample_source=offline",
                         config="nft_tiny")

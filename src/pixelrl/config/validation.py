@@ -13,6 +13,7 @@ from pixelrl.algos.methods import METHODS, method_of
 from pixelrl.config.sections import SEPARATE_TRAINERS, PixelRLConfig, merge_config
 from pixelrl.core.errors import AUTO, ConfigError, check_choice
 from pixelrl.core.plugins import import_plugins
+from pixelrl.engine.config import images_per_step, mini_batches_per_epoch
 
 
 def compose_config(config_name: str | None = None, overrides: list[str] | tuple = ()) -> PixelRLConfig:
@@ -181,9 +182,7 @@ def _check_loss_against_run(cfg: PixelRLConfig, bound) -> None:
         raise ConfigError("model.lora_rank", 0, f"{name} keeps the old policy as a second LoRA "
                           "adapter: use LoRA (model.lora_rank > 0)")
     method.check(cfg)
-    if loss.trains_on_pairs:
-        from pixelrl.engine.config import mini_batches_per_epoch
-
+    if loss.trains_on_pairs and cfg.algorithm.sample_source == "online":  # offline: _check_batch_split
         if cfg.data.train_batch_size % (cfg.trainer.n_workers * mini_batches_per_epoch(cfg)):
             raise ConfigError("data.train_batch_size", cfg.data.train_batch_size,
                               "online DPO trains one pair per prompt: the prompts per step must split into "
@@ -322,16 +321,18 @@ def _check_offline_data(cfg: PixelRLConfig) -> None:
 
 def _check_batch_split(cfg: PixelRLConfig) -> None:
     """A step's images split evenly over the workers, the mini-batches and (FSDP2) the micro-batches."""
-    r, a, t, d = cfg.rollout, cfg.actor, cfg.trainer, cfg.data
-    samples = d.train_batch_size * r.n
+    a, t, d = cfg.actor, cfg.trainer, cfg.data
+    samples = images_per_step(cfg)
+    offline = cfg.algorithm.sample_source == "offline"
+    rows = "preference pairs" if offline else "images"
     if samples % t.n_workers:
         raise ConfigError("data.train_batch_size", d.train_batch_size,
-                          f"train_batch_size x rollout.n = {samples} images must divide evenly across "
-                          f"trainer.n_workers = {t.n_workers}")
+                          ("the" if offline else "train_batch_size x rollout.n =") + f" {samples} {rows} of a step "
+                          f"must divide evenly across trainer.n_workers = {t.n_workers}")
     mini = a.ppo_mini_batch_size or samples
     if mini > samples or samples % mini or mini % t.n_workers:
         raise ConfigError("actor.ppo_mini_batch_size", a.ppo_mini_batch_size,
-                          f"must divide the {samples} images of a step and be a multiple of trainer.n_workers "
+                          f"must divide the {samples} {rows} of a step and be a multiple of trainer.n_workers "
                           f"({t.n_workers}); 0 means the whole batch")
     if t.strategy == "fsdp2" and a.ppo_micro_batch_size != AUTO and \
             (mini // t.n_workers) % min(a.ppo_micro_batch_size, mini // t.n_workers):

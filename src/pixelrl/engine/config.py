@@ -126,6 +126,10 @@ class EngineConfig:
 # spans its data, rollout, actor and trainer sections.
 
 def images_per_step(cfg) -> int:
+    """The rows one training step trains on: its rollout's images (prompts x rollout.n), or the
+    loader's batch of offline preference pairs (nothing is sampled for them: rollout.n counts none)."""
+    if getattr(cfg.algorithm, "sample_source", "online") == "offline":
+        return cfg.data.train_batch_size
     return cfg.data.train_batch_size * cfg.rollout.n
 
 
