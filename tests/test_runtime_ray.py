@@ -407,7 +407,8 @@ def test_compiled_blocks_under_fsdp2_train_as_the_eager_blocks(ray_cluster, tiny
 
 def test_the_local_cluster_keeps_token_authentication_without_its_note(monkeypatch, caplog):
     """Ray notes at every start that it turned token authentication on by default, the first line a
-    demo printed: pixelrl leaves that note out while Ray starts, and only that one."""
+    demo printed: pixelrl leaves that note out while Ray starts, and only that one; Ray's INFO
+    lines (`Started a local Ray instance.`) are left out by its own logging level."""
     import logging
 
     import ray
@@ -416,14 +417,27 @@ def test_the_local_cluster_keeps_token_authentication_without_its_note(monkeypat
 
     note = logging.getLogger(local_ray._AUTH_LOGGER)
 
+    started_with = {}
+
     def init(**kwargs):
+        started_with.update(kwargs)
         note.warning("Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled to opt out.")
         note.warning("Token authentication is enabled but no authentication token was found")
 
     monkeypatch.setattr(ray, "init", init)
     monkeypatch.setattr(local_ray, "_start_watchdog", lambda: None)
-    with caplog.at_level(logging.WARNING, logger=local_ray._AUTH_LOGGER):
-        local_ray.start_local_ray(1)
-        note.warning("Token authentication is enabled for this Ray cluster.")  # after the start: shown
+    # Ray's loggers propagate to the root (where caplog listens) only once Ray has set them up:
+    # listen on the logger itself, and only there, however the tests before set it up
+    propagates = note.propagate
+    note.propagate = False
+    note.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING, logger=local_ray._AUTH_LOGGER):
+            local_ray.start_local_ray(1)
+            note.warning("Token authentication is enabled for this Ray cluster.")  # after the start: shown
+    finally:
+        note.removeHandler(caplog.handler)
+        note.propagate = propagates
     assert [r.getMessage()[:60] for r in caplog.records] == [
         "Token authentication is enabled but no authentication token ", "Token authentication is enabled for this Ray cluster."]
+    assert started_with["logging_level"] == logging.WARNING

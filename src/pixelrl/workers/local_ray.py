@@ -9,7 +9,7 @@ only this process, so it starts with multi-node clusters disabled for the durati
 
 Token authentication, Ray's default for a new local cluster, stays on (another user of the
 machine cannot submit work to it); Ray's note that it is on, the first line every demo printed,
-is left out (every other authentication message shows).
+is left out (every other authentication message shows), as are Ray's INFO lines at start-up.
 
 No orphans: Ray ties the GCS and the raylet to the driver's life, but the agents the raylet
 starts (dashboard agent, runtime-env agent) survive a SIGKILL of the driver. A watchdog process
@@ -43,7 +43,10 @@ def start_local_ray(num_cpus: int) -> None:
     quiet = _QuietDefaultAuthNote()
     logging.getLogger(_AUTH_LOGGER).addFilter(quiet)
     try:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
+        # logging_level: Ray's INFO lines (`Started a local Ray instance.`) say nothing to the user
+        # of a cluster pixelrl started for itself; its warnings and errors still show
+        ray.init(num_cpus=num_cpus, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False,
+                 logging_level=logging.WARNING)
     finally:
         logging.getLogger(_AUTH_LOGGER).removeFilter(quiet)
         ray_constants.ENABLE_RAY_CLUSTER = saved_flag
