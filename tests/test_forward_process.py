@@ -510,8 +510,12 @@ LEARNING_RUNS = {
 }
 
 
+# DGPO's 3 seeds take ~40 s, so they run with `pytest -m slow`; the default run has its loss and
+# gradient against a transcription of the reference and by hand, its timesteps, its EMA reference
+# schedule and its paper config (test_forward_process_losses.py, test_fidelity.py, above)
 @pytest.mark.learning
-@pytest.mark.parametrize("loss", sorted(LEARNING_RUNS))
+@pytest.mark.parametrize("loss", [pytest.param(loss, marks=pytest.mark.slow) if loss == "dgpo" else loss
+                                  for loss in sorted(LEARNING_RUNS)])
 def test_each_direct_preference_method_raises_jpeg_compressibility(loss, tiny_pixel_path):
     """The production step (`forward_process_step`, what the trainer runs) on the tiny model:
     a fixed-seed evaluation of unseen seeds improves by a clear margin (on the mean over the

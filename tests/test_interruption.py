@@ -3,6 +3,7 @@ the steps it trains again, or that there is none and where it starts."""
 
 import json
 
+import pytest
 from conftest import train_cli
 
 from pixelrl.trainers.checkpointing import POINTER
@@ -59,3 +60,61 @@ def test_a_restart_without_a_checkpoint_says_it_starts_over(tmp_path, tiny_sd3_p
     assert f"no checkpoint to resume in {run / 'checkpoints'}: starting over at step 1; the earlier run's " \
            "metrics (to step 2) are replaced" in capsys.readouterr().out
     assert start_over_notice(tmp_path / "elsewhere") is None
+
+
+def _scripted_trainers(monkeypatch, root, attempts):
+    """`fit_with_restarts` over trainers whose fit() plays `attempts` in turn: an exception to raise
+    or a result to return, each after writing a checkpoint pointer into `root` when the entry says
+    so. Returns the resume_mode each attempt started with."""
+    from pixelrl.trainers import restarts
+
+    started = []
+
+    class Scripted:
+        def __init__(self, cfg):
+            self.cfg, self.ckpt_root = cfg, root
+            started.append(cfg.trainer.resume_mode)
+
+        def fit(self):
+            outcome, writes_checkpoint = attempts[len(started) - 1]
+            if writes_checkpoint:
+                self.ckpt_root.mkdir(parents=True, exist_ok=True)
+                (self.ckpt_root / POINTER).write_text(str(len(started)))
+            if isinstance(outcome, BaseException):
+                raise outcome
+            return outcome
+
+    monkeypatch.setattr(restarts, "trainer_class", lambda cfg: Scripted)
+    return started
+
+
+def test_a_dead_worker_restarts_the_run_from_its_checkpoint_and_an_exception_does_not(tmp_path, monkeypatch,
+                                                                                       tiny_sd3_path):
+    """The outer loop of `trainer.max_restarts`: a process death starts the trainer again, resuming
+    (resume_mode auto) only where the failed attempt wrote a checkpoint, at most max_restarts times;
+    a worker's exception is raised at once (it would repeat)."""
+    from pixelrl.config import load_config
+    from pixelrl.trainers.restarts import fit_with_restarts
+    from pixelrl.workers.group import WorkerDiedError
+
+    cfg = load_config("flow_grpo_tiny", [f"model.path={tiny_sd3_path}", "trainer.backend=ray",
+                                         "trainer.max_restarts=2", "trainer.resume_mode=disable"])
+    died = WorkerDiedError("actor worker rank 1 (pid 7) failed", process_died=True)
+    lines = []
+    started = _scripted_trainers(monkeypatch, tmp_path / "a", [(died, False), (died, True), ({"done": 1}, False)])
+    assert fit_with_restarts(cfg, console=lines.append) == {"done": 1}
+    # no checkpoint after the first death: started as before; after the second: resumed from it
+    assert started == ["disable", "disable", "auto"]
+    assert lines[0].startswith("restart 1 of 2: actor worker rank 1") and "where it started" in lines[0]
+    assert lines[1].startswith("restart 2 of 2:") and "from its latest checkpoint" in lines[1]
+
+    started = _scripted_trainers(monkeypatch, tmp_path / "b", [(died, True)] * 3)
+    with pytest.raises(WorkerDiedError):
+        fit_with_restarts(cfg, console=lines.append)
+    assert len(started) == 3  # the first attempt and max_restarts=2 more
+
+    raised = WorkerDiedError("actor worker rank 0 raised ValueError", process_died=False)
+    started = _scripted_trainers(monkeypatch, tmp_path / "c", [(raised, True), ({"done": 1}, False)])
+    with pytest.raises(WorkerDiedError, match="raised ValueError"):
+        fit_with_restarts(cfg, console=lines.append)
+    assert started == ["disable"]

@@ -199,6 +199,7 @@ def test_a_worker_killed_by_a_signal_is_reported_with_what_its_log_says(ray_clus
             group.call("__ray_call__", None, lambda worker: os.kill(os.getpid(), signal.SIGSEGV), gather="all")
     finally:
         group.shutdown()
+    assert died.value.process_died  # what makes `trainer.max_restarts` start the workers again
     message = str(died.value)
     assert re.search(r"actor worker rank 0 \(pid \d+\) failed", message), message
     log = re.search(r"Its log (\S+/worker-\S+\.err) says: (.*)", message)
@@ -239,6 +240,9 @@ def test_a_crashed_rank_is_reported_before_a_peer_that_raised(ray_cluster, tiny_
     assert message.startswith("actor worker rank 1 (pid ") and "SIGSEGV received" in message, message
 
 
+# ~35 s; the default run has the restart loop on a scripted trainer (test_interruption.py), a killed
+# worker reported as a process death (above) and exact resume on two workers (test_direct_preference_resume_...)
+@pytest.mark.slow
 def test_pixelrl_train_restarts_a_dead_worker_and_ends_as_an_uninterrupted_run(ray_cluster, tmp_path, tiny_pixel_path,
                                                                                monkeypatch, two_worker_run):
     """`pixelrl train ... trainer.max_restarts=1` (Flow-GRPO, 2 workers): a worker killed by SIGSEGV
