@@ -179,6 +179,54 @@ def test_offline_needs_dpo_and_a_file(tmp_path, tiny_pixel_path, capsys):
     assert code == 2 and "row 1: `chosen` image" in capsys.readouterr().err
 
 
+def _write_edit_pairs(folder, source_colours):
+    """(instruction, source, chosen, rejected) rows: 40 px flat sources (decoded at the run's
+    condition size), one flat 32 px chosen edit and one noise rejected edit for all."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i, colour in enumerate(source_colours):
+        Image.new("RGB", (40, 40), colour).save(folder / f"source_{i}.png")
+        rows.append({"prompt": "make it blue", "image": f"source_{i}.png",
+                     "chosen": _png(folder / "chosen.png", _flat(0)), "rejected": _png(folder / "rejected.png", _noise(0))})
+    file = folder / "edit_pairs.jsonl"
+    file.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return file
+
+
+def test_edit_pairs_carry_their_sources_decoded_at_the_condition_size(tmp_path):
+    file = _write_edit_pairs(tmp_path, [(200, 10, 10), (10, 200, 10)])
+    data = PreferenceDataset.from_files([file], resolution=32, condition_size=(24, 24))
+    first = data[0]
+    assert first["chosen"].shape == (32, 32, 3) and len(first["condition_images"]) == 1
+    assert first["condition_images"][0].shape == (24, 24, 3)
+    assert tuple(first["condition_images"][0][12, 12]) == (200, 10, 10)
+    batch = PreferenceDataset.collate([data[0], data[1]])
+    assert len(batch["condition_images"]) == 2 and batch["chosen"].shape == (2, 32, 32, 3)
+
+
+def test_offline_edit_pairs_train_under_their_own_sources(tmp_path, tiny_kontext_path, tiny_pixel_path, capsys):
+    """Offline Diffusion-DPO on the tiny FLUX.1 Kontext model: two runs whose pairs differ only in
+    their sources take different first gradients (same pairs, same draws), so the sources reach
+    the denoiser (they were read past); sources for a text-to-image family are refused by name."""
+    common = ("algorithm.trainer_type=forward_process", "diffusion_loss.name=diffusion_dpo",
+              "algorithm.sample_source=offline", "algorithm.drop_zero_advantage=false", "trainer.backend=local",
+              "trainer.logger=[jsonl]", "data.train_batch_size=2", "actor.ppo_mini_batch_size=2",
+              "trainer.total_training_steps=1", "trainer.save_freq=-1", "trainer.experiment_name=edit_dpo")
+    losses = []
+    for name, colours in (("red", [(200, 10, 10)] * 2), ("green", [(10, 200, 10)] * 2)):
+        file = _write_edit_pairs(tmp_path / name / "data", colours)
+        code, _ = train_cli(tmp_path / name, tiny_kontext_path, *common, "model.type=flux_kontext",
+                            "model.max_sequence_length=16", f"data.train_files=[{file}]", config="flow_grpo_flux_tiny")
+        assert code == 0
+        # the first loss is log 2 whatever the sources (the policy is its reference); its gradient is not
+        losses.append(read_metrics(tmp_path / name / "pixelrl" / "edit_dpo")[0]["actor/grad_norm"])
+    assert losses[0] != losses[1]
+    code, _ = train_cli(tmp_path / "t2i", tiny_pixel_path, *common, f"data.train_files=[{file}]")
+    assert code != 0
+    err = capsys.readouterr().err
+    assert "data.train_files" in err and "takes 0 condition image(s) per prompt" in err
+
+
 def test_make_preferences_shows_its_sampling_progress_and_writes_pairs(tmp_path, capsys):
     """`pixelrl make-preferences` samples for minutes on a real prompt set: it prints a progress
     line per batch of images (count, elapsed, ETA) on stderr, then the pairs it wrote."""

@@ -150,9 +150,10 @@ def model_shape(cfg: PixelRLConfig) -> Shape:
 
 def pictures_per_row(cfg: PixelRLConfig, family_default: int) -> int:
     """Condition images each sample carries: the number the training rows give (one per run) when
-    its files are here, else the family's own (0 for text-to-image, 1 for an edit family)."""
+    its files are here (prompts, preference pairs or demonstrations, which name sources alike), else
+    the family's own (0 for text-to-image, 1 for an edit family)."""
     d = cfg.data
-    if not family_default or cfg.algorithm.sample_source != "online" or not d.train_files:
+    if not family_default or not d.train_files:
         return family_default
     if not all(Path(f).is_file() for f in d.train_files):  # a recipe planned away from its data
         return family_default

@@ -19,39 +19,22 @@ import numpy as np
 import torch
 
 from pixelrl.data.preferences import ImageRowsDataset, read_image_rows
-from pixelrl.data.prompts import _condition_paths, collate_rows
+from pixelrl.data.prompts import collate_rows
 
 TARGET_KEY = "target"
 
 
 def read_demonstration_file(path: str | Path, resolution: int, prompt_key: str = "prompt") -> list[dict]:
     """Checked rows: {prompt, data_source, metadata, file, row, target (path or bytes)[, images]}."""
-    rows = []
-    for row, record in read_image_rows(path, resolution, prompt_key, (TARGET_KEY,), "demonstration",
-                                       "write the shapes world's with `pixelrl make-demonstrations`"):
-        sources = _condition_paths(Path(row["file"]), row["row"], record)
-        rows.append({**row, "images": sources} if sources else row)
-    return rows
+    return [row for row, _ in read_image_rows(path, resolution, prompt_key, (TARGET_KEY,), "demonstration",
+                                              "write the shapes world's with `pixelrl make-demonstrations`")]
 
 
 class DemonstrationDataset(ImageRowsDataset):
-    """Demonstration rows; a row with sources also carries them decoded at `output_size` (the
-    run's condition size), and rows are batched apart by their number of sources."""
+    """Demonstration rows (an edit's with its sources)."""
 
     keys = (TARGET_KEY,)
-
-    @classmethod
-    def from_files(cls, files, resolution: int, prompt_key: str = "prompt",
-                   condition_size: tuple[int, int] | None = None,
-                   condition_fit: str = "crop") -> "DemonstrationDataset":
-        return cls([row for f in files for row in read_demonstration_file(f, resolution, prompt_key)],
-                   condition_size, condition_fit)
-
-    def __getitem__(self, index: int) -> dict:
-        return self.with_conditions(super().__getitem__(index), index)
-
-    def loader_buckets(self) -> list | None:
-        return self.condition_buckets()
+    read_file = staticmethod(read_demonstration_file)
 
     @staticmethod
     def collate(rows: list[dict]) -> dict:

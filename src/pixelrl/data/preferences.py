@@ -1,7 +1,9 @@
 """Offline preference datasets for Diffusion-DPO: (prompt, chosen image, rejected image) rows.
 
 A `.jsonl` or `.parquet` file; each row has the prompt (`data.prompt_key`), `chosen` and
-`rejected`, and optionally `chosen_score`, `rejected_score`, `data_source` and `metadata`. An
+`rejected`, for an edit family its source as a prompt row names it (`image`, or `images` for
+several: paths relative to the file; both images of the pair are edits of it), and optionally
+`chosen_score`, `rejected_score`, `data_source` and `metadata`. An
 image is a path (relative to the dataset file's folder, or absolute), raw bytes (a parquet
 binary column), `{"bytes": ...}` (base64 text in jsonl) or `{"path": ...}`, the layout of an
 exported Hugging Face image column. Every row is checked when the dataset is opened (the file
@@ -14,12 +16,14 @@ from __future__ import annotations
 import base64
 import io
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from pixelrl.data.prompts import DatasetError, PromptDataset, _normalise, _row_error, read_records
+from pixelrl.data.prompts import (DatasetError, PromptDataset, _condition_paths, _normalise, _row_error,
+                                  collate_rows, read_records)
 
 IMAGE_KEYS = ("chosen", "rejected")
 
@@ -58,7 +62,8 @@ def read_image_rows(path: str | Path, resolution: int, prompt_key: str, keys: tu
                     write_hint: str) -> list[tuple[dict, dict]]:
     """(checked row, its record) of a file whose rows each hold images under `keys`, all decoded
     in full, of one size, and at `resolution` x `resolution`: {prompt, data_source, metadata,
-    file, row, <key>: path or bytes}. `kind` and `write_hint` name the file in its errors."""
+    file, row, <key>: path or bytes[, images: an edit row's source paths]}. `kind` and
+    `write_hint` name the file in its errors."""
     from pixelrl.core.assets import resolve
 
     path = Path(resolve(str(path), "data.train_files"))
@@ -78,6 +83,9 @@ def read_image_rows(path: str | Path, resolution: int, prompt_key: str, keys: tu
         if sizes[0] != (resolution, resolution):
             raise _row_error(path, number, f"images are {sizes[0][0]}x{sizes[0][1]}, the model trains at "
                                            f"rollout.resolution = {resolution}: resize the dataset or set it")
+        sources = _condition_paths(path, number, record)  # an edit's, named as a prompt row names them
+        if sources:
+            row["images"] = sources
         rows.append((row, record))
     if not rows:
         raise DatasetError(f"{kind} file `{path}` has no rows")
@@ -101,29 +109,34 @@ def read_preference_file(path: str | Path, resolution: int, prompt_key: str = "p
 
 
 class ImageRowsDataset(PromptDataset):
-    """Prompt rows with images under `keys`, decoded on access (uint8 [H, W, 3]); trained as they
-    are, so the loader takes no condition buckets."""
+    """Prompt rows with images under `keys`, decoded on access (uint8 [H, W, 3]); a row with
+    sources also carries them decoded at `output_size` (the run's condition size), and rows are
+    batched apart by their number of sources."""
 
     keys: tuple[str, ...] = ()
+    read_file: Callable[..., list[dict]]  # (path, resolution, prompt_key) -> the file's checked rows
+
+    @classmethod
+    def from_files(cls, files, resolution: int, prompt_key: str = "prompt",
+                   condition_size: tuple[int, int] | None = None, condition_fit: str = "crop") -> "ImageRowsDataset":
+        return cls([row for f in files for row in cls.read_file(f, resolution, prompt_key)], condition_size,
+                   condition_fit)
 
     def __getitem__(self, index: int) -> dict:
         row = dict(self.rows[index])
         for key in self.keys:
             row[key] = decode_image_source(row[key], Path(row["file"]), row["row"], key)
-        return row
+        return self.with_conditions(row, index)
 
-    def loader_buckets(self) -> None:
-        return None
+    def loader_buckets(self) -> list | None:
+        return self.condition_buckets()
 
 
 class PreferenceDataset(ImageRowsDataset):
-    """Prompt rows with a pair of images each."""
+    """Prompt rows with a pair of images each (and an edit's sources)."""
 
     keys = IMAGE_KEYS
-
-    @classmethod
-    def from_files(cls, files, resolution: int, prompt_key: str = "prompt") -> "PreferenceDataset":
-        return cls([row for f in files for row in read_preference_file(f, resolution, prompt_key)])
+    read_file = staticmethod(read_preference_file)
 
     @staticmethod
     def collate(rows: list[dict]) -> dict:
@@ -131,8 +144,7 @@ class PreferenceDataset(ImageRowsDataset):
 
 
 def collate_preferences(rows: list[dict]) -> dict:
-    return {"prompts": [r["prompt"] for r in rows], "data_sources": [r["data_source"] for r in rows],
-            "metadata": [r["metadata"] for r in rows],
+    return {**collate_rows(rows),
             "chosen": torch.from_numpy(np.stack([r["chosen"] for r in rows])),
             "rejected": torch.from_numpy(np.stack([r["rejected"] for r in rows])),
             "scores": {key: [r.get(key) for r in rows] for key in ("chosen_score", "rejected_score")}}

@@ -23,8 +23,10 @@ def datasets_of(cfg: PixelRLConfig):
     if cfg.algorithm.sample_source == "offline":
         if cfg.rollout.output_aspect != "square":
             raise ConfigError("rollout.output_aspect", cfg.rollout.output_aspect, "offline preference pairs are "
-                              "read at rollout.resolution, with no source to take an aspect from: leave it at square")
-        train = PreferenceDataset.from_files(d.train_files, cfg.rollout.resolution, d.prompt_key)
+                              "read at rollout.resolution: leave it at square")
+        train = PreferenceDataset.from_files(d.train_files, cfg.rollout.resolution, d.prompt_key, size,
+                                             condition_fit=d.condition_fit)
+        check_conditions(cfg, train, "data.train_files")
     elif method_of(cfg).trains_on_demonstrations:
         if cfg.rollout.output_aspect != "square":
             raise ConfigError("rollout.output_aspect", cfg.rollout.output_aspect, "demonstrations are read at "

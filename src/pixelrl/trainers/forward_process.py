@@ -70,9 +70,10 @@ def train_on_forward_process(actor, rollout: Rollout, cfg, num_workers: int = 1,
 
 def offline_preference_step(actor, rows: dict, cfg, num_workers: int = 1) -> dict[str, float]:
     """Diffusion-DPO on a batch of dataset pairs: encode chosen and rejected images to clean
-    latents on the workers, then update. A row holds its whole pair, so no mini-batch splits one."""
+    latents on the workers, then update, both under the row's prompt (and an edit's sources). A
+    row holds its whole pair, so no mini-batch splits one."""
     metrics = dataset_step(actor, Batch({"images": rows["chosen"], "images_rejected": rows["rejected"]}),
-                           {"prompts": rows["prompts"]}, cfg)
+                           conditions_of(rows), cfg)
     for key, values in rows["scores"].items():
         known = [v for v in values if v is not None]
         if known:
@@ -80,6 +81,11 @@ def offline_preference_step(actor, rows: dict, cfg, num_workers: int = 1) -> dic
     metrics["training/pairs"] = metrics.pop("training/rows")
     metrics["perf/throughput"] = metrics["training/pairs"] / metrics["timing_s/step"] / num_workers  # pairs/s/worker
     return metrics
+
+
+def conditions_of(rows: dict) -> dict:
+    """What a loader batch's images are trained under: its prompts, and an edit's sources."""
+    return {key: rows[key] for key in ("prompts", "condition_images") if key in rows}
 
 
 def dataset_step(actor, images: Batch, conditions: dict, cfg) -> dict[str, float]:
@@ -104,8 +110,7 @@ def supervised_step(ctx: StepContext) -> tuple:
     """Supervised fine-tuning's step: the loader's demonstrations, their targets trained on (an
     edit's under its sources)."""
     rows = ctx.next_rows()
-    conditions = {key: rows[key] for key in ("prompts", "condition_images") if key in rows}
-    metrics = dataset_step(ctx.actor, Batch({"images": rows["targets"]}), conditions, ctx.cfg)
+    metrics = dataset_step(ctx.actor, Batch({"images": rows["targets"]}), conditions_of(rows), ctx.cfg)
     metrics["perf/throughput"] = metrics["training/rows"] / metrics["timing_s/step"] / ctx.actor.size
     return None, metrics
 
