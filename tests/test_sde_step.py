@@ -143,3 +143,36 @@ def test_dpm_solver_first_step_from_sigma_one_is_the_ddim_step():
     x, v = torch.tensor([2.0]), torch.tensor([0.5])
     # x0 = x - 1 * v = 1.5; x_t = sigma_t x + (1 - sigma_t) x0 = 0.8 * 2 + 0.2 * 1.5 = 1.9
     assert torch.allclose(DPMSolverPP2M().step(x, v, 1.0, 0.8), torch.tensor([1.9]))
+
+
+def test_a_registered_sde_rule_samples_scores_and_checks_the_config_with_no_other_file_changed(monkeypatch):
+    """A new `rollout.sde_type` is one SdeRule (its moments, log-density and checks) and one
+    registration: sde_step draws from its Gaussian and scores with its log-density, and the
+    rollout section's check runs the rule's own check."""
+    from pixelrl.sampling import SDE_RULES, SdeRule
+    from pixelrl.sampling.config import RolloutConfig
+
+    def moments(x, v, s, s_next, dt, sqrt_dt, noise_level, s_max_next):  # Euler drift, std a sqrt(-dt)
+        std = torch.full_like(s, noise_level)
+        return x + v * dt, std, std * sqrt_dt
+
+    def check(noise_level, solver):
+        if noise_level > 0.5:
+            raise ConfigError("rollout.noise_level", noise_level, "this rule takes at most 0.5")
+
+    rule = SdeRule("euler_maruyama_for_test", moments, lambda prev, mean, std: -((prev - mean) / std).abs().mean(1),
+                   check=check)
+    monkeypatch.setitem(SDE_RULES._entries, rule.name, rule)  # removed again after the test
+    generator = torch.Generator().manual_seed(3)
+    out = sde_step(X, V, 0.8, 0.6, noise_level=0.4, sde_type=rule.name, generator=generator)
+    step_std = 0.4 * math.sqrt(0.2)
+    noise = torch.randn((1, 1), generator=torch.Generator().manual_seed(3))
+    assert out.mean.item() == pytest.approx(1.0 + 0.5 * -0.2)
+    assert out.prev_sample.item() == pytest.approx(0.9 + step_std * noise.item(), abs=1e-6)
+    assert out.log_prob.item() == pytest.approx(-abs(noise.item()), abs=1e-5)
+    assert out.noise_std.item() == pytest.approx(step_std)
+    RolloutConfig(sde_type=rule.name, noise_level=0.4).check()
+    with pytest.raises(ConfigError, match="rollout.noise_level.*this rule takes at most 0.5"):
+        RolloutConfig(sde_type=rule.name, noise_level=0.7).check()
+    with pytest.raises(ConfigError, match="rollout.sde_type"):
+        RolloutConfig(sde_type="no_such_rule").check()

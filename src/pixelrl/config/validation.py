@@ -14,6 +14,7 @@ from pixelrl.config.sections import SEPARATE_TRAINERS, PixelRLConfig, merge_conf
 from pixelrl.core.errors import AUTO, ConfigError, check_choice
 from pixelrl.core.plugins import import_plugins
 from pixelrl.engine.config import images_per_step, mini_batches_per_epoch
+from pixelrl.sampling.sde import sde_rule
 
 
 def compose_config(config_name: str | None = None, overrides: list[str] | tuple = ()) -> PixelRLConfig:
@@ -159,7 +160,7 @@ def _check_loss_against_run(cfg: PixelRLConfig, bound) -> None:
     if r.solver == "sa_solver" and (method.rescores_transitions or not method.samples_through_producer):
         raise ConfigError("rollout.solver", r.solver, "SA-Solver's steps have no log-probability to re-score: it "
                           f"samples for forward-process losses (AWM's sampler), not `{name}`: use rollout.solver=euler")
-    if r.sde_type == "ode" and (not method.rescores_transitions or "log_prob" in loss.step_keys_needed(bound)):
+    if sde_rule(r.sde_type).deterministic and (not method.rescores_transitions or "log_prob" in loss.step_keys_needed(bound)):
         raise ConfigError("rollout.sde_type", "ode", f"ODE steps have no log-probability, and `{name}` "
                           f"{'reads one' if method.rescores_transitions else 'trains on no stored transition'}: "
                           "the ODE window serves distill_kl (on-policy distillation compares step means); use "

@@ -2,10 +2,10 @@
 
 from pixelrl.sampling.rollout import RolloutOutput, SamplingSettings, rollout, step_with_log_prob
 from pixelrl.sampling.schedule import sigmas_from_scheduler
-from pixelrl.sampling.sde import SDE_TYPES, StepOutput, sde_step
+from pixelrl.sampling.sde import SDE_RULES, SdeRule, StepOutput, register_sde_rule, sde_step
 from pixelrl.sampling.windows import Window, choose_window, full_window, random_window
 
 __all__ = [
     "RolloutOutput", "SamplingSettings", "rollout", "step_with_log_prob", "sigmas_from_scheduler",
-    "SDE_TYPES", "StepOutput", "sde_step", "Window", "choose_window", "full_window", "random_window",
+    "SDE_RULES", "SdeRule", "StepOutput", "register_sde_rule", "sde_step", "Window", "choose_window", "full_window", "random_window",
 ]

@@ -74,12 +74,12 @@ class RolloutConfig(GroupSamplingConfig):
     def check(self) -> None:
         from pixelrl.sampling.multistep import SOLVERS
         from pixelrl.sampling.schedule import SIGMA_SCHEDULES
-        from pixelrl.sampling.sde import SDE_TYPES
+        from pixelrl.sampling.sde import sde_rule
         from pixelrl.sampling.windows import WINDOW_SCHEDULES, check_window_args, window_params
 
         check_choice("rollout.logprob_reduction", self.logprob_reduction, ("mean", "sum"))
         check_choice("rollout.sigma_schedule", self.sigma_schedule, SIGMA_SCHEDULES)
-        check_choice("rollout.sde_type", self.sde_type, SDE_TYPES)
+        rule = sde_rule(self.sde_type)
         check_number("rollout.guidance_scale", self.guidance_scale, allow_zero=True)
         check_number("rollout.sigma_shift", self.sigma_shift, allow_zero=True)
         if self.sigma_shift and self.sigma_schedule == "scheduler":
@@ -100,15 +100,7 @@ class RolloutConfig(GroupSamplingConfig):
                               "rollout.noise_level=0, or rollout.solver=sa_solver (stochastic) or euler")
         if self.solver == "sa_solver" and self.num_steps < 2:
             raise ConfigError("rollout.num_steps", self.num_steps, "SA-Solver's second-order steps need at least 2")
-        if self.sde_type == "cps" and self.noise_level > 1:
-            raise ConfigError("rollout.noise_level", self.noise_level, "CPS keeps sin(a pi / 2) of sigma_next as noise, "
-                              "which grows only up to a = 1 (all noise), so a > 1 repeats a smaller level: use a in "
-                              "[0, 1] (the reference: 0.8)")
-        if self.sde_type == "ode" and (self.noise_level > 0 or self.solver != "euler"):
-            field, value = ("rollout.noise_level", self.noise_level) if self.noise_level > 0 else \
-                ("rollout.solver", self.solver)
-            raise ConfigError(field, value, "rollout.sde_type=ode stores deterministic Euler steps: set "
-                              "rollout.noise_level=0 and rollout.solver=euler (or another sde_type for noise)")
+        rule.check(self.noise_level, self.solver)  # the rule's own: CPS's noise range, ODE's Euler steps
         from pixelrl.sampling.rollout import stores_transitions
 
         if stores_transitions(self.noise_level, self.solver, self.sde_type) and self.num_steps < 2:

@@ -15,7 +15,7 @@ from pixelrl.core.seeding import sample_generators
 from pixelrl.models.base import DiffusionModel, PromptEmbeds
 from pixelrl.sampling.multistep import DPMSolverPP2M
 from pixelrl.sampling.sa_solver import SASolver, awm_tau, sa_solver_grid
-from pixelrl.sampling.sde import StepOutput, sde_step
+from pixelrl.sampling.sde import StepOutput, sde_rule, sde_step
 from pixelrl.sampling.windows import Window
 
 
@@ -50,7 +50,7 @@ def stores_transitions(noise_level: float, solver: str, sde_type: str = "sde") -
     """Whether sampling stores the window's transitions for a loss to re-score: the Euler sampler
     with noise does (SDE steps), and with `sde_type: ode` (its deterministic steps, for a loss that
     compares step means only: on-policy distillation from ODE rollouts); otherwise the window is empty."""
-    return solver == "euler" and (noise_level > 0 or sde_type == "ode")
+    return solver == "euler" and (noise_level > 0 or sde_rule(sde_type).deterministic)
 
 
 @dataclass

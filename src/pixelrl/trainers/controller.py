@@ -27,6 +27,7 @@ from pixelrl.engine.image_stats import StatisticsDrift
 from pixelrl.engine.preflight import preflight_warnings
 from pixelrl.rewards.multi import WeightedReward
 from pixelrl.sampling.rollout import SamplingSettings
+from pixelrl.sampling.sde import sde_rule
 from pixelrl.sampling.windows import Window, full_window
 from pixelrl.core.errors import ConfigError, RewardError
 from pixelrl.trainers.ahead import AheadProducer
@@ -87,7 +88,7 @@ def validation_settings(cfg: PixelRLConfig) -> SamplingSettings:
     vk = cfg.val_kwargs
     # an `ode` rollout stores its deterministic steps for training; validation stores nothing and
     # takes its own noise level with the SDE step
-    sde_type = "sde" if cfg.rollout.sde_type == "ode" else cfg.rollout.sde_type
+    sde_type = "sde" if sde_rule(cfg.rollout.sde_type).deterministic else cfg.rollout.sde_type
     return SamplingSettings(noise_level=vk.noise_level, sde_type=sde_type, solver=vk.solver,
                             guidance_scale=validation_guidance(cfg), logprob_reduction=cfg.rollout.logprob_reduction)
 
