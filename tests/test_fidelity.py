@@ -193,7 +193,7 @@ def test_the_producer_drops_zero_advantage_samples_and_keeps_the_mini_batch_coun
     # prompt "a" gets equal rewards (A = 0 for its 4 images), prompt "b" differing ones
     rewards = {"a": [1.0] * 4, "b": [0.0, 1.0, 2.0, 3.0]}
 
-    def reward_fn(images, prompts, metadata):
+    def reward_fn(images, prompts, metadata, **rows):  # groups= (the uids), as a run passes
         counters = {"a": iter(rewards["a"]), "b": iter(rewards["b"])}
         return {"overall": torch.tensor([next(counters[p]) for p in prompts])}
 
@@ -219,7 +219,7 @@ def test_awm_drops_zero_advantage_samples_too():
                         rollout__noise_level=0.0)
     rewards = {"a": [1.0] * 4, "b": [0.0, 1.0, 2.0, 3.0]}
 
-    def reward_fn(images, prompts, metadata):
+    def reward_fn(images, prompts, metadata, **rows):  # groups= (the uids), as a run passes
         counters = {"a": iter(rewards["a"]), "b": iter(rewards["b"])}
         return {"overall": torch.tensor([next(counters[p]) for p in prompts])}
 
@@ -244,7 +244,7 @@ def test_trained_timesteps_do_not_replay_the_window_draw():
     cfg = _producer_cfg(actor__timestep_fraction=0.6, actor__permute_timesteps=True,
                         algorithm__drop_zero_advantage=False)
     actor = _RecordingActor(5)
-    reward_fn = lambda images, prompts, metadata: {"overall": torch.arange(len(prompts), dtype=torch.float32)}  # noqa: E731
+    reward_fn = lambda images, prompts, metadata, **rows: {"overall": torch.arange(len(prompts), dtype=torch.float32)}  # noqa: E731
     same = 0
     for step in range(1, 6):
         transition_step(actor, reward_fn, ["a", "b"], [{}, {}], step, cfg)

@@ -39,15 +39,18 @@ class WeightedReward:
                    timeout_s)
 
     def __call__(self, images: torch.Tensor, prompts: list[str], metadata: list[dict],
-                 condition_images: list | None = None) -> dict[str, torch.Tensor]:
+                 condition_images: list | None = None, groups: list | None = None) -> dict[str, torch.Tensor]:
         """Each function's scores and the weighted `overall`; a function that reads the sources
-        (`reads_condition_images`) gets the rows' `condition_images`."""
+        (`reads_condition_images`) gets the rows' `condition_images`, a group-wise one (`groupwise`)
+        each image's group key (`groups`: its row's uid; None groups by prompt)."""
         batch = len(images)  # images [B, H, W, 3], videos [B, T, H, W, 3], or B response strings for a VLM
         scores: dict[str, torch.Tensor] = {}
         overall = torch.zeros(batch)
         for spec, fn in zip(self.specs, self.functions):
             if getattr(fn, "reads_condition_images", False):
                 fn = _with_sources(spec.name, fn, condition_images)
+            if getattr(fn, "groupwise", False):
+                fn = _in_groups(fn, groups)
             if getattr(images, "ndim", 0) == 5 and not getattr(fn, "scores_videos", False):
                 out = _per_frame(spec.name, fn, images, prompts, metadata, self.timeout_s)
             else:
@@ -118,6 +121,10 @@ def _with_sources(name: str, fn, condition_images):
         raise RewardError(f"reward `{name}` reads each sample's source image and these samples have none: use it "
                           "with an edit family (model.type=flux_kontext or qwen_image_edit) on rows that name an `image`")
     return lambda images, prompts, metadata: fn(images, prompts, metadata, condition_images=condition_images)
+
+
+def _in_groups(fn, groups):
+    return lambda images, prompts, metadata: fn(images, prompts, metadata, groups=groups)
 
 
 def _call(name: str, fn: RewardFn, images, prompts, metadata, timeout_s: float = 0.0):

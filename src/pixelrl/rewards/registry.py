@@ -102,6 +102,7 @@ def get_reward(name: str, **options) -> RewardFn:
     check_reward_options(name, options)
     fn = factory(**options)
     fn.reward_name = name
+    fn.groupwise = getattr(factory, "groupwise", False)  # called with whole groups and `groups=`
     return fn
 
 

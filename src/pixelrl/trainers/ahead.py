@@ -79,7 +79,7 @@ class AheadProducer:
                                            condition_images=rows.get("condition_images"))
             generation = self.pool.submit("rollout", request, *rollout_options(
                 window, policy=sampling_policy(self.cfg)))
-            scoring = self.rewards.submit(generation, request["metadata"])
+            scoring = self.rewards.submit(generation, request["metadata"], request["uids"])
             # the teacher's replay reads only the sampled states, not the actor's weights: on the
             # pool, chained to each worker's own shard, it overlaps the actor's update
             teacher = (self.pool.submit_on_answers("score", generation, "teacher",

@@ -163,7 +163,7 @@ def make_rollout(actor, reward_fn, prompts: list[str], metadata: list[dict], glo
     reward_start = time.time()
     with timer.phase("reward"):
         sources = batch.get("condition_images")
-        scores = reward_fn(batch["images"], batch["prompts"], request["metadata"],
+        scores = reward_fn(batch["images"], batch["prompts"], request["metadata"], groups=request["uids"],
                            **({"condition_images": sources} if sources is not None else {}))
     batch.info.update(reward_start=reward_start, reward_end=time.time())  # wall clock, for timelines
     return finish_rollout(global_step, request, window, batch, scores, cfg, timer.seconds, global_step - 1)

@@ -365,27 +365,30 @@ class RewardGroup:
         ray.get([w.setup.remote() for w in self.workers])
 
     def __call__(self, images: torch.Tensor, prompts: list[str], metadata: list[dict],
-                 condition_images: list | None = None) -> dict[str, torch.Tensor]:
+                 condition_images: list | None = None, groups: list | None = None) -> dict[str, torch.Tensor]:
+        """Every image's scores; `groups` (each image's row uid) reaches a group-wise reward."""
         array = images.numpy()
         if self.local is not None:
-            parts = [self.local.score(array, prompts, metadata, condition_images)]
+            parts = [self.local.score(array, prompts, metadata, condition_images, groups)]
         else:
             chunks = np.array_split(np.arange(len(prompts)), 1 if self.whole_batches else len(self.workers))
             refs = [w.score.remote(array[c], [prompts[i] for i in c], [metadata[i] for i in c],
-                                   None if condition_images is None else [condition_images[i] for i in c])
+                                   None if condition_images is None else [condition_images[i] for i in c],
+                                   None if groups is None else [groups[i] for i in c])
                     for w, c in zip(self.workers, chunks) if len(c)]
             parts = _scores(refs)
         return {k: torch.from_numpy(np.concatenate([p[k] for p in parts])) for k in parts[0]}
 
-    def submit(self, rollout: Pending, metadata: list[dict]) -> list:
+    def submit(self, rollout: Pending, metadata: list[dict], groups: list | None = None) -> list:
         """Score a rollout still in flight. On Ray each rollout shard goes to a reward worker as
         an object reference: scoring starts when that shard is sampled, and neither the driver
-        nor the rollout pool waits for it. In one process, scores now."""
+        nor the rollout pool waits for it. In one process, scores now. `groups` (each image's
+        row uid) reaches a group-wise reward, which scores the whole rollout in one call."""
         if self.local is not None:
             batch = rollout.result()
-            return [self.local.score_rollout(metadata, batch.to_numpy())]
+            return [self.local.score_rollout(metadata, batch.to_numpy(), groups=groups)]
         if self.whole_batches:
-            return [self.workers[0].score_rollout.remote(metadata, *rollout.handles)]
+            return [self.workers[0].score_rollout.remote(metadata, *rollout.handles, groups=groups)]
         parts = _shards(len(metadata), len(rollout.handles))
         return [self.workers[i % len(self.workers)].score_rollout.remote(metadata[part], ref)
                 for i, (ref, part) in enumerate(zip(rollout.handles, parts))]

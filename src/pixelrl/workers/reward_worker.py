@@ -30,20 +30,21 @@ class RewardWorker:
         return self.reward.component_names
 
     def score(self, images: np.ndarray, prompts: list[str], metadata: list[dict],
-              condition_images: list | None = None) -> dict[str, np.ndarray]:
+              condition_images: list | None = None, groups: list | None = None) -> dict[str, np.ndarray]:
         import torch
 
-        out = self.reward(torch.from_numpy(np.array(images, copy=True)), prompts, metadata, condition_images)
+        out = self.reward(torch.from_numpy(np.array(images, copy=True)), prompts, metadata, condition_images, groups)
         return {k: v.numpy() for k, v in out.items()}
 
-    def score_rollout(self, metadata: list[dict], *payloads: dict) -> dict:
+    def score_rollout(self, metadata: list[dict], *payloads: dict, groups: list | None = None) -> dict:
         """Score rollout shards (the rollout verb's numpy payloads, in order) as one batch; with
-        wall-clock start/end. Several shards come together when a reward needs whole groups."""
+        wall-clock start/end. Several shards come together when a reward needs whole groups
+        (each image's key in `groups`)."""
         import time
 
         start = time.time()
         images = np.concatenate([p["tensors"]["images"] for p in payloads])
         prompts = [prompt for p in payloads for prompt in p["values"]["prompts"]]
         sources = [row for p in payloads for row in p["values"].get("condition_images", ())] or None
-        scores = self.score(images, prompts, metadata, sources)
+        scores = self.score(images, prompts, metadata, sources, groups)
         return {"scores": scores, "start": start, "end": time.time()}
