@@ -24,7 +24,49 @@ from pixelrl.core.errors import ConfigError, check_choice, check_number
 from pixelrl.core.registry import Registry
 from pixelrl.data.config import DataConfig
 from pixelrl.engine.config import EngineConfig
+from pixelrl.engine.image_stats import STATISTICS
 from pixelrl.rewards.config import RewardConfig
+
+
+def _default_drift_limits() -> dict[str, float]:
+    # about three times the largest drift a normal shapes run shows (each in its own units:
+    # shares and brightness 0..1, entropy in bits); the JPEG-hacked run crosses four of them
+    # (docs/runtime.md, the reward-hacking watch, has both runs). A real model's normal drift
+    # is its own: tune them per recipe
+    return {"dark_fraction": 0.1, "brightness": 0.1, "saturation": 0.3, "colour_entropy": 0.5,
+            "edge_density": 0.05, "grain": 0.03}
+
+
+@dataclass
+class HackingWatch:
+    """`val_kwargs.hacking`: the rules that flag a validation as reward hacking suspected, each
+    against the run's first validation (trainers/hacking.py; docs/runtime.md)."""
+
+    enabled: bool = True
+    # proxy up, gold down: the training reward's validation mean rose by more than proxy_rise
+    # while a watched gold output fell by more than gold_drop (each in its own units)
+    proxy_rise: float = 0.0
+    gold_drop: float = 0.02
+    # the gold outputs to watch (keys of val_kwargs.rewards' outputs, higher is better); [] =
+    # each gold function's own-named output (shapes_geneval's shapes_geneval, ...)
+    gold: list[str] = field(default_factory=list)
+    # image statistics (engine/image_stats.py) whose drift beyond these is flagged; .inf = not watched
+    drift: dict[str, float] = field(default_factory=_default_drift_limits)
+    # diversity@n (val_kwargs.n > 1) below this fraction of the first validation's; 0 = not watched
+    diversity_floor: float = 0.5
+
+    def check(self, gold_rewards: list) -> None:
+        for name in ("proxy_rise", "gold_drop"):
+            check_number(f"val_kwargs.hacking.{name}", getattr(self, name), allow_zero=True, allow_inf=True)
+        for name, limit in self.drift.items():
+            check_choice("val_kwargs.hacking.drift", name, STATISTICS)
+            check_number(f"val_kwargs.hacking.drift.{name}", limit, allow_inf=True)
+        if not 0 <= self.diversity_floor < 1:
+            raise ConfigError("val_kwargs.hacking.diversity_floor", self.diversity_floor,
+                              "a fraction of the first validation's diversity in [0, 1): 0.5 flags it halved, 0 is off")
+        if self.gold and not gold_rewards:
+            raise ConfigError("val_kwargs.hacking.gold", self.gold, "names gold outputs, and val_kwargs.rewards is "
+                              "empty: add the gold rewards there (they are scored at every validation)")
 
 
 @dataclass
@@ -44,6 +86,7 @@ class ValKwargs:
     # DiffusionNFT validate it), else the trained ones; old, the loss's old adapter (Flow-Factory's
     # off-policy NFT evaluates the EMA it samples rollouts with)
     weights: str = "auto"
+    hacking: HackingWatch = field(default_factory=HackingWatch)
 
     def check(self) -> None:
         from pixelrl.rewards.config import check_reward_specs
@@ -59,6 +102,7 @@ class ValKwargs:
         if self.guidance_scale is not None:
             check_number("val_kwargs.guidance_scale", self.guidance_scale, allow_zero=True)
         check_reward_specs("val_kwargs.rewards", self.rewards)
+        self.hacking.check(self.rewards)
 
 
 # fields a resume may change from its checkpoint's config when trainer.resume_changes names them
@@ -189,6 +233,8 @@ class TrainerConfig(RunConfig):
     # prints); 0 = the GPU's memory (the RAM on a CPU). With no size `auto`, > 0 chooses all three
     # and (several workers) trainer.strategy: a recipe written for other cards fitted to these
     fit_to_memory_gb: float = 0.0
+    # stop the run, with a checkpoint, at the first validation that val_kwargs.hacking flags
+    stop_when_hacking: bool = False
 
     def check(self) -> None:
         from pixelrl.core.paths import check_output_dir

@@ -104,9 +104,25 @@ def validate(cfg: PixelRLConfig) -> None:
     _check_offline_data(cfg)
     _check_reward_gpus(cfg)
     _check_rollout_pool(cfg)
+    _check_hacking_stop(cfg)
     _check_batch_split(cfg)
     check_lr_schedule(cfg)
     _check_model_against_run(cfg)
+
+
+def _check_hacking_stop(cfg: PixelRLConfig) -> None:
+    """trainer.stop_when_hacking acts on the validations' flags: it needs the watch and validations."""
+    if not cfg.trainer.stop_when_hacking:
+        return
+    if not cfg.val_kwargs.hacking.enabled:
+        raise ConfigError("trainer.stop_when_hacking", True, "stops at a validation val_kwargs.hacking flags, and "
+                          "val_kwargs.hacking.enabled=false flags none: enable it, or set stop_when_hacking=false")
+    if cfg.trainer.test_freq == -1:
+        raise ConfigError("trainer.stop_when_hacking", True, "trainer.test_freq=-1 never validates, so nothing is "
+                          "ever flagged: set trainer.test_freq to how often (in steps) the run is checked")
+    if not cfg.trainer.val_before_train:
+        raise ConfigError("trainer.stop_when_hacking", True, "compares each validation with the untrained model's, "
+                          "and trainer.val_before_train=false takes none: set trainer.val_before_train=true")
 
 
 def _check_loss_timesteps(cfg: PixelRLConfig, bound) -> None:

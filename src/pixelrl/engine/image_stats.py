@@ -66,11 +66,15 @@ def mean_image_statistics(images) -> dict[str, float]:
 
 
 class StatisticsDrift:
-    """The run's first validation's statistics, and each later one's drift from them. Resumed
-    runs start again from the validation after the resume (the first values are not saved)."""
+    """The run's first validation's statistics, and each later one's drift from them. A resumed
+    run reads the first values back from its first validation's metrics row (`seed`)."""
 
     def __init__(self):
         self.first: dict[str, float] | None = None
+
+    def seed(self, row: dict | None, prefix: str = "val-aux/image") -> None:
+        values = {name: row[f"{prefix}/{name}"] for name in STATISTICS if f"{prefix}/{name}" in (row or {})}
+        self.first = values if len(values) == len(STATISTICS) else None
 
     def metrics(self, images, prefix: str = "val-aux/image") -> dict[str, float]:
         values = mean_image_statistics(images)

@@ -24,6 +24,7 @@ from pixelrl.core.config_io import saved_yaml, to_yaml
 from pixelrl.data.prompts import PromptDataset, make_loader
 from pixelrl.engine.evaluate import diversity
 from pixelrl.engine.image_stats import StatisticsDrift
+from pixelrl.trainers.hacking import SUSPECTED, HackingMonitor, first_validation
 from pixelrl.engine.preflight import preflight_warnings
 from pixelrl.rewards.multi import WeightedReward
 from pixelrl.sampling.rollout import SamplingSettings
@@ -39,7 +40,7 @@ from pixelrl.trainers.checkpointing import (BestCheckpoint, check_resume_config,
 from pixelrl.trainers.run_folder import (RunFolderLock, refuse_fresh_start_over_checkpoints, run_dir_of,
                                          start_over_notice, with_run_folder)
 from pixelrl.trainers.schedule import Schedule, validation_or_error
-from pixelrl.trainers.tracking import Tracker, image_grid
+from pixelrl.trainers.tracking import Tracker, image_grid, read_metric_rows
 
 VAL_SEED_BASE = 1_000_000_007  # validation images use fixed seeds, so every validation is comparable
 
@@ -142,6 +143,8 @@ class DiffusionTrainer:
         self._ray_started = False
         self.reward_errors = RewardErrorPolicy(cfg.reward.on_error, cfg.reward.max_consecutive_errors, console)
         self.image_drift = StatisticsDrift()  # the image statistics of each validation, and their drift
+        self.hacking = HackingMonitor(cfg.val_kwargs.hacking, cfg.val_kwargs.n,
+                                      [f["name"] for f in cfg.val_kwargs.rewards], console)
         self._gold = WeightedReward.from_functions([dict(f) for f in cfg.val_kwargs.rewards], cfg.reward.timeout_s) \
             if cfg.val_kwargs.rewards else None
         # on a GPU, the memory estimate the `auto` sizes rely on, logged beside the measured peak
@@ -197,6 +200,9 @@ class DiffusionTrainer:
         if t.best_metric and val_set is None:
             raise ConfigError("trainer.best_metric", t.best_metric, "the run has no validation prompts to pick a "
                               "checkpoint by: set data.val_files (or use a prompt set with a validation split)")
+        if t.stop_when_hacking and val_set is None:
+            raise ConfigError("trainer.stop_when_hacking", True, "the run has no validation prompts to watch: set "
+                              "data.val_files (or use a prompt set with a validation split)")
         lock.acquire()  # before the first write, after every check that can refuse the run
         from pixelrl.config.plan import reward_names
 
@@ -221,6 +227,7 @@ class DiffusionTrainer:
                 if self.best is not None:
                     self.best.restore(resume)
                 self.console(f"resumed from {resume} (global step {start_step})")
+                self._seed_first_validation(start_step)
             elif notice := start_over_notice(self.run_dir):  # an earlier run's rows, no checkpoint
                 self.console(notice)
             from omegaconf import OmegaConf
@@ -295,7 +302,7 @@ class DiffusionTrainer:
                 self._dump(Path(t.rollout_data_dir) / f"step_{step:06d}", batch)
             if schedule.draws_grid(step, batch is not None):
                 self._grid(tracker, "train/samples", batch, step)
-            new_best, val_error = False, None
+            new_best, val_error, val_metrics = False, None, {}
             if val_set is not None and schedule.validates(step, last):
                 val_metrics, val_error = validation_or_error(
                     lambda: reward_errors.guard(step, lambda: self.validate(val_set, step, tracker)))
@@ -303,12 +310,16 @@ class DiffusionTrainer:
                 if val_metrics:
                     val_history.append(val_metrics)
                     new_best = self.best is not None and self.best.offer(step, val_metrics)
+            hacked = bool(val_metrics.get(SUSPECTED))
+            if hacked:
+                self.console(f"step {step}: reward hacking suspected (val_kwargs.hacking): {self.hacking.summary()}")
             # the row first: a kill between the two re-runs the step and replaces the row on resume;
             # the other order would lose it for good
             tracker.log(metrics, step)
             history.append(metrics)
             reward_errors.stop_if_too_many()  # after the row (it shows the failure), before the checkpoint
-            if schedule.saves(step, last, new_best, val_error):
+            stop = hacked and t.stop_when_hacking
+            if schedule.saves(step, last, new_best, val_error, stop):
                 save_checkpoint(self.ckpt_root, step, self.actor.save, loader.state_dict(), self.saved_yaml,
                                 t.max_ckpt_to_keep, queued=ahead.queued() if ahead is not None else None,
                                 best=self.best)
@@ -317,6 +328,12 @@ class DiffusionTrainer:
             progress.update(1)
             if "critic/rewards/mean" in metrics:
                 progress.set_postfix(reward=f"{metrics['critic/rewards/mean']:.4f}")
+            if stop:
+                saved = ("; its checkpoint resumes the run" if t.save_freq != -1
+                         else " (trainer.save_freq=-1: no checkpoint)")
+                self.console(f"stopping after step {step} (trainer.stop_when_hacking): look at its validation images "
+                             f"before training on{saved}")
+                break
             if schedule.out_of_time:
                 self.console(f"time budget of {t.time_budget_s:.0f} s used after step {step}: stopping")
                 break
@@ -324,6 +341,13 @@ class DiffusionTrainer:
         return history, val_history
 
     # ------------------------------------------------------------------ validation
+    def _seed_first_validation(self, start_step: int) -> None:
+        """A resumed run compares its validations with the run's first one, read back from its rows."""
+        rows_file = self.run_dir / "metrics.jsonl"
+        first = first_validation(read_metric_rows(rows_file), start_step) if rows_file.exists() else None
+        self.hacking.seed(first)
+        self.image_drift.seed(first)
+
     def validate(self, val_set: PromptDataset, step: int, tracker: Tracker) -> dict[str, float]:
         """Generate `val_kwargs.n` images per validation prompt with fixed seeds and score them."""
         cfg, vk = self.cfg, self.cfg.val_kwargs
@@ -375,6 +399,7 @@ class DiffusionTrainer:
                 metrics[f"val-core/{source}/diversity@{vk.n}"] = diversity([images[i] for i in idx], items)["pairwise_l1"]
         metrics.update(mean_over_sources(metrics, list(by_source)))
         metrics.update(self.image_drift.metrics(images))  # what no reward looks at (engine/image_stats.py)
+        metrics.update(self.hacking.metrics(metrics, step))  # against the first validation (trainers/hacking.py)
         folder = Path(cfg.trainer.validation_data_dir or self.run_dir / "validation") / f"step_{step:06d}"
         self._dump(folder, None, images=images, prompts=[r["prompt"] for r in rows], scores=scores, seeds=seeds)
         self._grid(tracker, "val/samples", None, step, images=images[:32],

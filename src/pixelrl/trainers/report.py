@@ -19,6 +19,7 @@ from pathlib import Path
 from pixelrl.algos.methods import training_metric_keys
 from pixelrl.engine.image_stats import STATISTICS
 from pixelrl.trainers.curves import split_points
+from pixelrl.trainers.hacking import hacking_lines
 from pixelrl.trainers.tracking import read_metric_rows
 
 # curves drawn when the run logged them, in this order (a pattern ends with * for a prefix)
@@ -193,6 +194,8 @@ def write_report(run: str | Path, out: str | Path | None = None) -> Path:
     pictures = "".join(f"<figure class=\"grid\">{inline_png(p)}<figcaption>{html.escape(p.stem)}</figcaption>"
                        "</figure>" for p in grids) or "<p>No sample grids (set trainer.log_image_grid_every).</p>"
     validation, held_out = validation_table(rows), lines_as_html(demo_lines(run))
+    if watch := lines_as_html(hacking_lines(rows, config)):  # what the rules of trainers/hacking.py say
+        validation = f'<div id="hacking">{watch}</div>{validation}'
     if held_out:  # a demo's own held-out evaluation is the validation a user reads first
         validation = (f"<h3>Held-out evaluation (the demo's, after training)</h3>{held_out}"
                       + (f"<h3>During training</h3>{validation}" if validation else ""))

@@ -42,10 +42,11 @@ class Schedule:
     def validates(self, step: int, last: bool) -> bool:
         return every(self.t.test_freq, step, last)
 
-    def saves(self, step: int, last: bool, new_best: bool, val_error: Exception | None) -> bool:
-        """On the schedule, at a new best validation, and before a failed validation's error ends
-        the run (unless saving is off, save_freq -1)."""
-        return every(self.t.save_freq, step, last) or new_best or (val_error is not None and self.t.save_freq != -1)
+    def saves(self, step: int, last: bool, new_best: bool, val_error: Exception | None, stops: bool = False) -> bool:
+        """On the schedule, at a new best validation, and before a failed validation's error or a
+        stop (trainer.stop_when_hacking) ends the run (unless saving is off, save_freq -1)."""
+        ends = val_error is not None or stops
+        return every(self.t.save_freq, step, last) or new_best or (ends and self.t.save_freq != -1)
 
     def dumps_rollouts(self, has_batch: bool) -> bool:
         return bool(self.t.rollout_data_dir) and has_batch
