@@ -203,6 +203,10 @@ def test_an_edit_run_trains_and_validates_on_its_sources_through_pixelrl_train(t
     # the reward read each sample's source: an untrained edit of a flat source keeps some of it
     assert 0 < [r for r in rows if "critic/rewards/mean" in r][-1]["critic/rewards/mean"] < 1
     assert (run / "checkpoints" / "global_step_2").is_dir()
+    # the validation's source distance is the preservation reward's complement, on the same edits
+    val = [r for r in rows if "val-core/edits/reward/mean@1" in r][-1]
+    assert val["val-aux/image/source_distance"] == pytest.approx(1 - val["val-core/edits/reward/mean@1"], abs=1e-6)
+    assert val["val-aux/image/x0_rms"] > 0
 
 
 def _write_aspect_rows(folder, sizes):
@@ -267,7 +271,8 @@ def test_an_edit_run_in_its_sources_aspects_trains_and_validates_each_size(tiny_
                         config="flow_grpo_flux_tiny")
     assert code == 0
     run = tmp_path / "out" / "pixelrl" / "aspects"
-    assert any("val-core/edits/reward/mean@1" in r for r in read_metrics(run))
+    val = [r for r in read_metrics(run) if "val-core/edits/reward/mean@1" in r][-1]
+    assert val["val-aux/image/source_distance"] == pytest.approx(1 - val["val-core/edits/reward/mean@1"], abs=1e-6)
     dumped = sorted((run / "validation" / "step_000002").glob("*.png"))
     assert sorted(Image.open(f).size for f in dumped) == [(28, 40), (28, 40), (40, 28), (40, 28)]
     lone = _write_aspect_rows(tmp_path / "lone", [(48, 32), (32, 48)])  # two sizes, neither fills a batch

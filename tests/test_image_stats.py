@@ -1,5 +1,7 @@
 """The image statistics every validation logs, by hand on constructed pictures."""
 
+import math
+
 import pytest
 import torch
 
@@ -51,3 +53,21 @@ def test_the_report_draws_each_statistic_beside_the_reward():
     keys = curve_keys(rows)
     assert keys[0] == "critic/rewards/mean" and {"val-aux/image/dark_fraction", "val-aux/image/grain"} <= set(keys)
     assert "val-aux/image/dark_fraction_drift" not in keys
+
+
+def test_the_sample_statistics_by_hand_and_their_drift_from_where_they_first_appear():
+    from pixelrl.engine.image_stats import source_distance, x0_rms
+
+    x0 = torch.stack([torch.full((2, 3, 3), 2.0), torch.tensor([3.0, -4.0]).repeat(9).reshape(2, 3, 3)])
+    assert x0_rms(x0).tolist() == pytest.approx([2.0, math.sqrt(12.5)])
+    edit, source = _picture([255, 0, 0], 4), _picture([0, 0, 0], 8)  # a source at twice the edit's size
+    assert source_distance(edit[None], [(source,)]) == pytest.approx(1 / 3)
+    assert source_distance([edit, source], [(source,), (source,)]) == pytest.approx(1 / 6)  # several sizes
+    drift = StatisticsDrift()
+    drift.metrics(torch.stack([edit]), {"x0_rms": 1.0})
+    later = drift.metrics(torch.stack([edit]), {"x0_rms": 1.5, "source_distance": 0.2})
+    assert later["val-aux/image/x0_rms_drift"] == 0.5 and later["val-aux/image/source_distance_drift"] == 0.0
+    resumed = StatisticsDrift()
+    resumed.seed({"val-aux/image/x0_rms": 1.0, "val-aux/image/dark_fraction": 1.0, "critic/rewards/mean": 3})
+    assert resumed.first == {"x0_rms": 1.0, "dark_fraction": 1.0}
+    assert resumed.metrics(torch.stack([edit]), {"x0_rms": 2.0})["val-aux/image/x0_rms_drift"] == 1.0

@@ -24,7 +24,7 @@ from pixelrl.core.errors import ConfigError, check_choice, check_number
 from pixelrl.core.registry import Registry
 from pixelrl.data.config import DataConfig
 from pixelrl.engine.config import EngineConfig
-from pixelrl.engine.image_stats import STATISTICS
+from pixelrl.engine.image_stats import WATCHABLE
 from pixelrl.rewards.config import RewardConfig
 
 
@@ -50,7 +50,8 @@ class HackingWatch:
     # the gold outputs to watch (keys of val_kwargs.rewards' outputs, higher is better); [] =
     # each gold function's own-named output (shapes_geneval's shapes_geneval, ...)
     gold: list[str] = field(default_factory=list)
-    # image statistics (engine/image_stats.py) whose drift beyond these is flagged; .inf = not watched
+    # image and sample statistics (engine/image_stats.py) whose drift beyond these is flagged;
+    # one not named, or .inf, is not watched
     drift: dict[str, float] = field(default_factory=_default_drift_limits)
     # diversity@n (val_kwargs.n > 1) below this fraction of the first validation's; 0 = not watched
     diversity_floor: float = 0.5
@@ -59,7 +60,7 @@ class HackingWatch:
         for name in ("proxy_rise", "gold_drop"):
             check_number(f"val_kwargs.hacking.{name}", getattr(self, name), allow_zero=True, allow_inf=True)
         for name, limit in self.drift.items():
-            check_choice("val_kwargs.hacking.drift", name, STATISTICS)
+            check_choice("val_kwargs.hacking.drift", name, WATCHABLE)
             check_number(f"val_kwargs.hacking.drift.{name}", limit, allow_inf=True)
         if not 0 <= self.diversity_floor < 1:
             raise ConfigError("val_kwargs.hacking.diversity_floor", self.diversity_floor,

@@ -13,6 +13,9 @@ metrics and report beside the reward:
 - `edge_density`: share of pixels where the luma changes by more than 32 to its right or lower
   neighbour;
 - `grain`: mean |luma - its 3 x 3 box blur| / 255, the high-frequency energy that speckle adds.
+
+Beside them, two of the samples: `x0_rms`, the clean sample's root mean square before decoding,
+and for edits `source_distance`, how far an edit moved from its source.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import torch.nn.functional as F
 DARK_LEVEL = 32
 EDGE_STEP = 32
 STATISTICS = ("dark_fraction", "brightness", "saturation", "colour_entropy", "edge_density", "grain")
+SAMPLE_STATISTICS = ("x0_rms", "source_distance")  # of the samples, not their pixels; source_distance of edits
+WATCHABLE = STATISTICS + SAMPLE_STATISTICS
 
 
 def _luma(rgb: torch.Tensor) -> torch.Tensor:
@@ -65,21 +70,40 @@ def mean_image_statistics(images) -> dict[str, float]:
     return {name: float(torch.cat([s[name] for s in per_image]).mean()) for name in STATISTICS}
 
 
+def x0_rms(x0: torch.Tensor) -> torch.Tensor:
+    """[B] root mean square of each clean sample x0 (latents, or pixels in [-1, 1] without a VAE),
+    a size that does not grow with the resolution: a policy whose x0 drifts outward brightens and
+    saturates its images while the reward looks stable."""
+    return x0.flatten(1).float().pow(2).mean(1).sqrt()
+
+
+def source_distance(images, condition_images) -> float:
+    """Mean |edit - its first source| / 255 over the images (0: the source untouched), each source
+    at its edit's size; `images` a [B, H, W, 3] tensor or a list of edits of several sizes."""
+    from pixelrl.rewards.source import first_sources
+
+    distances = [(image.float() - first_sources([sources], tuple(image.shape[:2]))[0].float()).abs().mean() / 255.0
+                 for image, sources in zip(images, condition_images)]
+    return float(torch.stack(distances).mean())
+
+
 class StatisticsDrift:
     """The run's first validation's statistics, and each later one's drift from them. A resumed
-    run reads the first values back from its first validation's metrics row (`seed`)."""
+    run reads the first values back from its first validation's metrics row (`seed`). Beside the
+    image statistics, a validation passes the sample statistics it has (`x0_rms`, and for edits
+    `source_distance`): each drifts from the first validation that logged it."""
 
     def __init__(self):
-        self.first: dict[str, float] | None = None
+        self.first: dict[str, float] = {}
 
     def seed(self, row: dict | None, prefix: str = "val-aux/image") -> None:
-        values = {name: row[f"{prefix}/{name}"] for name in STATISTICS if f"{prefix}/{name}" in (row or {})}
-        self.first = values if len(values) == len(STATISTICS) else None
+        self.first = {name: row[f"{prefix}/{name}"] for name in WATCHABLE if f"{prefix}/{name}" in (row or {})}
 
-    def metrics(self, images, prefix: str = "val-aux/image") -> dict[str, float]:
-        values = mean_image_statistics(images)
-        if self.first is None:
-            self.first = values
+    def metrics(self, images, samples: dict[str, float] | None = None,
+                prefix: str = "val-aux/image") -> dict[str, float]:
+        values = {**mean_image_statistics(images), **(samples or {})}
+        for name, value in values.items():
+            self.first.setdefault(name, value)
         out = {f"{prefix}/{name}": value for name, value in values.items()}
         out.update({f"{prefix}/{name}_drift": value - self.first[name] for name, value in values.items()})
         return out

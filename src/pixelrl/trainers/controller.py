@@ -23,7 +23,7 @@ from pixelrl.config.sections import PixelRLConfig, validation_guidance
 from pixelrl.core.config_io import saved_yaml, to_yaml
 from pixelrl.data.prompts import PromptDataset, make_loader
 from pixelrl.engine.evaluate import diversity
-from pixelrl.engine.image_stats import StatisticsDrift
+from pixelrl.engine.image_stats import StatisticsDrift, source_distance, x0_rms
 from pixelrl.trainers.hacking import SUSPECTED, HackingMonitor, first_validation
 from pixelrl.engine.preflight import preflight_warnings
 from pixelrl.rewards.multi import WeightedReward
@@ -359,8 +359,10 @@ class DiffusionTrainer:
         by_shape = defaultdict(list)
         for i, r in enumerate(rows):
             by_shape[tuple(tuple(c.shape) for c in r.get("condition_images", ()))].append(i)
-        parts = [(indices, self._validation_images([rows[i] for i in indices], [seeds[i] for i in indices]))
-                 for indices in by_shape.values()]
+        generated = [(indices, *self._validation_images([rows[i] for i in indices], [seeds[i] for i in indices]))
+                     for indices in by_shape.values()]
+        parts = [(indices, part) for indices, part, _ in generated]
+        samples = {"x0_rms": float(torch.cat([rms for _, _, rms in generated]).mean())}
         if len({tuple(part.shape[1:]) for _, part in parts}) == 1:
             images = parts[0][1].new_zeros((len(rows), *parts[0][1].shape[1:]))
             for indices, part in parts:
@@ -398,7 +400,10 @@ class DiffusionTrainer:
                 items = [{**rows[i], "group": i % per_prompt} if sources is not None else rows[i] for i in idx]
                 metrics[f"val-core/{source}/diversity@{vk.n}"] = diversity([images[i] for i in idx], items)["pairwise_l1"]
         metrics.update(mean_over_sources(metrics, list(by_source)))
-        metrics.update(self.image_drift.metrics(images))  # what no reward looks at (engine/image_stats.py)
+        if sources is not None:
+            samples["source_distance"] = source_distance(images, sources)
+        # what no reward looks at (engine/image_stats.py)
+        metrics.update(self.image_drift.metrics(images, samples))
         metrics.update(self.hacking.metrics(metrics, step))  # against the first validation (trainers/hacking.py)
         folder = Path(cfg.trainer.validation_data_dir or self.run_dir / "validation") / f"step_{step:06d}"
         self._dump(folder, None, images=images, prompts=[r["prompt"] for r in rows], scores=scores, seeds=seeds)
@@ -406,9 +411,9 @@ class DiffusionTrainer:
                    captions=[f"{float(overall[i]):.3f} {rows[i]['prompt']}" for i in range(min(32, len(rows)))])
         return metrics
 
-    def _validation_images(self, rows: list[dict], seeds: list[int]) -> torch.Tensor:
+    def _validation_images(self, rows: list[dict], seeds: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """The validation sampler's images of `rows` (one number of condition pictures), one per
-        row with its seed."""
+        row with its seed, and each one's x0_rms (its clean sample's size before decoding)."""
         cfg, vk = self.cfg, self.cfg.val_kwargs
         real = len(rows)
         pad = (-real) % self.actor.size  # pad to a multiple of the workers; padding is dropped
@@ -420,11 +425,11 @@ class DiffusionTrainer:
         window = full_window(vk.num_steps) if settings.stores_transitions else Window(0, 0)
         # val_batch_size prompts per generation call (rounded up to a multiple of the workers)
         chunk = len(rows) if not cfg.data.val_batch_size else -(-cfg.data.val_batch_size // self.actor.size) * self.actor.size
-        return torch.cat([
-            self.actor.rollout(prompts[i:i + chunk], seeds[i:i + chunk], window=window, settings=settings,
-                               num_steps=vk.num_steps, policy=validation_policy(cfg),
-                               condition_images=None if sources is None else sources[i:i + chunk])["images"]
-            for i in range(0, len(rows), chunk)])[:real]
+        outs = [self.actor.rollout(prompts[i:i + chunk], seeds[i:i + chunk], window=window, settings=settings,
+                                   num_steps=vk.num_steps, policy=validation_policy(cfg),
+                                   condition_images=None if sources is None else sources[i:i + chunk])
+                for i in range(0, len(rows), chunk)]
+        return torch.cat([o["images"] for o in outs])[:real], torch.cat([x0_rms(o["x0"]) for o in outs])[:real]
 
     # ------------------------------------------------------------------ outputs
     def _dump(self, folder: Path, batch, *, images=None, prompts=None, scores=None, seeds=None) -> None:

@@ -23,7 +23,7 @@ import re
 
 from pixelrl.config.sections import HackingWatch
 from pixelrl.core.errors import ConfigError
-from pixelrl.engine.image_stats import STATISTICS
+from pixelrl.engine.image_stats import WATCHABLE
 
 RULES = ("proxy_vs_gold", "image_drift", "diversity")
 SUSPECTED = "val-aux/hacking/suspected"
@@ -66,7 +66,7 @@ def hacking_evidence(first: dict, row: dict, n: int, watch: HackingWatch,
                     evidence["proxy_vs_gold"].append(
                         f"reward {rise:+.4g} ({first[proxy]:.4g} -> {row[proxy]:.4g}) while gold {name} "
                         f"{-drop:+.4g} ({first[key]:.4g} -> {row[key]:.4g}; gold_drop {watch.gold_drop:g})")
-    for name in STATISTICS:
+    for name in WATCHABLE:
         limit, key = watch.drift.get(name, math.inf), f"val-aux/image/{name}"
         if key in row and key in first and abs(row[key] - first[key]) > limit:
             evidence["image_drift"].append(f"{name} {row[key] - first[key]:+.3g} ({first[key]:.3g} -> "

@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 
 from pixelrl.algos.methods import training_metric_keys
-from pixelrl.engine.image_stats import STATISTICS
+from pixelrl.engine.image_stats import WATCHABLE
 from pixelrl.trainers.curves import split_points
 from pixelrl.trainers.hacking import hacking_lines
 from pixelrl.trainers.tracking import read_metric_rows
@@ -25,7 +25,7 @@ from pixelrl.trainers.tracking import read_metric_rows
 # curves drawn when the run logged them, in this order (a pattern ends with * for a prefix)
 # after the methods' own training metrics (`MethodSpec.training_metrics`)
 CURVES = ("actor/pg_loss", "actor/kl", "actor/grad_norm", "val-core/*",
-          *(f"val-aux/image/{name}" for name in STATISTICS), "timing_s/step")
+          *(f"val-aux/image/{name}" for name in WATCHABLE), "timing_s/step")
 MAX_GRIDS = 12  # the last ones by step: a long run's page stays small
 FIGURES = ("before_after.png", "base_teacher_student.png", "source_base_trained.png", "reward_curve.png",
            "validation_curve.png")
