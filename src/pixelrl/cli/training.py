@@ -16,6 +16,10 @@ def cmd_train(args) -> int:
     from pixelrl.trainers.restarts import fit_with_restarts
 
     cfg = load_config(args.config_name, args.overrides)
+    from pixelrl.config.evidence import evidence_line
+
+    if line := evidence_line(args.config_name):  # what stands behind a shipped recipe, before it runs
+        print(line)
     try:
         result = fit_with_restarts(cfg)
     except KeyboardInterrupt:

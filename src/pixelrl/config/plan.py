@@ -23,6 +23,7 @@ import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from pixelrl.config.evidence import evidence_line
 from pixelrl.config.sections import PixelRLConfig
 from pixelrl.engine.config import images_per_step, mini_batches_per_epoch, optimizer_steps_per_rollout
 from pixelrl.algos.losses import LOSSES
@@ -613,6 +614,7 @@ def describe(cfg: PixelRLConfig, plan: Plan, config_name: str | None = None) -> 
                if trained_roles(cfg) > 1 else "reference/old forwards")
     lines = [f"plan: {config_name or 'config'} on {plan.gpus} GPU(s) of {plan.gpu_memory_gb:g} GB, "
              f"{plan.peak_tflops:g} TFLOP/s dense bf16 peak each",
+             *filter(None, [evidence_line(config_name)]),  # what stands behind a shipped recipe
              f"model: {s.name}: denoiser {s.denoiser_params / 1e9:.2f}B, text encoders {s.encoder_params / 1e9:.2f}B, "
              f"{s.seq_tokens} tokens per row, {s.forward_flops / 1e12:.2f} TFLOP per row forward",
              "kept (defines the algorithm): " + _schedule_kept(cfg),
