@@ -35,6 +35,8 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
     ("eval with a non-number of steps", ["eval", "--steps", "ten"], "--steps"),
     ("eval writing under a file", ["eval", "--out", "{file}/results.json"], "a_file/results.json'"),
     ("eval-vlm writing under a file", ["eval-vlm", "--out", "{file}/accuracy.json"], "a_file/accuracy.json'"),
+    ("reproduce an unknown standard", ["reproduce", "flow_grpoo"], "invalid choice: 'flow_grpoo'"),
+    ("reproduce into a file", ["reproduce", "dpo", "--workdir", "{file}"], "--workdir"),
     ("eval against a baseline that is not a results file", ["eval", "--baseline", "{file}"], "--baseline"),
     ("eval against a missing baseline", ["eval", "--baseline", "{tmp}/no_such_results.json"], "--baseline"),
     ("eval of a checkpoint folder that does not exist", ["eval", "--checkpoint", "{tmp}/no_such_run/global_step_1"],

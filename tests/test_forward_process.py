@@ -153,7 +153,7 @@ def test_validation_samples_with_the_weights_val_kwargs_names():
 
     def rollout(prompts, seeds, **kwargs):
         asked.append(kwargs["policy"])
-        return {"images": torch.zeros(len(prompts), 4, 4, 3, dtype=torch.uint8)}
+        return {"images": torch.zeros(len(prompts), 4, 4, 3, dtype=torch.uint8), "x0": torch.zeros(len(prompts), 3)}
 
     trainer = DiffusionTrainer.__new__(DiffusionTrainer)
     trainer.actor = SimpleNamespace(size=1, rollout=rollout)

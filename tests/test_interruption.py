@@ -71,7 +71,7 @@ def _scripted_trainers(monkeypatch, root, attempts):
     started = []
 
     class Scripted:
-        def __init__(self, cfg):
+        def __init__(self, cfg, console=print):
             self.cfg, self.ckpt_root = cfg, root
             started.append(cfg.trainer.resume_mode)
 

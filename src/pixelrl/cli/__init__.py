@@ -18,6 +18,7 @@
     pixelrl eval-vlm [--model PATH] [--files F ...]     a Qwen2-VL folder's held-out accuracy per question type
     pixelrl plot RUN [--keys PATTERN ...]               a run's metrics as a PNG, one panel per key
     pixelrl report RUN                                  one self-contained HTML page of a run
+    pixelrl reproduce NAME|all [--record]               rerun a tiny-model standard, compare with its record
     pixelrl serve-reward --reward NAME [--host H]       a reward behind HTTP for `remote` rewards elsewhere
 """
 

@@ -18,10 +18,15 @@ def cmd_train(args) -> int:
     cfg = load_config(args.config_name, args.overrides)
     from pixelrl.config.evidence import evidence_line
 
-    if line := evidence_line(args.config_name):  # what stands behind a shipped recipe, before it runs
-        print(line)
+    evidence = [line] if (line := evidence_line(args.config_name)) else []
+
+    def console(text: str) -> None:  # what stands behind a shipped recipe, above the run's first line
+        while evidence:
+            print(evidence.pop())
+        print(text)
+
     try:
-        result = fit_with_restarts(cfg)
+        result = fit_with_restarts(cfg, console=console)
     except KeyboardInterrupt:
         from pixelrl.trainers.run_folder import interruption_summary, run_dir_of
 
@@ -49,6 +54,29 @@ def cmd_plan(args) -> int:
     plan = plan_for(cfg, args.gpus, args.gpu_memory, args.peak_tflops, link_gb_per_s=args.link_gb_per_s)
     print(describe(cfg, plan, args.config_name))
     return 0
+
+
+def cmd_reproduce(args) -> int:
+    """Rerun reproducibility standards and compare each with its committed record (exit 1 when
+    one differs beyond the tolerance, or with --exact at all), or write the records (`--record`)."""
+    import tempfile
+
+    from pixelrl.shapes.standards import STANDARDS, reproduce
+
+    names = list(STANDARDS) if "all" in args.names else list(dict.fromkeys(args.names))
+    if args.workdir:
+        check_output_dir(args.workdir, "--workdir")
+    with tempfile.TemporaryDirectory(prefix="pixelrl_reproduce_") as scratch:
+        ran_on, results = reproduce(names, Path(args.workdir or scratch), record=args.record)
+    print("reproduce on " + ", ".join(f"{k} {v}" for k, v in ran_on.items()))
+    failed = 0
+    for name, result in results.items():
+        if args.record:
+            print(f"{name:10s} recorded: {result}")
+            continue
+        failed += not (result.bitwise if args.exact else result.passed)
+        print(f"{name:10s} {result.verdict()}  ({STANDARDS[name].what})")
+    return 1 if failed else 0
 
 
 def cmd_config(args) -> int:
@@ -249,6 +277,19 @@ def add_parsers(sub) -> None:
                            "on 400 Gb/s InfiniBand)")
     plan.add_argument("overrides", nargs="*", help="key=value overrides, e.g. model.path=/models/sd35")
     plan.set_defaults(func=cmd_plan)
+    from pixelrl.shapes.standards import STANDARDS
+
+    reproduce = sub.add_parser("reproduce", help="rerun a reproducibility standard (a 3-step tiny-model run of one "
+                               "trainer kind) and compare every learning metric with its committed record",
+                               description="Exit code 0 when every value is equal or within the tolerance, "
+                               "1 when one differs beyond it; docs/runtime.md says what is bitwise where.")
+    reproduce.add_argument("names", nargs="+", choices=[*STANDARDS, "all"], metavar="NAME",
+                           help=f"standards ({', '.join(STANDARDS)}), or all")
+    reproduce.add_argument("--record", action="store_true", help="write the records from this machine instead")
+    reproduce.add_argument("--exact", action="store_true", help="fail unless every value is bitwise equal")
+    reproduce.add_argument("--workdir", default=None, help="keep the tiny models and runs here (default: a "
+                           "temporary folder, removed)")
+    reproduce.set_defaults(func=cmd_reproduce)
     plot = sub.add_parser("plot", help="plot a run's metrics (one panel per matching key) to a PNG")
     plot.add_argument("run", help="a run folder (with metrics.jsonl) or a metrics.jsonl file")
     plot.add_argument("--keys", nargs="+", default=["val-core/*", "val/*", "critic/rewards/mean"],

@@ -33,7 +33,7 @@ def fit_with_restarts(cfg, console=print) -> dict:
     `cfg.trainer.max_restarts` times. Returns the last attempt's result."""
     restarts = 0
     while True:
-        trainer = trainer_class(cfg)(cfg)
+        trainer = trainer_class(cfg)(cfg, console=console)
         before = _pointer_state(trainer.ckpt_root)
         try:
             return trainer.fit()
