@@ -59,6 +59,28 @@ def test_a_loss_that_never_reaches_most_weights_is_named():
     assert "fake_score" in line and "90.0%" in line
 
 
+def test_a_first_gradient_of_exactly_zero_is_measured_at_the_next_update_that_has_one():
+    """A DMD2 student's first update has no gradient (its fake score starts equal to the real
+    one): the preflight waits for the next update with a gradient, and a gradient that stays
+    zero is measured (and named) at the fourth update."""
+    weight = torch.nn.Parameter(torch.ones(8))
+    learner = Learner(lambda: [weight], lr=1e-3, eps=1e-8)
+    measured = []
+    for scale in (0.0, 1.0, 1.0):
+        learner.zero_grad()
+        (scale * weight).sum().backward()
+        measured.append("preflight/grad_rms" in learner.step(1.0))
+    assert measured == [False, True, False]
+    stuck = Learner(lambda: [weight], lr=1e-3, eps=1e-8)
+    outs = []
+    for _ in range(5):
+        stuck.zero_grad()
+        (0.0 * weight).sum().backward()
+        outs.append(stuck.step(1.0))
+    assert ["preflight/grad_rms" in out for out in outs] == [False, False, False, True, False]
+    assert any("no gradient" in line for line in preflight_warnings({f"actor/{k}": v for k, v in outs[3].items()}))
+
+
 def test_measure_reads_adams_own_state():
     """The normalised step comes from the optimizer's moments: two steps of opposite gradients
     leave m_hat near 0, so the update is small although eps is not the cause."""

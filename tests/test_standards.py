@@ -6,9 +6,9 @@ import pytest
 from pixelrl.shapes.standards import STANDARDS, compare, compared_values, load_record
 
 
-def test_only_learning_metrics_are_compared_each_at_its_step():
+def test_every_number_but_timings_and_counters_is_compared_each_at_its_step():
     rows = [{"step": 1, "actor/pg_loss": 0.5, "critic/rewards/mean": -1.0, "timing_s/step": 3.0,
-             "actor/throughput": 9.0, "training/global_step": 1, "perf/mfu": 0.1},
+             "actor/throughput": 9.0, "training/global_step": 1, "perf/mfu": 0.1, "timeline/train_end": 1.7e9},
             {"step": 2, "actor/pg_loss": 0.25, "val/accuracy": 0.5}]
     assert compared_values(rows) == {"actor/pg_loss@1": 0.5, "critic/rewards/mean@1": -1.0, "actor/pg_loss@2": 0.25,
                                      "val/accuracy@2": 0.5}

@@ -24,6 +24,10 @@ def kept_on_device(value):
     micro-batch's kernels before launching the next. Plain numbers pass through."""
     return value.detach().double() if torch.is_tensor(value) else value
 
+
+PREFLIGHT_ZERO_RETRIES = 3  # updates a preflight waits for a gradient that is not all zero
+
+
 class Learner:
     def __init__(self, params_fn: Callable[[], list[torch.nn.Parameter]], *, lr: float,
                  betas: tuple[float, float] = (0.9, 0.999), weight_decay: float = 0.0, eps: float = 1e-8,
@@ -45,6 +49,10 @@ class Learner:
         self.nonfinite_in_a_row = 0
         # the optimizer preflight (engine/preflight.py) after the first step and every this many
         self.preflight_every = int(preflight_every)
+        # a first gradient of exactly zero is put off to the next steps (at most this many): a
+        # DMD2 student's first update has none by construction (its fake score starts equal to
+        # the real one), where a loss that never reaches the weights stays at zero
+        self.preflight_retries, self.preflight_pending = PREFLIGHT_ZERO_RETRIES, False
         # Called with the parameters after the backward passes of an optimizer step, before
         # clipping (the DDP all-reduce); None in one process and under FSDP2.
         self.grad_sync: Callable | None = None
@@ -106,10 +114,14 @@ class Learner:
         self.lr_scheduler.step()
         out = {"stepped": 1.0, "skipped_nonfinite": 0.0, "grad_norm": float(grad_norm)}
         steps = self.lr_scheduler.last_epoch  # this one included
-        if steps == 1 or (self.preflight_every and steps % self.preflight_every == 0):
+        if steps == 1 or self.preflight_pending or (self.preflight_every and steps % self.preflight_every == 0):
             from pixelrl.engine.preflight import measure
 
-            out.update(measure(self.params, self.optimizer, min(out["grad_norm"], self.max_grad_norm), self.eps))
+            self.preflight_pending = out["grad_norm"] == 0.0 and self.preflight_retries > 0
+            if self.preflight_pending:
+                self.preflight_retries -= 1
+            else:
+                out.update(measure(self.params, self.optimizer, min(out["grad_norm"], self.max_grad_norm), self.eps))
         self.zero_grad()
         self._check_weights_finite()
         return out

@@ -31,9 +31,8 @@ PORTABLE = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_
 # rounding, and a JPEG size by a byte after a step: 1.3% was the largest move between torch's
 # no-vector, AVX2 and AVX-512 kernels (docs/runtime.md); values below ATOL are rounding noise
 RTOL, ATOL = 0.05, 1e-6
-# learning metrics; the rest of a row (timings, throughput, memory, the clock) differs run to run
-COMPARED = ("actor/", "critic/", "fake_score/", "rollout_corr/", "val/", "val-core/")
-NOT_COMPARED = ("timing", "throughput", "mfu", "memory", "peak", "_s/")
+# every number of a row but what differs run to run (timings, throughput, memory) and the counters
+NOT_COMPARED = ("timing", "timeline/", "throughput", "mfu", "memory", "peak", "_s/", "perf/", "training/")
 
 
 @dataclass(frozen=True)
@@ -88,7 +87,7 @@ def compared_values(rows: list[dict]) -> dict[str, list[float]]:
     out = {}
     for row in rows:
         for key, value in row.items():
-            if key.startswith(COMPARED) and not any(word in key for word in NOT_COMPARED) \
+            if key != "step" and not any(word in key for word in NOT_COMPARED) \
                     and isinstance(value, (int, float)) and not isinstance(value, bool):
                 out[f"{key}@{row['step']:g}"] = float(value)
     return out
