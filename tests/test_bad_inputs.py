@@ -314,6 +314,8 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
      "val_kwargs.hacking.drift"),
     ("a diversity floor above 1", [*SHAPES, "val_kwargs.hacking.diversity_floor=1.5"],
      "val_kwargs.hacking.diversity_floor"),
+    ("gold rewards on the rollouts with no gold rewards", [*SHAPES, "val_kwargs.gold_on_rollouts=true"],
+     "val_kwargs.gold_on_rollouts"),
     ("gold outputs to watch with no gold rewards", [*SHAPES, "val_kwargs.hacking.gold=[shapes_strict]"],
      "val_kwargs.hacking.gold"),
     # names and combinations

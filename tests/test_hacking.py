@@ -161,3 +161,20 @@ def test_the_report_page_shows_the_verdict(tmp_path):
     page = write_report(tmp_path).read_text()
     verdict = page[page.index('<div id="hacking">'):]
     assert verdict.index("step 30: reward hacking suspected: proxy_vs_gold") < verdict.index("</div>")
+
+
+def test_gold_rewards_score_every_steps_rollouts_when_asked(tmp_path, tiny_pixel_path):
+    """val_kwargs.gold_on_rollouts: each step's rollout images are scored by the gold rewards too;
+    JPEG incompressibility is the training reward (JPEG compressibility) negated, on the same images."""
+    code, run = train_cli(tmp_path, tiny_pixel_path, "trainer.backend=local", "trainer.logger=[jsonl]",
+                          "trainer.total_training_steps=2", "val_kwargs.gold_on_rollouts=true",
+                          "val_kwargs.rewards=[{name: jpeg_incompressibility}]")
+    assert code == 0
+    rows = read_metrics(run)
+    assert len(rows) == 2
+    for row in rows:
+        assert row["critic/gold/jpeg_incompressibility/mean"] == pytest.approx(-row["critic/rewards/mean"], abs=1e-6)
+    with pytest.raises(ConfigError, match="val_kwargs.gold_on_rollouts"):
+        from pixelrl.config.validation import load_config
+
+        load_config("flow_grpo_tiny", [f"model.path={tiny_pixel_path}", "val_kwargs.gold_on_rollouts=true"])

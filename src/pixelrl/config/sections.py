@@ -83,6 +83,9 @@ class ValKwargs:
     # reward.functions), logged as val-core/<source>/gold/<key>/mean@n, so a training reward
     # that rises while a stricter judge stays flat shows up as it happens
     rewards: list = field(default_factory=list)
+    # also score every training step's rollout images with them (in the driver; never trained
+    # on), logged as critic/gold/<key>/mean: the proxy-vs-gold curve at every step
+    gold_on_rollouts: bool = False
     # the weights validation samples with: auto, the EMA when actor.ema_decay > 0 (flow_grpo and
     # DiffusionNFT validate it), else the trained ones; old, the loss's old adapter (Flow-Factory's
     # off-policy NFT evaluates the EMA it samples rollouts with)
@@ -103,6 +106,9 @@ class ValKwargs:
         if self.guidance_scale is not None:
             check_number("val_kwargs.guidance_scale", self.guidance_scale, allow_zero=True)
         check_reward_specs("val_kwargs.rewards", self.rewards)
+        if self.gold_on_rollouts and not self.rewards:
+            raise ConfigError("val_kwargs.gold_on_rollouts", True, "scores the rollouts with val_kwargs.rewards, and "
+                              "it is empty: name the gold rewards there, e.g. [{name: shapes_geneval}]")
         self.hacking.check(self.rewards)
 
 

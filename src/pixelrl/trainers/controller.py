@@ -295,6 +295,8 @@ class DiffusionTrainer:
             if profiling:
                 self.actor.call("stop_profile", None, str(self.run_dir / "profile"), step, gather="all")
                 self.console(f"profile of step {step}: {self.run_dir / 'profile'}/step_{step}_rank_*.txt")
+            if cfg.val_kwargs.gold_on_rollouts and batch is not None and "images" in batch:
+                metrics.update(self._gold_on_rollout(batch))
             metrics["training/global_step"] = step
             metrics["training/epoch"] = loader.sampler.epoch
             last = schedule.finish_step(step, metrics["timing_s/step"])
@@ -341,6 +343,13 @@ class DiffusionTrainer:
         return history, val_history
 
     # ------------------------------------------------------------------ validation
+    def _gold_on_rollout(self, batch) -> dict[str, float]:
+        """`critic/gold/<key>/mean`: the gold rewards' means over the step's rollout images."""
+        scores = self._gold(batch["images"], list(batch["prompts"]), list(batch["metadata"]),
+                            groups=list(batch["uids"]) if "uids" in batch else None)
+        return {f"critic/gold/{key}/mean": float(values.float().mean()) for key, values in scores.items()
+                if key != "overall"}
+
     def _seed_first_validation(self, start_step: int) -> None:
         """A resumed run compares its validations with the run's first one, read back from its rows."""
         rows_file = self.run_dir / "metrics.jsonl"

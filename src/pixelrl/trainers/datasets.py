@@ -92,6 +92,9 @@ def check_conditions(cfg: PixelRLConfig, dataset: PromptDataset, field: str) -> 
         return reads(dict(function.get("options") or {})) if callable(reads) else bool(reads)
 
     reading = [f["name"] for f in cfg.reward.functions if reads_sources(f)]
+    if cfg.val_kwargs.gold_on_rollouts and (gold := [f["name"] for f in cfg.val_kwargs.rewards if reads_sources(f)]):
+        raise ConfigError("val_kwargs.gold_on_rollouts", True, f"the gold rewards {gold} read the sources, which the "
+                          "driver does not keep for a step's rollouts: score them at validation only (false)")
     if reading and not takes:
         raise ConfigError("reward.functions", reading, f"read each sample's source image, and model.type="
                           f"{cfg.model.type} edits none: use an edit family (model.type=flux_kontext or qwen_image_edit) with rows that "
