@@ -78,6 +78,32 @@ def test_the_page_renders_in_a_real_headless_browser(reported_run, tmp_path):
         assert (pixels[:, -3:] > 240).all(axis=2).mean() > 0.99, width
 
 
+def test_chromium_renders_the_image_statistics_and_the_hacking_verdict(tmp_path, tiny_pixel_path):
+    """A run that validates: the page Chromium renders draws each image and sample statistic of the
+    validations as a curve and shows the hacking watch's verdict (here tripped by a brightness
+    limit no update stays within)."""
+    from pixelrl.cli import main
+    from pixelrl.engine.image_stats import STATISTICS
+
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("no Chromium here: `make test` installs Debian's `chromium` with apt-get where it may")
+    val = tmp_path / "val.jsonl"
+    val.write_text("\n".join(json.dumps({"prompt": p, "data_source": "shapes"}) for p in ("a red circle", "a cat")))
+    code, run = train_cli(tmp_path, tiny_pixel_path, "trainer.backend=local", "trainer.total_training_steps=2",
+                          f"data.val_files=[{val}]", "val_kwargs.n=2", "val_kwargs.num_steps=4",
+                          "trainer.val_before_train=true", "trainer.test_freq=1",
+                          "val_kwargs.hacking.drift={brightness: 1e-7}")
+    assert code == 0 and main(["report", str(run)]) == 0
+    flags = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"]
+    dom = subprocess.run([browser, *flags, "--dump-dom", (run / "report.html").resolve().as_uri()],
+                         capture_output=True, text=True, timeout=120).stdout
+    for name in (*STATISTICS, "x0_rms"):
+        assert f"val-aux/image/{name}" in dom, name
+    verdict = dom[dom.index('<div id="hacking">'):]
+    assert verdict.index("step 1: reward hacking suspected: image_drift: brightness") < verdict.index("</div>")
+
+
 def _run_folder(tmp_path, rows, config="trainer:\n  test_freq: -1\ndata:\n  val_files: [val.jsonl]\n"):
     run = tmp_path / "run"
     run.mkdir(parents=True)
