@@ -73,16 +73,16 @@ def _build_model(kind: str, folder: Path) -> Path:
     return build_tiny_sd3(folder, resolution=32, with_vae=False, with_t5=False, seed=0)
 
 
-def _train(config: str, overrides: list[str], console) -> list[dict]:
+def _train(config: str, overrides: list[str]) -> list[dict]:
     from pixelrl.config import load_config
     from pixelrl.trainers.restarts import fit_with_restarts
     from pixelrl.trainers.tracking import read_metric_rows
 
-    result = fit_with_restarts(load_config(config, overrides), console=console)
+    result = fit_with_restarts(load_config(config, overrides), console=lambda line: None)  # the rows speak
     return read_metric_rows(Path(result["run_dir"]) / "metrics.jsonl")
 
 
-def compared_values(rows: list[dict]) -> dict[str, list[float]]:
+def compared_values(rows: list[dict]) -> dict[str, float]:
     """`key@step` -> value of every learning metric of every row."""
     out = {}
     for row in rows:
@@ -93,7 +93,7 @@ def compared_values(rows: list[dict]) -> dict[str, list[float]]:
     return out
 
 
-def run_standard(name: str, workdir: Path, console=lambda line: None) -> dict[str, float]:
+def run_standard(name: str, workdir: Path) -> dict[str, float]:
     """Run standard `name` in `workdir`, in this process as it is set up; its compared values."""
     import torch
 
@@ -107,11 +107,10 @@ def run_standard(name: str, workdir: Path, console=lambda line: None) -> dict[st
         if standard.teacher_steps:
             _train(standard.config, [*base, f"trainer.total_training_steps={standard.teacher_steps}",
                                      f"trainer.save_freq={standard.teacher_steps}", "trainer.experiment_name=teacher",
-                                     "actor.lr=3e-2"], console)
+                                     "actor.lr=3e-2"])
             extra = [f"diffusion_loss.teacher={workdir / 'runs/pixelrl/teacher/checkpoints'}"
                      f"/global_step_{standard.teacher_steps}"]
-        rows = _train(standard.config, [*base, *standard.overrides, *extra, f"trainer.experiment_name={name}"],
-                      console)
+        rows = _train(standard.config, [*base, *standard.overrides, *extra, f"trainer.experiment_name={name}"])
     finally:
         torch.set_num_threads(threads)
     return compared_values(rows)
@@ -121,8 +120,7 @@ def run_portably(names: list[str], workdir: Path) -> dict:
     """Run standards in a child process under PORTABLE (the libraries read it as they load):
     {"machine": ..., "values": {name: compared values}}."""
     out = workdir / "values.json"
-    code = ("import sys; from pathlib import Path; from pixelrl.shapes.standards import _child; "
-            "_child(sys.argv[1:])")
+    code = "import sys; from pixelrl.shapes.standards import _child; _child(sys.argv[1:])"
     done = subprocess.run([sys.executable, "-c", code, str(workdir), str(out), *names],
                           env={**os.environ, **PORTABLE}, capture_output=True, text=True)
     if done.returncode != 0:

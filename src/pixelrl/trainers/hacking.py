@@ -35,10 +35,10 @@ def _scope(row: dict, n: int) -> str | None:
     return "overall" if "overall" in sources else (sources[0] if len(sources) == 1 else None)
 
 
-def gold_keys(row: dict, n: int, watch: HackingWatch, gold_names: list[str]) -> list[str]:
-    """The watched gold metrics of a validation row: `watch.gold`, or each gold function's own
-    output (`gold_names`). A name the row lacks is an error naming the outputs it has."""
-    scope = _scope(row, n)
+def gold_keys(row: dict, n: int, scope: str | None, watch: HackingWatch, gold_names: list[str]) -> list[str]:
+    """The watched gold metrics of a validation row under `scope` (`_scope`): `watch.gold`, or each
+    gold function's own output (`gold_names`). A name the row lacks is an error naming the outputs
+    it has."""
     prefix, suffix = f"val-core/{scope}/gold/", f"/mean@{n}"
     present = sorted(key[len(prefix):-len(suffix)] for key in row if key.startswith(prefix) and key.endswith(suffix))
     missing = [name for name in watch.gold if name not in present]
@@ -55,7 +55,7 @@ def hacking_evidence(first: dict, row: dict, n: int, watch: HackingWatch,
     if not watch.enabled:
         return evidence
     scope = _scope(row, n)
-    proxy, watched = f"val-core/{scope}/reward/mean@{n}", gold_keys(row, n, watch, gold_names)
+    proxy, watched = f"val-core/{scope}/reward/mean@{n}", gold_keys(row, n, scope, watch, gold_names)
     if proxy in row and proxy in first:
         rise = row[proxy] - first[proxy]
         if rise > watch.proxy_rise:
