@@ -24,6 +24,7 @@ PAPER_SCHEDULES = {
     "dance_grpo_sd35": 2,      # 24 samples per GPU, accumulation 12
     "mixgrpo_sd35": 4,         # 12 samples per GPU, accumulation 3
     "nft_sd35": 1,             # DiffusionNFT: one optimizer step per epoch (GenEval)
+    "sol_rl_sd35": 1,          # Sol-RL: DiffusionNFT's step on the kept samples, one per epoch
     "dpo_sd35": 1,             # verl-omni's DPO: one optimizer step per rollout batch of pairs
     "awm_sd35": 1,             # AWM: one step per rollout batch (its ratio is always 1)
     "dgpo_sd35": 4,            # DGPO: 2 sample batches x 4 timesteps, accumulation 2 (config/dgpo.py)

@@ -52,6 +52,7 @@ RECIPES: dict[str, Evidence] = {
     "dance_grpo_sd35": Evidence("composes", (SCHEDULE,)),
     "mixgrpo_sd35": Evidence("composes", (SCHEDULE,)),
     "nft_sd35": Evidence("composes", (SCHEDULE,)),
+    "sol_rl_sd35": Evidence("composes", (SCHEDULE,)),
     "dgpo_sd35": Evidence("composes", ("tests/test_fidelity.py::test_dgpo_paper_config_samples_trains_and_evaluates_as_"
                                        "the_reference", SCHEDULE)),
     "dpo_sd35": Evidence("composes", (SCHEDULE,)),

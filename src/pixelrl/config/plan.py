@@ -179,6 +179,8 @@ class Work:
     epochs: int
     branches: int  # CFG branches while sampling
     optimizer_steps: int  # per rollout batch (epochs x mini-batches)
+    pool_images: int = 0  # rollout.oversample's candidates, sampled deterministically and decoded
+    pool_steps: int = 0
 
 
 def _cfg_branches(cfg: PixelRLConfig) -> int:
@@ -214,8 +216,13 @@ def step_work(cfg: PixelRLConfig, gpus: int) -> Work:
         # a pair per prompt; a demonstration per row (supervised fine-tuning); else every sample
         samples = cfg.data.train_batch_size // gpus if pairs or method.trains_on_demonstrations else images
     sampled = images if cfg.algorithm.sample_source == "online" and method.samples_through_producer else 0
+    over = r.oversample
+    pool = sampled * over.factor if over.enabled else 0
+    if pool and not over.regenerate:
+        sampled = 0  # the kept candidates are trained as they are
     return Work(sampled, r.num_steps, samples, substeps, per_substep, min(a.window_steps_per_forward or substeps,
-                substeps), passes, a.ppo_epochs, branches, optimizer_steps_per_rollout(cfg))
+                substeps), passes, a.ppo_epochs, branches, optimizer_steps_per_rollout(cfg), pool,
+                over.num_steps or r.num_steps)
 
 
 def _attempt_cycle_work(cfg: PixelRLConfig, loss, images: int) -> Work:
@@ -328,8 +335,9 @@ def estimate(cfg: PixelRLConfig, shape: Shape, work: Work, gpus: int, choice: Ch
     per_pixel = DECODE_BYTES_PER_PIXEL if shape.frames == 1 else VIDEO_DECODE_BYTES_PER_PIXEL
     sampling_bytes = choice.sampling_micro_batch * shape.frames * shape.pixels * per_pixel
     f = shape.forward_flops
-    sampling_calls = math.ceil(work.sampled_images / choice.sampling_micro_batch) * work.sampling_steps
-    sampling_flops = work.sampled_images * work.sampling_steps * work.branches * f
+    sampling_calls = (math.ceil(work.sampled_images / choice.sampling_micro_batch) * work.sampling_steps
+                      + math.ceil(work.pool_images / choice.sampling_micro_batch) * work.pool_steps)
+    sampling_flops = (work.sampled_images * work.sampling_steps + work.pool_images * work.pool_steps) * work.branches * f
     calls = math.ceil(work.trained_samples / micro_batch) * math.ceil(work.substeps / work.substeps_per_call)
     rows = work.trained_samples * work.substeps * work.rows_per_substep
     per_update_call = 1 + BACKWARD_FLOPS + choice.checkpointing  # forward-equivalents of FLOPs
@@ -341,7 +349,8 @@ def estimate(cfg: PixelRLConfig, shape: Shape, work: Work, gpus: int, choice: Ch
     denoiser = COMPILED_DENOISER_FRACTION if cfg.model.compiles() else 1.0  # of the eager time
     return Estimate(resident_bytes(cfg, shape, gpus) / 1e9, rows_per_call * kept / 1e9, sampling_bytes / 1e9,
                     denoiser * (sampling_flops / rate + sampling_calls * SECONDS_PER_FORWARD_CALL)
-                    + work.sampled_images * shape.frames * shape.pixels / 1e6 * DECODE_SECONDS_PER_MEGAPIXEL,
+                    + (work.sampled_images + work.pool_images) * shape.frames * shape.pixels / 1e6
+                    * DECODE_SECONDS_PER_MEGAPIXEL,
                     denoiser * (no_grad_flops / rate + calls * work.no_grad_passes * SECONDS_PER_FORWARD_CALL),
                     denoiser * (update_flops / rate + calls * work.epochs * update_overheads * SECONDS_PER_FORWARD_CALL),
                     sampling_flops + no_grad_flops + update_flops, sent / 1e9, sent / 1e9 / link_gb_per_s)
@@ -491,9 +500,9 @@ def plan_for(cfg: PixelRLConfig, gpus: int, gpu_memory_gb: float, peak_tflops: f
     recompute = (False, True) if "model.gradient_checkpointing" in chosen else (cfg.model.gradient_checkpointing,)
     # a method that samples nothing to train on (SFT, offline DPO) keeps the validation's sampling
     # micro-batch: a step's sampling cost says nothing of it
-    sizes_sampling = "rollout.micro_batch_size" in chosen and (work.sampled_images or
-                                                                 cfg.rollout.micro_batch_size == AUTO)
-    samplings = _divisors(work.sampled_images or 1, max(1, MAX_ROWS_PER_CALL // work.branches)) \
+    sampled = work.sampled_images or work.pool_images
+    sizes_sampling = "rollout.micro_batch_size" in chosen and (sampled or cfg.rollout.micro_batch_size == AUTO)
+    samplings = _divisors(sampled or 1, max(1, MAX_ROWS_PER_CALL // work.branches)) \
         if sizes_sampling else [cfg.rollout.micro_batch_size]
     options = []
     for strategy in strategies:

@@ -51,6 +51,8 @@ def check_step_size(cfg: PixelRLConfig) -> None:
     window = (r.sde_window_size or r.num_steps - 1) if method_of(cfg).rescores_transitions else 0
     sampled = work.sampled_images * workers
     stored = sampled * (shape.frames * shape.pixels * 3 + (window + 2) * shape.latent_values * 4)
+    # an oversampling pool's images and clean latents, held until its kept samples are chosen
+    stored += work.pool_images * workers * (shape.frames * shape.pixels * 3 + shape.latent_values * 4)
     ram = psutil.virtual_memory().total
     if stored > ram:
         raise DriverMemoryError(field, value, f"a step samples data.train_batch_size x rollout.n = {images} images of "

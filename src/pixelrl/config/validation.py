@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from pixelrl.algos.methods import METHODS, method_of
+from pixelrl.config.rollout_rules import check_pool_and_accelerator
 from pixelrl.config.sections import SEPARATE_TRAINERS, PixelRLConfig, merge_config
 from pixelrl.core.errors import AUTO, ConfigError, check_choice
 from pixelrl.core.plugins import import_plugins
@@ -104,6 +105,7 @@ def validate(cfg: PixelRLConfig) -> None:
     _check_offline_data(cfg)
     _check_reward_gpus(cfg)
     _check_rollout_pool(cfg)
+    check_pool_and_accelerator(cfg)
     _check_hacking_stop(cfg)
     _check_batch_split(cfg)
     check_lr_schedule(cfg)

@@ -52,6 +52,8 @@ class PolicyEngine:
             guidance_scale=cfg.rollout.guidance_scale,
             logprob_reduction=cfg.rollout.logprob_reduction,
             solver=cfg.rollout.solver,
+            accelerator=cfg.rollout.accelerator,
+            accelerator_params=dict(cfg.rollout.accelerator_params),
         )
         self.sigmas = self.schedule(cfg.rollout.num_steps)
 
@@ -206,7 +208,7 @@ class PolicyEngine:
         if not settings.stores_transitions:
             window = Window(0, 0)  # no SDE step: no transition to store
         self.model.transformer.eval()
-        chunks = []
+        chunks, accelerated = [], {}
         size = max(1, self.cfg.rollout.micro_batch_size)
         for start in range(0, len(prompts), size):
             out = rollout(
@@ -225,6 +227,8 @@ class PolicyEngine:
             }
             if out.means is not None:
                 tensors["old_means"] = out.means.cpu()
+            for name, count in out.accelerated.items():
+                accelerated[name] = accelerated.get(name, 0) + count
             values = {"prompts": list(prompts[start:start + size]), "seeds": list(seeds[start:start + size])}
             if condition_images is not None:
                 values["condition_images"] = list(condition_images[start:start + size])
@@ -235,6 +239,7 @@ class PolicyEngine:
             window=(window.start, window.end),
             sampling=settings.as_dict(),
             sigma_max_next=float(sigmas[1]),
+            accelerated=accelerated,  # the accelerator's counters summed over the micro-batches
         )
         return batch
 

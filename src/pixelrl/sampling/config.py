@@ -17,6 +17,48 @@ class GroupSamplingConfig:
 
 
 @dataclass
+class Oversample:
+    """`rollout.oversample`: proxy-ranked oversampling (docs/algorithms/oversampling.md). Each
+    prompt's pool of factor x rollout.n candidates is sampled cheaply (deterministic, num_steps
+    steps) and scored by the run's reward; `keep` chooses rollout.n per prompt, which the training
+    sampler samples again from the same seeds (so the same initial noise) and the step trains on."""
+
+    factor: int = 1  # candidates per kept sample; 1: no pool
+    num_steps: int = 0  # the pool's denoising steps; 0: rollout.num_steps
+    # the pool's deterministic sampler: dpm2 (DPM-Solver++ 2M, the reference's) or euler (the ODE)
+    solver: str = "dpm2"
+    keep: str = "best_worst"  # best_worst | mean_deviation | extremes_random | random (sampling/oversampling.py)
+    # false: train the kept pool samples themselves, not sampled again (a forward-process loss,
+    # whose update reads only the clean sample; a loss that re-scores transitions needs them sampled)
+    regenerate: bool = True
+
+    @property
+    def enabled(self) -> bool:
+        return self.factor > 1
+
+    def check(self, rollout: "RolloutConfig") -> None:
+        from pixelrl.sampling.oversampling import KEEP_RULES
+
+        check_number("rollout.oversample.factor", self.factor)
+        if not self.enabled:
+            return
+        check_number("rollout.oversample.num_steps", self.num_steps, allow_zero=True)
+        check_choice("rollout.oversample.solver", self.solver, ("dpm2", "euler"))
+        KEEP_RULES.get(self.keep)
+        if self.keep == "extremes_random" and rollout.n < 2:
+            raise ConfigError("rollout.oversample.keep", self.keep, "keeps the best and the worst of each pool, "
+                              "and rollout.n=1 keeps one: use rollout.n >= 2 or keep=best_worst")
+        if rollout.same_noise_per_group:
+            raise ConfigError("rollout.oversample.factor", self.factor, "ranks candidates that differ by their "
+                              "initial noise, and rollout.same_noise_per_group gives a prompt's candidates one: set "
+                              "same_noise_per_group=false or oversample.factor=1")
+        if rollout.n_workers:
+            raise ConfigError("rollout.oversample.factor", self.factor, "ranks the pool before the kept samples "
+                              "are sampled, one step at a time, and a separate rollout pool (rollout.n_workers="
+                              f"{rollout.n_workers}) samples ahead: set rollout.n_workers=0 or oversample.factor=1")
+
+
+@dataclass
 class RolloutConfig(GroupSamplingConfig):
     """The diffusion trainers' `rollout:` section."""
 
@@ -64,6 +106,11 @@ class RolloutConfig(GroupSamplingConfig):
     # what they sampled (and hold the teacher; the actor does not), so that replay overlaps the
     # actor's update of the previous batch; false = the actor replays it before its update
     scores_teacher: bool = False
+    oversample: Oversample = field(default_factory=Oversample)
+    # none, or a registered rollout accelerator (sampling/accelerators.py): a lossy one
+    # (first_block_cache) only for methods that do not re-score the rollout's steps; validation never
+    accelerator: str = "none"
+    accelerator_params: dict = field(default_factory=dict)  # e.g. first_block_cache: {threshold: 0.1}
 
     @property
     def condition_size(self) -> tuple[int, int]:
@@ -100,6 +147,10 @@ class RolloutConfig(GroupSamplingConfig):
                               "rollout.noise_level=0, or rollout.solver=sa_solver (stochastic) or euler")
         if self.solver == "sa_solver" and self.num_steps < 2:
             raise ConfigError("rollout.num_steps", self.num_steps, "SA-Solver's second-order steps need at least 2")
+        self.oversample.check(self)
+        from pixelrl.sampling.accelerators import ACCELERATORS
+
+        ACCELERATORS.get(self.accelerator).check(self.accelerator_params)
         rule.check(self.noise_level, self.solver)  # the rule's own: CPS's noise range, ODE's Euler steps
         from pixelrl.sampling.rollout import stores_transitions
 

@@ -7,12 +7,13 @@ transition later is in `SamplingSettings` plus those tensors.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
 from pixelrl.core.seeding import sample_generators
 from pixelrl.models.base import DiffusionModel, PromptEmbeds
+from pixelrl.sampling.accelerators import ACCELERATORS
 from pixelrl.sampling.multistep import DPMSolverPP2M
 from pixelrl.sampling.sa_solver import SASolver, awm_tau, sa_solver_grid
 from pixelrl.sampling.sde import StepOutput, sde_rule, sde_step
@@ -29,6 +30,9 @@ class SamplingSettings:
     # 2M, deterministic. sa_solver: SA-Solver (AWM's), stochastic with noise_level as its tau. The
     # multistep solvers keep no transitions: they sample for the forward-process losses.
     solver: str = "euler"
+    # a rollout accelerator (sampling/accelerators.py) and its params; validation samples without
+    accelerator: str = "none"
+    accelerator_params: dict = field(default_factory=dict)
 
     @property
     def stores_transitions(self) -> bool:
@@ -62,6 +66,8 @@ class RolloutOutput:
     sigmas_next: torch.Tensor  # [B, W]
     means: torch.Tensor | None  # [B, W, *latent] when requested
     final_latents: torch.Tensor  # [B, *latent], the clean sample before decoding
+    # the accelerator's counters over this call: denoiser forwards and how many it cut short
+    accelerated: dict = field(default_factory=dict)
 
 
 def step_with_log_prob(
@@ -114,7 +120,8 @@ def rollout(
     condition_images: list | None = None,
 ) -> RolloutOutput:
     """Sample one image per (prompt, seed). Sample i's initial noise and SDE noise come from a
-    generator seeded with seeds[i], so its image does not depend on its batch neighbours.
+    generator seeded with seeds[i], so its image does not depend on its batch neighbours (a lossy
+    accelerator that decides once per forward, `first_block_cache`, breaks this).
     With `noise_seeds` the initial noise comes from noise_seeds[i] instead (DanceGRPO shares one
     initial noise within a group; the SDE noise still differs per sample). A noise seed must not
     equal its sample's seed: the SDE noise would then replay the initial noise. An edit family
@@ -136,10 +143,23 @@ def rollout(
     init_generators = generators if noise_seeds is None else sample_generators(noise_seeds, device=device)
     x = randn_tensor((batch, *model.latent_shape(height, width)), generator=init_generators, device=device,
                      dtype=torch.float32)
-    sigma_max_next = float(sigmas[1])
 
     if window.size and not settings.stores_transitions:
         raise ValueError(f"the {settings.solver} solver keeps no transitions: use an empty window")
+    accelerator = ACCELERATORS.get(settings.accelerator)
+    with accelerator.apply(model.transformer, settings.accelerator_params) as applied:
+        out = _sample(model, text, negative, x, sigmas, window, settings, generators, store_means)
+    out.accelerated = dict(applied.counts)
+    return out
+
+
+def _sample(model: DiffusionModel, text: PromptEmbeds, negative: PromptEmbeds | None, x: torch.Tensor,
+            sigmas: torch.Tensor, window: Window, settings: SamplingSettings, generators: list,
+            store_means: bool) -> RolloutOutput:
+    """The denoising loop from the initial noise `x`: the solver's steps, the window's SDE steps
+    stored."""
+    device, batch, num_steps = x.device, x.shape[0], sigmas.shape[0] - 1
+    sigma_max_next = float(sigmas[1])
     if settings.solver == "sa_solver":
         x = _sa_solver_sample(model, text, negative, x, sigmas, settings, generators)
         return _output(model, x, sigmas, window)

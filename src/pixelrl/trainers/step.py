@@ -125,13 +125,13 @@ def sampling_policy(cfg) -> str:
 
 def plan_rollout(prompts: list[str], metadata: list[dict], global_step: int, cfg, uids=None,
                  data_sources: list[str] | None = None, condition_images: list | None = None) -> tuple[Batch, Window]:
-    """What step `global_step` samples: prompts with uids repeated n times, per-sample seeds (and
-    DanceGRPO's shared group noise seeds), and the SDE window. A deterministic sampler
-    (noise_level 0, unless sde_type is `ode`) or a multistep solver stores no transition, so its
-    window is empty."""
+    """What step `global_step` samples: prompts with uids repeated n times (n x the oversampling
+    factor: the candidates of the pool), per-sample seeds (and DanceGRPO's shared group noise
+    seeds), and the SDE window. A deterministic sampler (noise_level 0, unless sde_type is `ode`)
+    or a multistep solver stores no transition, so its window is empty."""
     r = cfg.rollout
     seed = step_seed(r.seed, global_step)
-    request = expand_prompts(prompts, metadata, r.n, seed, uids, data_sources, condition_images)
+    request = expand_prompts(prompts, metadata, r.n * r.oversample.factor, seed, uids, data_sources, condition_images)
     if r.same_noise_per_group:
         request["noise_seeds"] = group_noise_seeds(request["seeds"], r.n)
     if not stores_transitions(r.noise_level, r.solver, r.sde_type):
@@ -151,22 +151,79 @@ def finish_rollout(step: int, request: Batch, window: Window, batch: Batch, scor
     return Rollout(step, batch, scores, window, seconds, weights_step)
 
 
+def score_samples(reward_fn, batch: Batch, request: Batch) -> dict[str, torch.Tensor]:
+    """The run's rewards of a sampled batch, ranked within each row's uid (group-wise rewards),
+    an edit's sources beside its images."""
+    sources = batch.get("condition_images")
+    return reward_fn(batch["images"], batch["prompts"], request["metadata"], groups=request["uids"],
+                     **({"condition_images": sources} if sources is not None else {}))
+
+
 def make_rollout(actor, reward_fn, prompts: list[str], metadata: list[dict], global_step: int, cfg,
                  uids=None, data_sources: list[str] | None = None, condition_images: list | None = None) -> Rollout:
-    """The synchronous producer: sample with the actor's current weights, score, advantages."""
+    """The synchronous producer: sample with the actor's current weights, score, advantages;
+    with `rollout.oversample`, first the pool that chooses which seeds are sampled."""
     timer = PhaseTimer()
     request, window = plan_rollout(prompts, metadata, global_step, cfg, uids, data_sources, condition_images)
-    with timer.phase("gen"):
-        batch = actor.rollout(request["prompts"], request["seeds"], window=window,
-                              noise_seeds=request.get("noise_seeds"), policy=sampling_policy(cfg),
-                              condition_images=request.get("condition_images"))
+    pool: dict = {}
+    if cfg.rollout.oversample.enabled:
+        request, pool = rank_pool(actor, reward_fn, request, global_step, cfg, timer)
     reward_start = time.time()
-    with timer.phase("reward"):
-        sources = batch.get("condition_images")
-        scores = reward_fn(batch["images"], batch["prompts"], request["metadata"], groups=request["uids"],
-                           **({"condition_images": sources} if sources is not None else {}))
+    if "batch" in pool:  # the kept pool samples are trained as they are
+        batch, scores = pool["batch"], pool["scores"]
+    else:
+        with timer.phase("gen"):
+            batch = actor.rollout(request["prompts"], request["seeds"], window=window,
+                                  noise_seeds=request.get("noise_seeds"), policy=sampling_policy(cfg),
+                                  condition_images=request.get("condition_images"))
+        reward_start = time.time()
+        with timer.phase("reward"):
+            scores = score_samples(reward_fn, batch, request)
     batch.info.update(reward_start=reward_start, reward_end=time.time())  # wall clock, for timelines
+    if pool:
+        batch.info["producer_metrics"] = {**pool["metrics"],
+                                          **({} if "batch" in pool else _proxy_fidelity(pool["proxy"], scores))}
     return finish_rollout(global_step, request, window, batch, scores, cfg, timer.seconds, global_step - 1)
+
+
+def rank_pool(actor, reward_fn, candidates: Batch, global_step: int, cfg, timer: PhaseTimer) -> tuple[Batch, dict]:
+    """Proxy-ranked oversampling: sample every candidate with the cheap deterministic sampler
+    (`rollout.oversample`), score them, and keep rollout.n per prompt by the keep rule. Returns
+    the kept candidates' request (their seeds give the training sampler the same initial noise)
+    and what the pool showed: its metrics, the kept proxy rewards and, without regeneration, the
+    kept samples and their scores to train on."""
+    from pixelrl.sampling.oversampling import kept_positions
+    from pixelrl.sampling.rollout import SamplingSettings
+
+    r, over = cfg.rollout, cfg.rollout.oversample
+    cheap = SamplingSettings(noise_level=0.0, guidance_scale=r.guidance_scale, logprob_reduction=r.logprob_reduction,
+                             solver=over.solver, accelerator=r.accelerator, accelerator_params=dict(r.accelerator_params))
+    with timer.phase("gen_pool"):
+        sampled = actor.rollout(candidates["prompts"], candidates["seeds"], window=Window(0, 0), settings=cheap,
+                                num_steps=over.num_steps or None, policy=sampling_policy(cfg),
+                                condition_images=candidates.get("condition_images"))
+    with timer.phase("reward_pool"):
+        proxy = score_samples(reward_fn, sampled, candidates)
+    generator = torch.Generator().manual_seed(derive_seed(step_seed(r.seed, global_step), "oversample_keep"))
+    kept = kept_positions(proxy["overall"], candidates["uids"], r.n, over.keep, generator)
+    pool = {"proxy": proxy["overall"][kept], "metrics": {
+        "oversample/pool_reward_mean": float(proxy["overall"].mean()),
+        "oversample/pool_group_std": group_reward_stats(proxy["overall"], candidates["uids"])["std_mean"],
+        "oversample/kept_group_std": group_reward_stats(proxy["overall"][kept],
+                                                        [candidates["uids"][i] for i in kept])["std_mean"]}}
+    if not over.regenerate:
+        pool.update(batch=sampled.select(kept), scores={name: values[kept] for name, values in proxy.items()})
+    return candidates.select(kept), pool
+
+
+def _proxy_fidelity(proxy: torch.Tensor, scores: dict) -> dict[str, float]:
+    """How well the pool's ranking predicted the regenerated samples' rewards: the mean
+    exact-minus-proxy reward and, where both vary, their Pearson correlation over the kept samples."""
+    exact = scores["overall"].float()
+    out = {"oversample/kept_reward_gap": float((exact - proxy.float()).mean())}
+    if len(exact) > 1 and float(exact.std()) > 0 and float(proxy.float().std()) > 0:
+        out["oversample/proxy_exact_corr"] = float(torch.corrcoef(torch.stack([proxy.float(), exact]))[0, 1])
+    return out
 
 
 # ---------------------------------------------------------------------------------- consumer
@@ -258,6 +315,10 @@ def summary_metrics(rollout: Rollout, actor_metrics: dict, timer: PhaseTimer, nu
     metrics.update(_stats("critic/advantages", batch["advantages"]))
     metrics["critic/advantages/zero_frac"] = float((batch["advantages"] == 0).float().mean())
     metrics.update(actor_step_metrics(actor_metrics))
+    metrics.update(batch.info.get("producer_metrics", {}))
+    counts = batch.info.get("accelerated") or {}
+    if counts.get("forwards"):  # a lossy accelerator: the share of denoiser forwards it cut short (rank 0's)
+        metrics["rollout/accelerator_skipped_fraction"] = counts["skipped"] / counts["forwards"]
     seconds = dict(rollout.seconds)
     for name, secs in timer.seconds.items():
         seconds[name] = seconds.get(name, 0.0) + secs
