@@ -8,6 +8,7 @@ from safetensors.torch import save_file
 
 from pixelrl.algos import get_loss
 from pixelrl.core.errors import ConfigError
+from pixelrl.parallel.group import Mesh
 
 
 def _step(seed=0, batch=3, shape=(4, 2, 2)):
@@ -98,9 +99,9 @@ def test_teacher_loras_replay_the_students_states_frozen_by_data_source(tiny_sd3
     assert not torch.allclose(student.score(batch, "current")["old_means"], teacher, atol=1e-3)
     # under FSDP2 every rank replays every row under every teacher (the same forwards on all
     # ranks) and keeps each row's own: the same means
-    student.data_parallel_size, student.cfg.trainer.strategy = 2, "fsdp2"
+    student.mesh = Mesh(world_size=2, strategy="fsdp2")
     assert torch.allclose(student.score(batch, "teacher")["teacher_means"], teacher, atol=1e-5)  # other batch shapes
-    student.data_parallel_size = 1
+    student.mesh = Mesh()
     trained = {id(p) for p in student.model.trainable_parameters()}
     teacher_params = [p for n, p in student.model.transformer.named_parameters() if ".teacher_" in n]
     assert len(teacher_params) == 2 * len(trained)  # two teachers' adapters, as large as the student's

@@ -146,7 +146,7 @@ def test_a_folder_of_another_family_is_refused_with_model_type_named(tmp_path, t
 
 
 def test_fsdp_units_are_the_blocks_the_family_declares_unsplittable(tiny_pixel_path):
-    from pixelrl.models.parallelize import no_split_units
+    from pixelrl.parallel.fsdp import no_split_units
 
     model = SD3Model(tiny_pixel_path)
     units = model.fsdp_units()
@@ -250,7 +250,7 @@ def test_fsdp2_gathers_float32_master_weights_in_the_compute_dtype(tiny_sd3_path
     (half the bytes, what `pixelrl plan` counts) and the gradients come back float32."""
     import torch.distributed as dist
 
-    from pixelrl.models.parallelize import apply_fsdp2
+    from pixelrl.parallel.fsdp import apply_fsdp2
 
     model = SD3Model(tiny_sd3_path, dtype="bfloat16", max_sequence_length=0)
     model.keep_float32_master_weights()

@@ -82,7 +82,7 @@ def test_every_declared_dependency_is_imported():
 # Each package may import only the packages listed before it (function-level imports count).
 # `config` composes and checks the sections, so it sits above everything whose options it checks;
 # `shapes`, `demo` and `cli` are the top: nothing but the CLI imports them.
-LAYERS = ["core", "models", "sampling", "algos", "rewards", "data", "engine", "config", "workers", "trainers",
+LAYERS = ["core", "parallel", "models", "sampling", "algos", "rewards", "data", "engine", "config", "workers", "trainers",
           "vlm", "shapes", "testing", "cli", "__main__"]
 
 

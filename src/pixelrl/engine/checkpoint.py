@@ -22,8 +22,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pixelrl.core.errors import PixelRLError
-from pixelrl.engine.distributed import (copy_full_into, full_tensor, full_trainable_state, load_trainable_state,
-                                        optimizer_state, set_optimizer_state)
+from pixelrl.parallel.state import (copy_full_into, full_tensor, full_trainable_state, load_trainable_state,
+                                    optimizer_state, set_optimizer_state)
 from pixelrl.models.lora import lora_config
 
 

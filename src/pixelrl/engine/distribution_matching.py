@@ -132,10 +132,10 @@ class DistributionMatchingObjective(Objective):
             loss_total = loss_total + kept_on_device(loss) * weight
             for name, value in {"loss": loss, **metrics}.items():
                 sums[name] = sums.get(name, 0.0) + kept_on_device(value) * weight
-        if e.data_parallel_size > 1:  # every rank skips a non-finite attempt together, never only some
-            from pixelrl.engine.distributed import all_reduce_sum
+        if e.mesh.data_size > 1:  # every rank skips a non-finite attempt together, never only some
+            from pixelrl.parallel.group import all_reduce_sum
 
-            loss_total = all_reduce_sum(torch.as_tensor(loss_total, dtype=torch.float64)) / e.data_parallel_size
+            loss_total = all_reduce_sum(torch.as_tensor(loss_total, dtype=torch.float64)) / e.mesh.data_size
         step = learner.step(float(loss_total))
         e.model.transformer.eval()
         out = {f"{role}/{k}": float(v) for k, v in sums.items()}

@@ -1,7 +1,8 @@
 """`PolicyEngine`: one diffusion model, its optimizer and adapters; rollout, score, update.
 
 The engine is what a worker runs. It knows nothing about Ray or about other workers except
-through its learner's optional `grad_sync` hook (DDP/FSDP wrap the denoiser from outside).
+through the `Mesh` it is given (`pixelrl.parallel`: the denoiser replicated or sharded before
+the optimizer exists, every trained role's gradients reduced through its learner's `grad_sync`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from pixelrl.core.batch import Batch
 from pixelrl.engine.config import EngineConfig, actor_optimizer_steps
 from pixelrl.core.errors import ConfigError
 from pixelrl.models.base import DiffusionModel
+from pixelrl.parallel.fsdp import parallelize_denoiser
+from pixelrl.parallel.group import Mesh
 from pixelrl.algos.distillation import BASE_TEACHER, teacher_routes
 from pixelrl.algos.forward_process import old_policy_decay, rollout_policy
 from pixelrl.models.lora import adapter_active, adapters_disabled, add_adapter_copy, add_lora, blend_adapter
@@ -40,8 +43,11 @@ class PolicyEngine:
     config (pixelrl.config.PixelRLConfig): the engine's sections, plus the data and trainer
     sections the learning-rate schedule's length is counted from."""
 
-    def __init__(self, model: DiffusionModel, cfg: EngineConfig, trains: bool = True, parallelize=None):
+    def __init__(self, model: DiffusionModel, cfg: EngineConfig, trains: bool = True, mesh: Mesh | None = None):
         self.model = model
+        # this rank's place among the ranks sharing each optimizer step; `actor.ppo_mini_batch_size`
+        # counts images over all data ranks
+        self.mesh = mesh or Mesh()
         self.cfg = cfg
         self.loss = get_loss(cfg.diffusion_loss.name)
         self.loss_options = self.loss.bind(cfg.diffusion_loss)
@@ -99,8 +105,8 @@ class PolicyEngine:
             model.transformer.enable_gradient_checkpointing()
         if not model.trainable_parameters():
             raise ConfigError("model.lora_target_modules", mcfg.lora_target_modules, "no parameter is trainable")
-        if parallelize is not None:  # data parallelism (DDP / FSDP2) wraps the model before the optimizer exists
-            parallelize(model)
+        if self.mesh.distributed:  # replicated or sharded before the optimizer exists
+            parallelize_denoiser(model, self.mesh)
         # model FLOPs of every denoiser forward (sampling, reference, training): perf/mfu
         self._computing = "current"  # the policy `policy()` has switched to
         self.flop_meter = FlopMeter(model.transformer, *self._frozen_denoisers(), variant=lambda: self._computing)
@@ -112,7 +118,7 @@ class PolicyEngine:
             # module calls: hooks (the FLOP meter, FSDP2's) stay eager, parameter names stay.
             import torch._dynamo as dynamo
 
-            from pixelrl.models.parallelize import no_split_units
+            from pixelrl.parallel.fsdp import no_split_units
 
             # every block of a family shares one forward's code: its variants (block structures x
             # adapter on / off / old x grad or not x a fixed then a dynamic batch) pass dynamo's
@@ -135,20 +141,21 @@ class PolicyEngine:
         # knows when the current weights ARE the rollout policy.
         self.policy_version = 0
         self.update_calls = 0
-        # Ranks sharing each optimizer step; `actor.ppo_mini_batch_size` counts images over all.
-        self.data_parallel_size = 1
+        if self.mesh.distributed and self.mesh.strategy == "ddp" and self.learner is not None:
+            for learner in self.learners():  # every trained role's gradients are reduced
+                learner.grad_sync = self.mesh.grad_sync
 
     def loss_reads_reference(self) -> bool:
         """The KL term, or a step key of the loss that a reference forward computes."""
         return self.loss.reads_reference(self.loss_options)
 
     @classmethod
-    def from_config(cls, cfg: EngineConfig, trains: bool = True, parallelize=None) -> "PolicyEngine":
-        """Load `cfg.model` and build the engine around it (one process, no Ray); `parallelize(model)`
-        shards or replicates it across a process group once its adapters exist."""
+    def from_config(cls, cfg: EngineConfig, trains: bool = True, mesh: Mesh | None = None) -> "PolicyEngine":
+        """Load `cfg.model` and build the engine around it (no Ray); with a distributed `mesh`, the
+        denoiser is replicated or sharded across its process group once its adapters exist."""
         from pixelrl.models.loader import load_configured_model
 
-        return cls(load_configured_model(cfg.model), cfg, trains, parallelize)
+        return cls(load_configured_model(cfg.model), cfg, trains, mesh)
 
     def schedule(self, num_steps: int, size: tuple[int, int] | None = None) -> torch.Tensor:
         """The N + 1 sigmas of `rollout.sigma_schedule` at the rollout resolution, or at `size`
@@ -385,13 +392,13 @@ class PolicyEngine:
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The trained weights as full CPU tensors (the LoRA state, or the whole denoiser)."""
-        from pixelrl.engine.distributed import full_trainable_state
+        from pixelrl.parallel.state import full_trainable_state
 
         return full_trainable_state(self.model.transformer, self.trainable_names())
 
     def load_weights(self, state: dict[str, torch.Tensor], policy_version: int) -> None:
         """Take another engine's `weights()` and its version (weight sync to a rollout engine)."""
-        from pixelrl.engine.distributed import load_trainable_state
+        from pixelrl.parallel.state import load_trainable_state
 
         names = set(self.trainable_names())
         if set(state) != names:
@@ -445,7 +452,7 @@ class PolicyEngine:
         # The controller fixes the number of optimizer steps per epoch (it survives dropping
         # zero-advantage samples); without it, ppo_mini_batch_size counts images over all ranks.
         num_mini = int(batch.info.get("num_mini_batches") or 0) or max(
-            1, (num_samples * self.data_parallel_size) // (acfg.ppo_mini_batch_size or num_samples * self.data_parallel_size))
+            1, (num_samples * self.mesh.data_size) // (acfg.ppo_mini_batch_size or num_samples * self.mesh.data_size))
         if num_samples % num_mini:
             raise ValueError(f"{num_samples} samples on this worker do not split into {num_mini} mini-batches")
         mini_size = num_samples // num_mini

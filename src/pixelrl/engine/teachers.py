@@ -51,7 +51,7 @@ def score_by_teacher(engine, batch: Batch, settings) -> Batch:
     teachers = engine.teacher_of_rows(batch)
     # under FSDP2 every rank must run the same forwards (each all-gathers the weights), while
     # ranks hold rows of different sources: there each teacher replays every row
-    every_row = engine.data_parallel_size > 1 and engine.cfg.trainer.strategy == "fsdp2"
+    every_row = engine.mesh.distributed and engine.mesh.strategy == "fsdp2"
     log_probs = means = None
     for teacher in dict.fromkeys(routes.values() if every_row else teachers):
         rows = torch.tensor([i for i, t in enumerate(teachers) if t == teacher], dtype=torch.long)

@@ -256,7 +256,7 @@ class DiffusionModel(ABC):
 
     def fsdp_units(self) -> list[nn.Module]:
         """The denoiser's FSDP all-gather units: the blocks diffusers declares unsplittable."""
-        from pixelrl.models.parallelize import no_split_units
+        from pixelrl.parallel.fsdp import no_split_units
 
         return no_split_units(self.transformer)
 

@@ -74,7 +74,7 @@ def trained_on_rollout(ctx: StepContext, update: Callable) -> tuple:
         return None, {"reward/error": 1.0, "timing_s/step": time.time() - step_start}
     ctx.reward_errors.succeeded()
     train_start = time.time()
-    metrics = update(ctx.actor, rollout, cfg, num_workers=ctx.actor.size, actor_version=ctx.actor_version)
+    metrics = update(ctx.actor, rollout, cfg, num_workers=ctx.actor.data_size, actor_version=ctx.actor_version)
     metrics.update(timeline_metrics(rollout.batch.info, train_start, time.time()))
     metrics["reward/error"] = 0.0
     if ctx.estimated_peak_gb is not None:

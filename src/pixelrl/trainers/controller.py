@@ -425,7 +425,7 @@ class DiffusionTrainer:
         row with its seed, and each one's x0_rms (its clean sample's size before decoding)."""
         cfg, vk = self.cfg, self.cfg.val_kwargs
         real = len(rows)
-        pad = (-real) % self.actor.size  # pad to a multiple of the workers; padding is dropped
+        pad = (-real) % self.actor.data_size  # pad to a multiple of the data workers; padding is dropped
         rows = (rows * (pad // real + 2))[:real + pad]  # cycles when there are fewer rows than workers
         seeds = seeds + [seeds[-1] + 1 + k for k in range(pad)]  # the padding's own seeds, as a whole set's
         prompts = [r["prompt"] for r in rows]
@@ -433,7 +433,7 @@ class DiffusionTrainer:
         settings = validation_settings(cfg)
         window = full_window(vk.num_steps) if settings.stores_transitions else Window(0, 0)
         # val_batch_size prompts per generation call (rounded up to a multiple of the workers)
-        chunk = len(rows) if not cfg.data.val_batch_size else -(-cfg.data.val_batch_size // self.actor.size) * self.actor.size
+        chunk = len(rows) if not cfg.data.val_batch_size else -(-cfg.data.val_batch_size // self.actor.data_size) * self.actor.data_size
         outs = [self.actor.rollout(prompts[i:i + chunk], seeds[i:i + chunk], window=window, settings=settings,
                                    num_steps=vk.num_steps, policy=validation_policy(cfg),
                                    condition_images=None if sources is None else sources[i:i + chunk])

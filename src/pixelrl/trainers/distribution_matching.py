@@ -62,4 +62,4 @@ def train_distribution_matching(actor, next_rows, step: int, cfg, num_workers: i
 @register_consumer("distribution_matching")
 def consume_distribution_matching(ctx: StepContext) -> tuple:
     """DMD2: the step's cycle of attempts, each on prompts of its own; no producer, no reward."""
-    return None, train_distribution_matching(ctx.actor, ctx.next_rows, ctx.step, ctx.cfg, ctx.actor.size)
+    return None, train_distribution_matching(ctx.actor, ctx.next_rows, ctx.step, ctx.cfg, ctx.actor.data_size)

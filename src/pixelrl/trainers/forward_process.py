@@ -111,7 +111,7 @@ def supervised_step(ctx: StepContext) -> tuple:
     edit's under its sources)."""
     rows = ctx.next_rows()
     metrics = dataset_step(ctx.actor, Batch({"images": rows["targets"]}), conditions_of(rows), ctx.cfg)
-    metrics["perf/throughput"] = metrics["training/rows"] / metrics["timing_s/step"] / ctx.actor.size
+    metrics["perf/throughput"] = metrics["training/rows"] / metrics["timing_s/step"] / ctx.actor.data_size
     return None, metrics
 
 
@@ -124,7 +124,7 @@ class ForwardProcessConsumer(RolloutConsumer):
 
     def __call__(self, ctx: StepContext) -> tuple:
         if ctx.cfg.algorithm.sample_source == "offline":
-            return None, offline_preference_step(ctx.actor, ctx.next_rows(), ctx.cfg, ctx.actor.size)
+            return None, offline_preference_step(ctx.actor, ctx.next_rows(), ctx.cfg, ctx.actor.data_size)
         return super().__call__(ctx)
 
 

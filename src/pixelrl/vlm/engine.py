@@ -22,8 +22,8 @@ from pixelrl.vlm import token_losses as T
 from pixelrl.core.assets import resolve
 from pixelrl.engine.config import actor_optimizer_steps
 from pixelrl.core.seeding import derive_seed
-from pixelrl.engine.distributed import (all_reduce_sum, copy_full_into, full_tensor, optimizer_state,
-                                        set_optimizer_state)
+from pixelrl.parallel.group import Mesh, all_reduce_sum
+from pixelrl.parallel.state import copy_full_into, full_tensor, optimizer_state, set_optimizer_state
 from pixelrl.engine.learner import Learner, kept_on_device
 from pixelrl.engine.weights_ema import holding
 from pixelrl.models.qwen_vl import QwenVLModel, TokenBatch, ValueModel
@@ -87,23 +87,21 @@ class VLMEngine:
         # (the controller's input or None for the update's KL, the round's samples), applied after training
         self._round_kl: tuple[float | None, int] | None = None
         self.reward = WeightedReward.from_functions(cfg.reward.functions, cfg.reward.timeout_s)
-        self.data_parallel_size = 1  # ranks sharing each optimizer step (set by enable_data_parallel)
+        self.mesh = Mesh()  # this rank among the ranks sharing each optimizer step (set by enable_data_parallel)
         self._ptx_rows = None  # vlm.ptx_files' rows, read at the first ptx loss
 
-    def enable_data_parallel(self, strategy: str) -> None:
+    def enable_data_parallel(self, mesh: Mesh) -> None:
         """Join the process group's ranks (already initialised): the same start weights, then either
         gradients averaged after each mini-batch (ddp) or actor and critic sharded (fsdp2). Each rank
         samples and scores its own prompts; whitening and the KL controller use all ranks' numbers."""
-        import torch.distributed as dist
+        from pixelrl.parallel.fsdp import shard_blocks
+        from pixelrl.parallel.group import broadcast_parameters
 
-        from pixelrl.engine.distributed import broadcast_parameters, ddp_grad_sync
-        from pixelrl.models.parallelize import shard_blocks
-
-        self.data_parallel_size = dist.get_world_size()
+        self.mesh = mesh
         modules = [self.policy.model] + ([self.critic] if self.critic is not None else [])
         for module in modules:
             broadcast_parameters(module)
-        if strategy == "fsdp2":
+        if mesh.strategy == "fsdp2":
             # all-gather units: each decoder layer and vision block, and the vision tower itself
             # (generation encodes the image before the first forward of the whole model)
             for root, inner, master in ((self.policy.model, self.policy.model.model, self.policy.float32_master_weights),
@@ -121,12 +119,12 @@ class VLMEngine:
             if self.ema is not None:
                 self.ema = [p.detach().clone() for p in self.trainable]
         else:
-            self.actor_learner.grad_sync = ddp_grad_sync
+            self.actor_learner.grad_sync = mesh.grad_sync
             if self.critic is not None:
-                self.critic_learner.grad_sync = ddp_grad_sync
+                self.critic_learner.grad_sync = mesh.grad_sync
 
     def _whiten(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return T.masked_whiten(x, mask, all_reduce=all_reduce_sum if self.data_parallel_size > 1 else None)
+        return T.masked_whiten(x, mask, all_reduce=all_reduce_sum if self.mesh.data_size > 1 else None)
 
     @contextlib.contextmanager
     def ema_weights(self):
@@ -241,7 +239,7 @@ class VLMEngine:
         train_actor = step > v.freezing_actor_steps
         N = len(exp)
         # actor.ppo_mini_batch_size counts responses over all ranks
-        mini = (cfg.actor.ppo_mini_batch_size // self.data_parallel_size) or N
+        mini = (cfg.actor.ppo_mini_batch_size // self.mesh.data_size) or N
         gen = torch.Generator().manual_seed(derive_seed(cfg.seed + step, "vlm_shuffle"))
         sums: dict[str, list[float]] = {}
         for _epoch in range(cfg.actor.ppo_epochs):
@@ -301,7 +299,7 @@ class VLMEngine:
             measured, count = self._round_kl
             if measured is None and "actor/train_kl" in metrics:  # the training-time KL, averaged over ranks
                 measured = all_reduce_sum(torch.tensor([metrics["actor/train_kl"]], dtype=torch.float64)).item()
-                measured /= self.data_parallel_size
+                measured /= self.mesh.data_size
             if measured is not None:  # None: a critic warm-up round trained no actor, measured no KL
                 self.kl_ctl.update(measured, count)
             self._round_kl = None

@@ -28,7 +28,9 @@ class VLMWorker(RankProcess):
         self.cfg = self._join(master)
         self.engine = VLMEngine(self.cfg)
         if self.world_size > 1:
-            self.engine.enable_data_parallel(self.cfg.trainer.strategy)
+            from pixelrl.parallel.group import Mesh
+
+            self.engine.enable_data_parallel(Mesh(self.world_size, self.rank, self.cfg.trainer.strategy))
         return {"rank": self.rank, "pid": os.getpid()}
 
     def _my_items(self, split: str, start: int, count: int) -> list:
@@ -79,7 +81,7 @@ class VLMWorker(RankProcess):
 
     def trainable_state(self) -> dict:
         """This rank's full trainable weights (and critic) as numpy arrays, to check ranks agree."""
-        from pixelrl.engine.distributed import full_tensor
+        from pixelrl.parallel.state import full_tensor
 
         engine = self.engine
         state = {f"actor/{n}": full_tensor(p).numpy() for n, p in zip(engine._trainable_names(), engine.trainable)}
@@ -89,7 +91,7 @@ class VLMWorker(RankProcess):
 
     def fsdp_units(self) -> dict[str, list[str]]:
         """Class names of this rank's FSDP2 units, for the actor and the critic (empty under DDP)."""
-        from pixelrl.models.parallelize import fsdp_unit_names
+        from pixelrl.parallel.fsdp import fsdp_unit_names
 
         engine = self.engine
         return {"actor": fsdp_unit_names(engine.policy.model),

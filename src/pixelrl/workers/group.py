@@ -87,10 +87,16 @@ class Pending:
     def __init__(self, group: "_Group", handles: list, gather: str):
         self.group, self.handles, self.gather = group, handles, gather
 
+    @property
+    def row_handles(self) -> list:
+        """The answers that hold distinct rows, in row order: one per sequence group (its ranks
+        answer for the same rows alike)."""
+        return self.handles[::self.group.sequence_size]
+
     def result(self):
         results = self.group._wait(self.handles)
         if self.gather == "batch":
-            parts = [Batch.from_numpy(r) for r in results]
+            parts = [Batch.from_numpy(r) for r in results[::self.group.sequence_size]]
             merged = Batch.concat(parts)
             # each worker stamps its own sampling; the group's runs from the first start to the last end
             for key, pick in (("gen_start", min), ("gen_end", max)):
@@ -107,6 +113,16 @@ class _Group:
     (`_launch`) and how to wait for the answers (`_wait`)."""
 
     size: int
+    sequence_size: int = 1  # consecutive ranks that hold the same rows (trainer.sequence_parallel_size)
+
+    @property
+    def data_size(self) -> int:
+        """Workers holding different rows: what a batch must split evenly over."""
+        return self.size // self.sequence_size
+
+    def _row_shards(self, n: int) -> list[slice]:
+        """Each worker's rows: the data ranks split them; the ranks of a sequence group share theirs."""
+        return [part for part in _shards(n, self.data_size) for _ in range(self.sequence_size)]
 
     def _launch(self, method: str, per_worker_args: list[tuple]) -> list:
         raise NotImplementedError
@@ -123,7 +139,7 @@ class _Group:
             per_worker = [args] * self.size
         else:
             per_worker = [(batch.select(range(s.start, s.stop)).to_numpy(), *args)
-                          for s in _shards(len(batch), self.size)]
+                          for s in self._row_shards(len(batch))]
         return Pending(self, self._launch(verb, per_worker), gather)
 
     def submit_on_answers(self, verb: str, pending: Pending, *args, rows: dict | None = None) -> Pending:
@@ -134,7 +150,7 @@ class _Group:
         parts = [None] * self.size
         if rows:
             count = len(next(iter(rows.values())))
-            parts = [{key: list(values[s]) for key, values in rows.items()} for s in _shards(count, self.size)]
+            parts = [{key: list(values[s]) for key, values in rows.items()} for s in self._row_shards(count)]
         return Pending(self, self._launch(verb, [(answer, *args, part) for answer, part in zip(pending.handles, parts)]),
                        "batch")
 
@@ -250,12 +266,12 @@ class RayWorkerGroup(_Group):
     FAILURE_GRACE_S = 10.0  # after a first failure, how long the other ranks get to report theirs
 
     def __init__(self, cfg_yaml: str, n_workers: int, num_cpus: int, num_gpus: int = 0, role: str = "actor",
-                 worker_cls=PolicyWorker):
+                 worker_cls=PolicyWorker, sequence_size: int = 1):
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        self.size = n_workers
+        self.size, self.sequence_size = n_workers, sequence_size
         bundle = {"CPU": num_cpus, **({"GPU": num_gpus} if num_gpus else {})}
         self.placement = placement_group([bundle] * n_workers, strategy="PACK")
         ray.get(self.placement.ready())
@@ -388,10 +404,10 @@ class RewardGroup:
             batch = rollout.result()
             return [self.local.score_rollout(metadata, batch.to_numpy(), groups=groups)]
         if self.whole_batches:
-            return [self.workers[0].score_rollout.remote(metadata, *rollout.handles, groups=groups)]
-        parts = _shards(len(metadata), len(rollout.handles))
+            return [self.workers[0].score_rollout.remote(metadata, *rollout.row_handles, groups=groups)]
+        parts = _shards(len(metadata), len(rollout.row_handles))
         return [self.workers[i % len(self.workers)].score_rollout.remote(metadata[part], ref)
-                for i, (ref, part) in enumerate(zip(rollout.handles, parts))]
+                for i, (ref, part) in enumerate(zip(rollout.row_handles, parts))]
 
     def collect(self, handles: list) -> tuple[dict[str, torch.Tensor], float, float]:
         """The scores of `submit`, and when scoring started and ended (wall clock)."""

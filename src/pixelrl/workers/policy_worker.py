@@ -45,7 +45,7 @@ class RankProcess:
         from pixelrl.config.sections import from_yaml_text
         from pixelrl.core.plugins import import_plugins
         from pixelrl.core.quiet import quiet_libraries
-        from pixelrl.engine.distributed import init_process_group
+        from pixelrl.parallel.group import init_process_group
 
         quiet_libraries()
         if self.num_threads:
@@ -74,7 +74,7 @@ class RankProcess:
         return profiler.stop(folder, step, self.rank)
 
     def shutdown(self) -> None:
-        from pixelrl.engine.distributed import destroy_process_group
+        from pixelrl.parallel.group import destroy_process_group
 
         if self.world_size > 1:
             destroy_process_group()
@@ -89,22 +89,11 @@ class PolicyWorker(RankProcess):
 
     def setup(self, master: tuple[str, int] | None = None) -> dict:
         from pixelrl.engine import PolicyEngine
-        from pixelrl.engine.distributed import broadcast_parameters, ddp_grad_sync
-        from pixelrl.models.parallelize import apply_fsdp2
+        from pixelrl.parallel.group import Mesh
 
         cfg = self._join(master)
-
-        def parallelize(model) -> None:
-            broadcast_parameters(model.transformer)  # every rank starts from rank 0's weights
-            if cfg.trainer.strategy == "fsdp2":
-                apply_fsdp2(model)  # the optimizer is then built over the sharded parameters
-
         self.engine = PolicyEngine.from_config(cfg, trains=self.role == "actor",
-                                               parallelize=parallelize if self.world_size > 1 else None)
-        self.engine.data_parallel_size = self.world_size
-        if self.world_size > 1 and cfg.trainer.strategy != "fsdp2" and self.engine.learner is not None:
-            for learner in self.engine.learners():  # every trained role's gradients are averaged
-                learner.grad_sync = ddp_grad_sync
+                                               mesh=Mesh(self.world_size, self.rank, cfg.trainer.strategy))
         return {"rank": self.rank, "pid": os.getpid(), "trainable": len(self.engine.trainable_names())}
 
     # --- the engine's verbs, with numpy transport -------------------------------------
@@ -163,7 +152,7 @@ class PolicyWorker(RankProcess):
     def trainable_state(self) -> dict:
         """This rank's full (unsharded) trainable weights as numpy arrays (to check ranks agree),
         with their EMA under `ema/<name>` when the engine keeps one."""
-        from pixelrl.engine.distributed import full_tensor, full_trainable_state
+        from pixelrl.parallel.state import full_tensor, full_trainable_state
 
         names = self.engine.trainable_names()
         state = {k: v.numpy() for k, v in full_trainable_state(self.engine.model.transformer, names).items()}
@@ -173,7 +162,7 @@ class PolicyWorker(RankProcess):
 
     def fsdp_units(self) -> list[str]:
         """Class names of this rank's FSDP2 units (empty under DDP or in one process)."""
-        from pixelrl.models.parallelize import fsdp_unit_names
+        from pixelrl.parallel.fsdp import fsdp_unit_names
 
         return fsdp_unit_names(self.engine.model.transformer)
 

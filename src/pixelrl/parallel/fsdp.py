@@ -1,4 +1,5 @@
-"""FSDP2 over a model's own wrap units, applied to the plain model before any optimizer exists
+"""How a model is spread over the data dimension: replicated from rank 0's weights, and under
+FSDP2 sharded over its own wrap units, applied to the plain model before any optimizer exists
 (the order torchtitan uses: the optimizer is then built over the sharded parameters)."""
 
 from __future__ import annotations
@@ -65,3 +66,13 @@ def fsdp_unit_names(root: nn.Module) -> list[str]:
 def apply_fsdp2(model) -> None:
     """Shard a DiffusionModel's denoiser over its family's units, then the root."""
     shard_blocks(model.transformer, model.fsdp_units(), model.dtype if model.float32_master_weights else None)
+
+
+def parallelize_denoiser(model, mesh) -> None:
+    """A DiffusionModel's denoiser across `mesh`'s ranks, once its adapters exist: every rank
+    starts from rank 0's weights; under fsdp2 the denoiser is then sharded."""
+    from pixelrl.parallel.group import broadcast_parameters
+
+    broadcast_parameters(model.transformer)
+    if mesh.strategy == "fsdp2":
+        apply_fsdp2(model)
