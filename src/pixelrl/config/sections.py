@@ -242,6 +242,21 @@ class TrainerConfig(RunConfig):
     fit_to_memory_gb: float = 0.0
     # stop the run, with a checkpoint, at the first validation that val_kwargs.hacking flags
     stop_when_hacking: bool = False
+    # > 1: every sample's tokens split over this many consecutive actor workers (Ulysses: two
+    # all-to-alls around each self-attention); they hold the same rows, so the rows of a step
+    # split over trainer.n_workers / this. For long video sequences (wan)
+    sequence_parallel_size: int = 1
+
+    @property
+    def data_workers(self) -> int:
+        """Actor workers holding different rows (a sequence group's workers hold the same ones)."""
+        return self.n_workers // self.sequence_parallel_size
+
+    @property
+    def data_workers_named(self) -> str:
+        """How a message names `data_workers`."""
+        return "trainer.n_workers" if self.sequence_parallel_size == 1 else \
+            "trainer.n_workers / trainer.sequence_parallel_size"
 
     def check(self) -> None:
         from pixelrl.core.paths import check_output_dir
@@ -252,6 +267,11 @@ class TrainerConfig(RunConfig):
         for name in ("peak_tflops", "fit_to_memory_gb", "log_image_grid_every"):
             check_number(f"trainer.{name}", getattr(self, name), allow_zero=True)
         check_number("trainer.total_epochs", self.total_epochs)
+        check_number("trainer.sequence_parallel_size", self.sequence_parallel_size)
+        if self.n_workers % self.sequence_parallel_size:
+            raise ConfigError("trainer.sequence_parallel_size", self.sequence_parallel_size,
+                              f"a sequence group is that many of the actor workers: use a size that divides "
+                              f"trainer.n_workers={self.n_workers}")
         for name in ("rollout_data_dir", "validation_data_dir"):
             if getattr(self, name):
                 check_output_dir(getattr(self, name), f"trainer.{name}")

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from pixelrl.algos.methods import METHODS, method_of
+from pixelrl.config.parallel_rules import check_sequence_parallel
 from pixelrl.config.rollout_rules import check_pool_and_accelerator
 from pixelrl.config.sections import SEPARATE_TRAINERS, PixelRLConfig, merge_config
 from pixelrl.core.errors import AUTO, ConfigError, check_choice
@@ -106,6 +107,7 @@ def validate(cfg: PixelRLConfig) -> None:
     _check_reward_gpus(cfg)
     _check_rollout_pool(cfg)
     check_pool_and_accelerator(cfg)
+    check_sequence_parallel(cfg)
     _check_hacking_stop(cfg)
     _check_batch_split(cfg)
     check_lr_schedule(cfg)
@@ -202,10 +204,10 @@ def _check_loss_against_run(cfg: PixelRLConfig, bound) -> None:
                           "adapter: use LoRA (model.lora_rank > 0)")
     method.check(cfg)
     if loss.trains_on_pairs and cfg.algorithm.sample_source == "online":  # offline: _check_batch_split
-        if cfg.data.train_batch_size % (cfg.trainer.n_workers * mini_batches_per_epoch(cfg)):
+        if cfg.data.train_batch_size % (cfg.trainer.data_workers * mini_batches_per_epoch(cfg)):
             raise ConfigError("data.train_batch_size", cfg.data.train_batch_size,
                               "online DPO trains one pair per prompt: the prompts per step must split into "
-                              "trainer.n_workers x mini-batches")
+                              f"{cfg.trainer.data_workers_named} x mini-batches")
     if getattr(bound, "rollout_policy", "current") == "old" and m.lora_rank == 0:
         raise ConfigError("diffusion_loss.params.rollout_policy", "old", "the old policy is a second LoRA adapter, "
                           "which full fine-tuning (model.lora_rank=0) does not keep: sample with "
@@ -344,20 +346,21 @@ def _check_batch_split(cfg: PixelRLConfig) -> None:
     samples = images_per_step(cfg)
     offline = cfg.algorithm.sample_source == "offline"
     rows = "preference pairs" if offline else "images"
-    if samples % t.n_workers:
+    workers, named = t.data_workers, t.data_workers_named
+    if samples % workers:
         raise ConfigError("data.train_batch_size", d.train_batch_size,
                           ("the" if offline else "train_batch_size x rollout.n =") + f" {samples} {rows} of a step "
-                          f"must divide evenly across trainer.n_workers = {t.n_workers}")
+                          f"must divide evenly across {named} = {workers}")
     mini = a.ppo_mini_batch_size or samples
-    if mini > samples or samples % mini or mini % t.n_workers:
+    if mini > samples or samples % mini or mini % workers:
         raise ConfigError("actor.ppo_mini_batch_size", a.ppo_mini_batch_size,
-                          f"must divide the {samples} {rows} of a step and be a multiple of trainer.n_workers "
-                          f"({t.n_workers}); 0 means the whole batch")
+                          f"must divide the {samples} {rows} of a step and be a multiple of {named} "
+                          f"({workers}); 0 means the whole batch")
     if t.strategy == "fsdp2" and a.ppo_micro_batch_size != AUTO and \
-            (mini // t.n_workers) % min(a.ppo_micro_batch_size, mini // t.n_workers):
+            (mini // workers) % min(a.ppo_micro_batch_size, mini // workers):
         raise ConfigError("actor.ppo_micro_batch_size", a.ppo_micro_batch_size,
                           "with fsdp2 every worker must run the same number of forwards: make the per-worker "
-                          f"mini-batch ({mini // t.n_workers}) a multiple of the micro-batch")
+                          f"mini-batch ({mini // workers}) a multiple of the micro-batch")
 
 
 def _check_model_against_run(cfg: PixelRLConfig) -> None:
@@ -411,15 +414,16 @@ def _check_whole_groups(cfg: PixelRLConfig) -> None:
     if cfg.algorithm.drop_zero_advantage:
         raise ConfigError("algorithm.drop_zero_advantage", True, f"{name} needs every image of a group (its "
                           "group sums); set algorithm.drop_zero_advantage=false, as the reference keeps them")
-    if cfg.data.train_batch_size % t.n_workers:
+    workers, named = t.data_workers, t.data_workers_named
+    if cfg.data.train_batch_size % workers:
         raise ConfigError("data.train_batch_size", cfg.data.train_batch_size, f"{name} keeps prompt groups whole on "
-                          f"each worker: use a multiple of trainer.n_workers={t.n_workers}")
+                          f"each worker: use a multiple of {named}={workers}")
     images = cfg.data.train_batch_size * r.n
-    per_worker_mini = (a.ppo_mini_batch_size or images) // t.n_workers
-    if per_worker_mini % r.n or per_worker_mini * t.n_workers != (a.ppo_mini_batch_size or images):
+    per_worker_mini = (a.ppo_mini_batch_size or images) // workers
+    if per_worker_mini % r.n or per_worker_mini * workers != (a.ppo_mini_batch_size or images):
         raise ConfigError("actor.ppo_mini_batch_size", a.ppo_mini_batch_size, f"{name} needs whole prompt groups in "
-                          f"each optimizer step on each worker: a multiple of rollout.n x trainer.n_workers = "
-                          f"{r.n * t.n_workers}")
+                          f"each optimizer step on each worker: a multiple of rollout.n x {named} = "
+                          f"{r.n * workers}")
     if a.ppo_micro_batch_size != AUTO and a.ppo_micro_batch_size % r.n:
         raise ConfigError("actor.ppo_micro_batch_size", a.ppo_micro_batch_size, f"{name} sums over whole prompt "
                           f"groups in each forward: use a multiple of rollout.n={r.n}")

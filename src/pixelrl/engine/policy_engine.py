@@ -110,7 +110,7 @@ class PolicyEngine:
         # model FLOPs of every denoiser forward (sampling, reference, training): perf/mfu
         self._computing = "current"  # the policy `policy()` has switched to
         self.flop_meter = FlopMeter(model.transformer, *self._frozen_denoisers(), variant=lambda: self._computing)
-        if mcfg.compiles():
+        if mcfg.compiles() and self.mesh.sequence_size == 1:  # a split's collectives stay eager
             # Each repeated block, not the whole forward: the blocks hold nearly all the work and
             # the small kernels between matmuls (modulation, gates, residuals, norms) that
             # compiling fuses; one block structure compiles once and serves every block of it,
@@ -141,7 +141,7 @@ class PolicyEngine:
         # knows when the current weights ARE the rollout policy.
         self.policy_version = 0
         self.update_calls = 0
-        if self.mesh.distributed and self.mesh.strategy == "ddp" and self.learner is not None:
+        if self.mesh.syncs_gradients and self.learner is not None:
             for learner in self.learners():  # every trained role's gradients are reduced
                 learner.grad_sync = self.mesh.grad_sync
 

@@ -241,6 +241,10 @@ class DiffusionModel(ABC):
         """Image tokens the denoiser sees at this resolution (resolution-dependent shifting)."""
         raise NotImplementedError(f"{type(self).__name__} does not define image_seq_len")
 
+    def sequence_tokens(self, latents: torch.Tensor) -> int:
+        """The length of the token sequence a sequence-parallel group splits, for these latents."""
+        raise NotImplementedError(f"{type(self).__name__} has no sequence split")
+
     def default_resolution(self) -> int | None:
         """The image side the family's diffusers pipeline samples at when given none (its
         `default_sample_size` latents x the VAE's scale); None when the pipeline has no single one."""

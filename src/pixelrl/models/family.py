@@ -72,6 +72,9 @@ class FamilySpec:
     # build_tiny(path, *, resolution, seed, **tiny_options) -> Path
     build_tiny: Callable[..., Path] | None = None
     tiny_options: tuple[str, ...] = ()  # keyword options build_tiny takes beyond resolution and seed
+    # whose model's sequence trainer.sequence_parallel_size may split: its diffusers model has a
+    # context-parallel plan and its DiffusionModel says how long the split sequence is
+    splits_sequence: bool = False
 
 
 def tokens_per_side(side: int, unit: int) -> int:

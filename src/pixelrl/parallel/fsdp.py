@@ -70,9 +70,16 @@ def apply_fsdp2(model) -> None:
 
 def parallelize_denoiser(model, mesh) -> None:
     """A DiffusionModel's denoiser across `mesh`'s ranks, once its adapters exist: every rank
-    starts from rank 0's weights; under fsdp2 the denoiser is then sharded."""
+    starts from rank 0's weights; with a sequence group each sample's tokens are split over it
+    (before sharding: the split's hooks sit on the plain modules); under fsdp2 the denoiser is
+    then sharded."""
     from pixelrl.parallel.group import broadcast_parameters
 
     broadcast_parameters(model.transformer)
+    if mesh.sequence_size > 1:
+        from pixelrl.parallel.sequence import split_sequence
+
+        split_sequence(model.transformer, mesh, torch.device(model.device), model.sequence_tokens,
+                       "rollout.resolution or model.num_frames")
     if mesh.strategy == "fsdp2":
         apply_fsdp2(model)

@@ -95,10 +95,23 @@ class Mesh:
     def distributed(self) -> bool:
         return self.world_size > 1
 
+    @property
+    def syncs_gradients(self) -> bool:
+        """Whether a learner must call `grad_sync` after its backward passes (FSDP2 reduces by itself,
+        as a mean over every rank)."""
+        return self.distributed and (self.strategy == "ddp" or self.sequence_size > 1)
+
     def grad_sync(self, params: list[torch.nn.Parameter]) -> None:
-        """Reduce gradients in one flat all-reduce over every rank: the mean over data ranks (each
-        rank's loss is a mean over its own rows) of the sum over a sequence group (each of its
-        ranks holds the gradient of its own tokens' share of the same rows)."""
+        """Each gradient becomes the mean over data ranks (each rank's loss is a mean over its own
+        rows) of the sum over a sequence group (each of its ranks holds the gradient of its own
+        tokens' share of the same rows): one flat all-reduce under ddp; under fsdp2, whose
+        reduce-scatter took the mean over every rank, the sequence group's size times it (exact
+        for a power of two; FSDP2's own divide factor needs a pre-multiplied sum gloo lacks)."""
+        if self.strategy == "fsdp2":
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(self.sequence_size)
+            return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)

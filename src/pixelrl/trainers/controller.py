@@ -158,7 +158,8 @@ class DiffusionTrainer:
         if t.backend == "ray":
             self._ray_started = ensure_ray(t, ro.n_workers * ro.num_cpus_per_worker) or self._ray_started
             gpus = 1 if self.cfg.model.device.startswith("cuda") else 0
-            self.actor = RayWorkerGroup(self.cfg_yaml, t.n_workers, t.num_cpus_per_worker, gpus)
+            self.actor = RayWorkerGroup(self.cfg_yaml, t.n_workers, t.num_cpus_per_worker, gpus,
+                                        sequence_size=t.sequence_parallel_size)
             if ro.n_workers:
                 self.pool = RayWorkerGroup(self.cfg_yaml, ro.n_workers, ro.num_cpus_per_worker, gpus, role="rollout")
         else:

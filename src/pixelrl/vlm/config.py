@@ -170,6 +170,7 @@ DIFFUSION_FIELD_HINTS = {
     "trainer.fit_to_memory_gb": "the vision-language trainer takes actor.ppo_micro_batch_size as written: remove it",
     "reward.placement": "the vision-language trainer scores answers on its actor workers: remove it",
     "trainer.mode": "the vision-language trainer samples on its actor workers, on-policy (sync): remove it",
+    "trainer.sequence_parallel_size": "the vision-language trainer holds whole sequences on each worker: remove it",
     "diffusion_loss.kl_coef": "a vision-language run's KL is vlm.kl_coef (vlm.kl_estimator, vlm.kl_target)",
 }
 

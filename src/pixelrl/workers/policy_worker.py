@@ -93,7 +93,9 @@ class PolicyWorker(RankProcess):
 
         cfg = self._join(master)
         self.engine = PolicyEngine.from_config(cfg, trains=self.role == "actor",
-                                               mesh=Mesh(self.world_size, self.rank, cfg.trainer.strategy))
+                                               mesh=Mesh(self.world_size, self.rank, cfg.trainer.strategy,
+                                                         # a rollout worker samples whole sequences alone
+                                                         cfg.trainer.sequence_parallel_size if self.world_size > 1 else 1))
         return {"rank": self.rank, "pid": os.getpid(), "trainable": len(self.engine.trainable_names())}
 
     # --- the engine's verbs, with numpy transport -------------------------------------

@@ -104,6 +104,12 @@ class WanModel(DiffusionModel):
         _, frames, h, w = self.latent_shape(height, width)
         return frames // self.patch[0] * (h // self.patch[1]) * (w // self.patch[2])
 
+    def sequence_tokens(self, latents: torch.Tensor) -> int:
+        """The video tokens of (B, C, F, H, W) latents: what a sequence group splits (the text
+        stays whole)."""
+        frames, h, w = latents.shape[2:]
+        return frames // self.patch[0] * (h // self.patch[1]) * (w // self.patch[2])
+
     def _forward(self, latents, sigmas, text: PromptEmbeds):
         return self.transformer(
             hidden_states=latents,

@@ -36,4 +36,5 @@ SPEC = FamilySpec(
     release=Release("Wan2.1-T2V-1.3B", WAN_1_3B, 1.42e9, {"text_encoder": UMT5_XXL}, WAN_VAE_PARAMS),
     cost=cost,
     text_tokens=lambda max_sequence_length: max_sequence_length,
-    build_tiny=build_tiny_video)
+    build_tiny=build_tiny_video,
+    splits_sequence=True)
