@@ -545,3 +545,33 @@ def test_the_plan_reads_as_a_user_adds_it_up():
     assert "videos/s per GPU" in text and "images/s" not in text
     minutes = float(re.search(r"at ([\d.]+) minutes per step", text).group(1))
     assert minutes > 10 and "more GPUs shorten it" in text
+
+
+def test_a_sequence_group_halves_each_gpus_activations_and_work_and_adds_its_all_to_alls():
+    """DanceGRPO-Wan on 2 GPUs in one sequence group of 2 against 1 GPU holding whole samples
+    (DDP, the same sizes): each GPU runs every forward of the same rows over half of each row's
+    tokens, so the update's activations and the step's FLOPs per GPU halve and sampling memory
+    (the decode of whole videos) stays. The communication is DDP's gradient all-reduce plus, per
+    pass of a row through the denoiser (sampling, reference, training forward, backward), four
+    all-to-alls per layer sending 1/2 of a local (S/2 x hidden) bf16 tensor."""
+    cfg = paper_config("dance_grpo_wan")
+    cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, strategy="ddp"))
+    split = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, sequence_parallel_size=2, n_workers=2))
+    shape = model_shape(cfg)
+    choice = Choice(1, False, 1, "ddp")
+    one = estimate(cfg, shape, step_work(cfg, 1), 1, choice, 989.0)
+    work = step_work(split, 2)
+    assert work == step_work(cfg, 1)  # the group's GPUs hold the one GPU's rows
+    two = estimate(split, shape, work, 2, choice, 989.0)
+    assert two.update_gb == pytest.approx(one.update_gb / 2, rel=1e-12)
+    assert two.step_flops == pytest.approx(one.step_flops / 2, rel=1e-12)
+    assert (two.sampling_gb, two.resident_gb) == (one.sampling_gb, one.resident_gb)
+    rows = work.trained_samples * work.substeps * work.rows_per_substep
+    passes = (work.sampled_images * work.sampling_steps * work.branches + rows * work.no_grad_passes
+              + rows * work.epochs * 2)
+    all_to_all = passes * shape.layers * 4 * 0.5 * (shape.seq_tokens / 2 * shape.hidden * 2)
+    lora = 0.5 * 2 * (cfg.model.lora_rank * 2 * shape.hidden * 8 * shape.layers * 4) * work.optimizer_steps
+    assert two.communication_gb * 1e9 == pytest.approx(all_to_all + lora, rel=1e-9)
+    assert "each row on 2 GPUs" in describe(split, plan_for(split, 2, 80), "dance_grpo_wan")
+    with pytest.raises(ConfigError, match="in sequence groups of 2"):
+        plan_for(split, 3, 80)

@@ -189,10 +189,16 @@ def _cfg_branches(cfg: PixelRLConfig) -> int:
     return 2 if cfg.rollout.guidance_scale > 1 and model_family(cfg.model.type).uses_negative_prompt else 1
 
 
+def data_ranks(cfg: PixelRLConfig, gpus: int) -> int:
+    """GPUs holding different rows: a sequence group's GPUs hold the same ones."""
+    return gpus // cfg.trainer.sequence_parallel_size
+
+
 def step_work(cfg: PixelRLConfig, gpus: int) -> Work:
     from pixelrl.algos.losses import LOSSES, REFERENCE_STEP_KEYS
 
     r, a = cfg.rollout, cfg.actor
+    gpus = data_ranks(cfg, gpus)  # each GPU of a sequence group runs every forward of its rows
     images = images_per_step(cfg) // gpus
     loss = LOSSES.get(cfg.diffusion_loss.name)
     method = method_of_loss(loss)
@@ -323,7 +329,10 @@ def estimate(cfg: PixelRLConfig, shape: Shape, work: Work, gpus: int, choice: Ch
              link_gb_per_s: float = LINK_GB_PER_S) -> Estimate:
     """Per-GPU peak memory, phase times and communication of one step under `choice`."""
     rate = ACHIEVED_FRACTION_OF_PEAK * peak_tflops * 1e12
-    token_layer = shape.seq_tokens * shape.hidden * shape.layers
+    # a sequence group's GPU holds 1/P of each row's tokens and does 1/P of its work (the
+    # attention over H/P heads; the text a split family keeps whole is small beside the video)
+    split = cfg.trainer.sequence_parallel_size
+    token_layer = shape.seq_tokens * shape.hidden * shape.layers / split
     # the engine splits each worker's optimizer-step share into micro-batches: a larger setting runs
     # as the whole share
     micro_batch = min(choice.micro_batch, _samples_per_optimizer_step(cfg, gpus))
@@ -334,7 +343,7 @@ def estimate(cfg: PixelRLConfig, shape: Shape, work: Work, gpus: int, choice: Ch
         kept = token_layer * ACTIVATION_BYTES
     per_pixel = DECODE_BYTES_PER_PIXEL if shape.frames == 1 else VIDEO_DECODE_BYTES_PER_PIXEL
     sampling_bytes = choice.sampling_micro_batch * shape.frames * shape.pixels * per_pixel
-    f = shape.forward_flops
+    f = shape.forward_flops / split
     sampling_calls = (math.ceil(work.sampled_images / choice.sampling_micro_batch) * work.sampling_steps
                       + math.ceil(work.pool_images / choice.sampling_micro_batch) * work.pool_steps)
     sampling_flops = (work.sampled_images * work.sampling_steps + work.pool_images * work.pool_steps) * work.branches * f
@@ -346,7 +355,9 @@ def estimate(cfg: PixelRLConfig, shape: Shape, work: Work, gpus: int, choice: Ch
     no_grad_flops = rows * work.no_grad_passes * f
     sent = communication_bytes(cfg, shape, work, gpus, sampling_calls + calls * work.no_grad_passes,
                                calls * work.epochs)
-    denoiser = COMPILED_DENOISER_FRACTION if cfg.model.compiles() else 1.0  # of the eager time
+    row_passes = (sampling_flops + no_grad_flops) / f + rows * work.epochs * (2 + choice.checkpointing)
+    sent += sequence_bytes(cfg, shape, row_passes)
+    denoiser = COMPILED_DENOISER_FRACTION if compiles_blocks(cfg) else 1.0  # of the eager time
     return Estimate(resident_bytes(cfg, shape, gpus) / 1e9, rows_per_call * kept / 1e9, sampling_bytes / 1e9,
                     denoiser * (sampling_flops / rate + sampling_calls * SECONDS_PER_FORWARD_CALL)
                     + (work.sampled_images + work.pool_images) * shape.frames * shape.pixels / 1e6
@@ -370,6 +381,22 @@ def communication_bytes(cfg: PixelRLConfig, shape: Shape, work: Work, gpus: int,
         weights = shape.denoiser_params * DTYPE_BYTES.get(m.dtype, 4)
         return ring * ((forward_calls + 2 * backward_calls) * weights + backward_calls * trained * 4)
     return ring * 2 * trained * 4 * work.optimizer_steps
+
+
+def compiles_blocks(cfg: PixelRLConfig) -> bool:
+    """Whether the engine compiles the denoiser's blocks: `model.compile`, never under a sequence split."""
+    return cfg.model.compiles() and cfg.trainer.sequence_parallel_size == 1
+
+
+def sequence_bytes(cfg: PixelRLConfig, shape: Shape, row_passes: float) -> float:
+    """Bytes each GPU of a sequence group of P moves per step: four all-to-alls (q, k, v, the
+    output) around every self-attention of every pass of a row through the denoiser (forward,
+    backward, recompute), each sending (P - 1) / P of its local (S / P) x hidden tensor."""
+    split = cfg.trainer.sequence_parallel_size
+    if split == 1:
+        return 0.0
+    local = shape.seq_tokens / split * shape.hidden * DTYPE_BYTES.get(cfg.model.dtype, 4)
+    return row_passes * shape.layers * 4 * (split - 1) / split * local
 
 
 def lora_parameters(cfg: PixelRLConfig, shape: Shape) -> float:
@@ -454,10 +481,10 @@ def _divisors(n: int, cap: int | None = None) -> list[int]:
 
 def _samples_per_optimizer_step(cfg: PixelRLConfig, gpus: int) -> int:
     if LOSSES.get(cfg.diffusion_loss.name).trains_on_pairs:  # one pair per prompt
-        return cfg.data.train_batch_size // (gpus * mini_batches_per_epoch(cfg))
+        return cfg.data.train_batch_size // (data_ranks(cfg, gpus) * mini_batches_per_epoch(cfg))
     if trained_roles(cfg) > 1:  # DMD2: an attempt's images, one optimizer step
-        return images_per_step(cfg) // gpus
-    return (cfg.actor.ppo_mini_batch_size or images_per_step(cfg)) // gpus
+        return images_per_step(cfg) // data_ranks(cfg, gpus)
+    return (cfg.actor.ppo_mini_batch_size or images_per_step(cfg)) // data_ranks(cfg, gpus)
 
 
 def written_sizes(cfg: PixelRLConfig) -> dict:
@@ -480,12 +507,15 @@ def plan_for(cfg: PixelRLConfig, gpus: int, gpu_memory_gb: float, peak_tflops: f
         raise ConfigError(field, gpu_memory_gb, "each GPU's memory in GB, e.g. 80 for an H100 / A100-80GB")
     planned = replace(cfg, trainer=replace(cfg.trainer, n_workers=gpus,
                                            backend="ray" if gpus > 1 else cfg.trainer.backend))
-    images = images_per_step(cfg)
-    if images % gpus or (cfg.actor.ppo_mini_batch_size or images) % gpus:
-        fitting = [g for g in range(1, 65) if images % g == 0 and (cfg.actor.ppo_mini_batch_size or images) % g == 0]
+    images, split = images_per_step(cfg), cfg.trainer.sequence_parallel_size
+    keeps = lambda g: g % split == 0 and images % (g // split) == 0 and \
+        (cfg.actor.ppo_mini_batch_size or images) % (g // split) == 0  # noqa: E731
+    if not keeps(gpus):
+        fitting = [g for g in range(1, 65) if keeps(g)]
+        over = f"{gpus} GPUs" + (f" in sequence groups of {split}" if split > 1 else "")
         raise ConfigError("--gpus", gpus, f"the recipe's {images} images per step and "
                           f"{cfg.actor.ppo_mini_batch_size or images} per optimizer step do not split evenly over "
-                          f"{gpus} GPUs; GPU counts that keep the recipe: {fitting}")
+                          f"{over}; GPU counts that keep the recipe: {fitting}")
     shape, work = model_shape(planned), step_work(planned, gpus)
     per_worker = _samples_per_optimizer_step(planned, gpus)
     budget = gpu_memory_gb * HEADROOM
@@ -639,13 +669,18 @@ def describe(cfg: PixelRLConfig, plan: Plan, config_name: str | None = None) -> 
               f"estimate per step: {step_s:.1f} s (sampling {e.sampling_s:.1f}, {no_grad} {e.no_grad_s:.1f}, update "
               f"{e.update_s:.1f}" + (f", communication {e.communication_s:.1f}" if plan.gpus > 1 else "")
               + f"), {images / step_s / plan.gpus:.2f} {unit}/s per GPU, {e.step_flops / 1e15:.2f} PFLOP per GPU; "
-              + ("compiled blocks (model.compile, about 95 s of compiling once not included); " if cfg.model.compiles()
+              + ("compiled blocks (model.compile, about 95 s of compiling once not included); " if compiles_blocks(cfg)
                  else "")
               + "the rewards' time not included (sampling includes the decode)"]
     if plan.gpus > 1:
         lines.append(f"communication per GPU per step ({plan.choice.strategy}): {e.communication_gb:.0f} GB, "
                      f"{e.communication_s:.1f} s at {plan.link_gb_per_s:g} GB/s, counted as if none of it "
                      "overlapped compute")
+    if cfg.trainer.sequence_parallel_size > 1:
+        split = cfg.trainer.sequence_parallel_size
+        lines.append(f"sequence parallel: each row on {split} GPUs (trainer.sequence_parallel_size), each holding "
+                     f"{s.seq_tokens // split} of its {s.seq_tokens} tokens: activations and work per GPU / {split}, "
+                     "the all-to-alls around each self-attention in the communication")
     lines.append(_run_total(cfg, step_s))
     lines.extend(f"not checked on this machine: {note}" for note in plan.unchecked)
     command = " ".join(["pixelrl train"] + ([f"--config-name {config_name}"] if config_name else []) + plan.overrides)
