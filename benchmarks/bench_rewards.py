@@ -91,10 +91,12 @@ def main() -> None:
 
     import torch
 
+    from pixelrl.core.plugins import import_extensions
     from pixelrl.core.quiet import quiet_libraries
     from pixelrl.rewards import WeightedReward
 
     quiet_libraries()
+    import_extensions()  # an entry point: the shapes world's and the VLM trainer's rewards
     torch.set_num_threads(args.threads)
     scenes, prompts, metadata, cards, ocr_prompts, vlm_meta = _inputs(args.batch)
     with tempfile.TemporaryDirectory() as tmp:

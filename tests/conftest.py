@@ -10,6 +10,12 @@ os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
 # PIXELRL_TEST_THREADS lets a developer keep a core free for a background job.
 torch.set_num_threads(int(os.environ.get("PIXELRL_TEST_THREADS", max(1, min(2, os.cpu_count() or 1)))))
 
+# the test session is an entry point as the CLI is: the built-in extensions' names (the shapes
+# reward, the VLM trainer) are registered before a test looks one up in a lower layer's registry
+from pixelrl.core.plugins import import_extensions  # noqa: E402
+
+import_extensions()
+
 
 @pytest.fixture(scope="session")
 def tiny_sd3_path(tmp_path_factory):

@@ -156,7 +156,7 @@ def test_validation_samples_with_the_weights_val_kwargs_names():
         return {"images": torch.zeros(len(prompts), 4, 4, 3, dtype=torch.uint8), "x0": torch.zeros(len(prompts), 3)}
 
     trainer = DiffusionTrainer.__new__(DiffusionTrainer)
-    trainer.actor = SimpleNamespace(size=1, rollout=rollout)
+    trainer.actor = SimpleNamespace(size=1, data_size=1, rollout=rollout)
     for weights, ema, expected in (("old", 0.0, "old"), ("auto", 0.9, "ema"), ("auto", 0.0, "current")):
         trainer.cfg = PixelRLConfig()
         trainer.cfg.val_kwargs.weights, trainer.cfg.actor.ema_decay = weights, ema

@@ -17,13 +17,22 @@ from pixelrl.core.errors import ConfigError
 
 def test_the_lower_layers_work_without_importing_the_built_in_extensions():
     """Importing the rewards, the config checks and the trainers loads neither pixelrl.shapes nor
-    pixelrl.vlm; the first lookup of a name only they register imports them."""
+    pixelrl.vlm, and a registry lookup never imports them: the entry points do (here the config
+    loader, as the CLI and every worker's start-up)."""
     code = ("import sys\n"
             "import pixelrl.rewards, pixelrl.config, pixelrl.trainers.controller\n"
-            "assert 'pixelrl.shapes' not in sys.modules and 'pixelrl.vlm' not in sys.modules, 'imported eagerly'\n"
-            "from pixelrl.rewards import get_reward\n"
+            "from pixelrl.core.errors import ConfigError\n"
+            "from pixelrl.rewards import REWARDS, get_reward\n"
+            "assert 'shapes_geneval' not in REWARDS\n"
+            "try:\n"
+            "    get_reward('shapes_geneval', exact_weight=1.0)\n"
+            "    raise SystemExit('a lookup found an extension nobody imported')\n"
+            "except ConfigError:\n"
+            "    pass\n"
+            "assert 'pixelrl.shapes' not in sys.modules and 'pixelrl.vlm' not in sys.modules, 'a lookup imported them'\n"
+            "from pixelrl.config import load_config\n"
+            "load_config('shapes_demo')\n"
             "fn = get_reward('shapes_geneval', exact_weight=1.0)\n"
-            "assert 'pixelrl.shapes' in sys.modules\n"
             "from pixelrl.vlm.qa_tasks import QA_TASKS\n"
             "assert QA_TASKS.names() == ['files', 'shapes_qa'], QA_TASKS.names()\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -32,6 +32,9 @@ from pixelrl.core.quiet import quiet_libraries
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pixelrl.core.plugins import import_extensions
+
+    import_extensions()  # the shapes world's and the VLM trainer's names, before any command looks one up
     parser = argparse.ArgumentParser(prog="pixelrl", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)

@@ -359,7 +359,9 @@ def merge_config(config_name: str | None = None, overrides: list[str] | tuple = 
     """The named YAML chain and the dotted overrides merged over the trainer type's schema, not
     yet checked (`pixelrl.config.load_config` imports the plugins and validates it)."""
     from pixelrl.core.config_io import build_config, config_layers
+    from pixelrl.core.plugins import import_extensions
 
+    import_extensions()  # an entry point: the trainer types and names the built-in extensions register
     layers = config_layers(config_name, overrides)
     trainer_type = _current_trainer_type(layers, warn=True)
     schema = schema_for(trainer_type)
@@ -424,7 +426,9 @@ def from_yaml_text(text: str) -> PixelRLConfig:
     """A config as `saved_yaml` wrote it into a run folder or checkpoint. A section the trainer's
     schema no longer has (a diffusion run saved while every config carried `vlm:`) is dropped."""
     from pixelrl.core.config_io import build_config, saved_layer
+    from pixelrl.core.plugins import import_extensions
 
+    import_extensions()  # an entry point, as merge_config
     layer = saved_layer(text)
     trainer_type = _current_trainer_type([layer], warn=False)
     schema = schema_for(trainer_type)

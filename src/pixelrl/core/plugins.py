@@ -16,8 +16,10 @@ Two parts of pixelrl itself extend the lower layers the same way: the embedded s
 detector reward, its QA task) and the VLM trainer (its trainer type, answer rewards, QA files).
 No lower package imports them, and this module does not name them: the package root
 (`pixelrl/__init__.py`, which every process of a run imports first) declares them with
-`register_extensions`, and `import_extensions` imports them before the user's list and on any
-registry lookup that misses.
+`register_extensions`, and the entry points call `import_extensions`: the CLI before it parses a
+command, the config loader before it reads a trainer type (`merge_config`, `from_yaml_text`), every
+worker before it reads its config, and `import_plugins` before the user's list. A registry lookup
+never imports anything.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """A tiny name -> object registry, shared by losses, advantage estimators, rewards and trainers.
 
-A name no module has registered yet may belong to a built-in extension (the shapes world, the
-VLM trainer): those register their entries like a user's plugin, so a lookup that misses imports
-them once (`pixelrl.core.plugins.import_extensions`) before it reports an unknown name."""
+A registry holds what the imported modules registered, nothing more: a lookup never imports. The
+built-in extensions (the shapes world, the VLM trainer) register their entries like a user's
+plugin, imported by the entry points (the CLI, the config loader, every worker's start-up:
+`pixelrl.core.plugins.import_extensions`)."""
 
 from __future__ import annotations
 
@@ -30,14 +31,7 @@ class Registry(Generic[T]):
 
         return decorator
 
-    def _complete(self) -> None:
-        from pixelrl.core.plugins import import_extensions
-
-        import_extensions()
-
     def get(self, name: str, field: str | None = None) -> T:
-        if name not in self._entries:
-            self._complete()
         try:
             return self._entries[name]
         except KeyError:
@@ -48,14 +42,10 @@ class Registry(Generic[T]):
 
     def entries(self) -> list[T]:
         """Every registered object once (aliases share one), in registration order."""
-        self._complete()
         return list({id(obj): obj for obj in self._entries.values()}.values())
 
     def names(self) -> list[str]:
-        self._complete()
         return sorted(self._entries)
 
     def __contains__(self, name: str) -> bool:
-        if name not in self._entries:
-            self._complete()
         return name in self._entries
