@@ -135,6 +135,9 @@ def _state(engine):
     ("vlm.estimator=gae", "vlm.freezing_actor_steps=1", "vlm.ema_decay=0.9", "vlm.kl_coef=0.05",
      "vlm.kl_target=0.01", "vlm.kl_horizon=100"),
     ("model.lora_rank=4", "model.lora_alpha=8", "vlm.kl_coef=0.1", "vlm.kl_in_reward=true", "vlm.ptx_coef=0.1"),
+    # the running reward moments travel in the checkpoint; each step's refill rounds are its own
+    ("model.lora_rank=4", "vlm.dynamic_sampling_rounds=2", "vlm.reward_running_norm=true",
+     "vlm.reward_running_norm_minus_mean=true", "vlm.reward_clip=2.0", "vlm.overlong_buffer=2"),
 ])
 def test_four_steps_equal_two_plus_two_bitwise(tiny_vlm_path, tmp_path, extra, monkeypatch, ptx_file):
     """A run killed after its step-2 checkpoint and resumed ends bitwise where an uninterrupted run

@@ -68,6 +68,22 @@ class VLMConfig:
     value_clip: float | None = 0.2
     freezing_actor_steps: int = 0  # critic warm-up: only the critic trains for this many steps
     val_items: int = 300  # held-out items scored (greedy) at validation
+    # DAPO's soft overlong punishment (docs/algorithms/vlm_ppo.md): > 0 = the last this-many
+    # tokens before vlm.max_new_tokens cost up to overlong_penalty of reward, linearly (DAPO: 4096
+    # of 20480, factor 1.0); 0 = off
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0
+    # DAPO's dynamic sampling: a group whose rewards are all equal is dropped and the step's
+    # share refilled by sampling further questions, at most this many rounds in all (DAPO's
+    # max_num_gen_batches, 10 in its recipe); what is still missing then is filled with dropped
+    # groups (zero advantage, as LightRFT masks them). 0 = off
+    dynamic_sampling_rounds: int = 0
+    # LightRFT's reward processing, on the reward entering the advantage (after a sequence
+    # baseline): divide by the running std of all such rewards so far (and subtract their mean),
+    # then clip to [-reward_clip, reward_clip] (0 = no clip)
+    reward_running_norm: bool = False
+    reward_running_norm_minus_mean: bool = False
+    reward_clip: float = 0.0
 
     def check(self) -> None:
         """The section's own fields (the rules involving other sections are in `validate_vlm`)."""
@@ -91,7 +107,8 @@ class VLMConfig:
         for name in ("max_new_tokens", "top_p", "advantage_clamp", "critic_lr", "kl_horizon", "val_items"):
             check_number(f"vlm.{name}", getattr(self, name))
         for name in ("temperature", "kl_coef", "clip_low", "clip_high", "gamma", "lam", "ptx_coef", "entropy_coef",
-                     "ema_decay", "freezing_actor_steps", "min_pixels", "max_pixels"):
+                     "ema_decay", "freezing_actor_steps", "min_pixels", "max_pixels", "overlong_buffer",
+                     "overlong_penalty", "dynamic_sampling_rounds", "reward_clip"):
             check_number(f"vlm.{name}", getattr(self, name), allow_zero=True)
         if self.min_pixels and self.max_pixels and self.min_pixels > self.max_pixels:
             raise ConfigError("vlm.min_pixels", self.min_pixels, f"above vlm.max_pixels = {self.max_pixels}: the "
@@ -118,6 +135,17 @@ class VLMConfig:
         if self.estimator != "gae" and self.freezing_actor_steps:
             raise ConfigError("vlm.freezing_actor_steps", self.freezing_actor_steps,
                               "a critic warm-up needs the critic: set vlm.estimator=gae or freezing_actor_steps=0")
+        if self.overlong_buffer >= self.max_new_tokens:
+            raise ConfigError("vlm.overlong_buffer", self.overlong_buffer, f"the penalty ramps over the last "
+                              f"overlong_buffer tokens before vlm.max_new_tokens={self.max_new_tokens}: use fewer "
+                              "(DAPO: 4096 of 20480), or 0 for none")
+        if self.reward_running_norm_minus_mean and not self.reward_running_norm:
+            raise ConfigError("vlm.reward_running_norm_minus_mean", True, "it changes the running normalisation: "
+                              "set vlm.reward_running_norm=true too, or remove it")
+        if self.dynamic_sampling_rounds and self.estimator not in ("group_norm", "rloo", "reinforce_baseline"):
+            raise ConfigError("vlm.dynamic_sampling_rounds", self.dynamic_sampling_rounds, f"it drops groups whose "
+                              f"samples all score alike, which only a group baseline makes useless; "
+                              f"vlm.estimator={self.estimator} has none: use group_norm, rloo or reinforce_baseline")
         if self.policy_loss == "gspo" and self.aggregation != "seq-mean-token-mean":
             raise ConfigError("vlm.aggregation", self.aggregation, "GSPO is defined with seq-mean-token-mean")
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from pixelrl.vlm import token_losses as T
+from pixelrl.vlm.reward_shaping import RunningMoments, group_rows, informative_groups, overlong_penalty
 from pixelrl.core.assets import resolve
 from pixelrl.engine.config import actor_optimizer_steps
 from pixelrl.core.seeding import derive_seed
@@ -87,6 +88,7 @@ class VLMEngine:
         # (the controller's input or None for the update's KL, the round's samples), applied after training
         self._round_kl: tuple[float | None, int] | None = None
         self.reward = WeightedReward.from_functions(cfg.reward.functions, cfg.reward.timeout_s)
+        self.reward_moments = RunningMoments() if v.reward_running_norm else None  # saved with checkpoints
         self.mesh = Mesh()  # this rank among the ranks sharing each optimizer step (set by enable_data_parallel)
         self._ptx_rows = None  # vlm.ptx_files' rows, read at the first ptx loss
 
@@ -154,21 +156,81 @@ class VLMEngine:
             return self._score_tokens(batch)
 
     # --- producer ------------------------------------------------------------------------
-    def make_experience(self, items: list[dict], step: int) -> tuple[Experience, dict]:
-        cfg, v = self.cfg, self.cfg.vlm
-        n = cfg.rollout.n
+    def _sample_round(self, items: list[dict], seed: int, timing: dict) -> tuple[TokenBatch, dict]:
+        """rollout.n responses to each item, scored (their rows consecutive per item)."""
+        v = self.cfg.vlm
         clock = time.perf_counter()
         self.policy.model.eval()
         prompts = self.policy.prompts([it["image"] for it in items], [it["question"] for it in items])
-        rows = torch.arange(len(items)).repeat_interleave(n)
-        batch = self.policy.generate(prompts.select(rows), seed=derive_seed(cfg.rollout.seed + step, "vlm_rollout"),
-                                     temperature=v.temperature, top_p=v.top_p, max_new_tokens=v.max_new_tokens)
+        rows = torch.arange(len(items)).repeat_interleave(self.cfg.rollout.n)
+        batch = self.policy.generate(prompts.select(rows), seed=seed, temperature=v.temperature, top_p=v.top_p,
+                                     max_new_tokens=v.max_new_tokens)
         texts = self.policy.decode(batch)
-        timing = {"timing_s/generate": time.perf_counter() - clock}
+        timing["timing_s/generate"] = timing.get("timing_s/generate", 0.0) + time.perf_counter() - clock
         clock = time.perf_counter()
         meta = [items[i] for i in rows.tolist()]
         scores = self.reward(texts, [m["question"] for m in meta], meta)
-        timing["timing_s/reward"] = time.perf_counter() - clock
+        timing["timing_s/reward"] = timing.get("timing_s/reward", 0.0) + time.perf_counter() - clock
+        return batch, scores
+
+    def _sampled_share(self, items: list[dict], step: int, more_items, timing: dict) -> tuple[TokenBatch, dict, dict]:
+        """This rank's share of the step, sampled and scored. With vlm.dynamic_sampling_rounds, DAPO's
+        filter: groups whose rewards all agree are dropped and further questions (`more_items(k)`,
+        round k's) sampled, every rank for as long as any is short (their update shapes must
+        match), at most that many rounds; a share still short is filled with dropped groups."""
+        v, n, groups = self.cfg.vlm, self.cfg.rollout.n, len(items)
+        seed = derive_seed(self.cfg.rollout.seed + step, "vlm_rollout")
+        batch, scores = self._sample_round(items, seed, timing)
+        if not v.dynamic_sampling_rounds:
+            return batch, scores, {}
+        picked, dropped, first_share = [], [], None
+        for done in range(1, v.dynamic_sampling_rounds + 1):
+            if batch is not None:
+                informative = informative_groups(scores["overall"], n)
+                first_share = float(informative.float().mean()) if first_share is None else first_share
+                kept = sum(len(r) for _, _, r in picked) // n
+                picked.append((batch, scores, group_rows(informative.nonzero().flatten()[:groups - kept], n)))
+                dropped.append((batch, scores, group_rows((~informative).nonzero().flatten(), n)))
+            short = groups - sum(len(r) for _, _, r in picked) // n
+            anywhere = all_reduce_sum(torch.tensor([float(short)], dtype=torch.float64)) if self.mesh.distributed \
+                else torch.tensor([float(short)])
+            if float(anywhere) == 0 or done == v.dynamic_sampling_rounds:
+                break
+            batch = scores = None
+            if short or self.policy.synced_generation:  # fsdp2: every rank's forwards, sampled or not
+                batch, scores = self._sample_round(more_items(done), derive_seed(
+                    self.cfg.rollout.seed + step, f"vlm_rollout round {done}"), timing)
+        missing = short
+        for b, sc, rows in dropped:  # what is still missing: dropped groups, in order
+            take = rows[:missing * n]
+            picked.append((b, sc, take))
+            missing -= len(take) // n
+        chosen = [(b, sc, rows) for b, sc, rows in picked if len(rows)]
+        batch = TokenBatch.concat([b.select(rows) for b, _, rows in chosen], self.policy.pad_id)
+        scores = {k: torch.cat([sc[k][rows] for _, sc, rows in chosen]) for k in chosen[0][1]}
+        return batch, scores, {"dynamic_sampling/rounds": float(done), "dynamic_sampling/informative_share": first_share,
+                               "dynamic_sampling/filled_groups": float(short)}
+
+    def _processed_reward(self, reward: torch.Tensor, metrics: dict) -> torch.Tensor:
+        """LightRFT's reward processing: the running normalisation, then the clip."""
+        v = self.cfg.vlm
+        if self.reward_moments is not None:
+            self.reward_moments.update(reward, all_reduce_sum if self.mesh.distributed else None)
+            reward = self.reward_moments.normalize(reward, v.reward_running_norm_minus_mean)
+            metrics["critic/reward_running_std"] = self.reward_moments.std
+        if v.reward_clip > 0:
+            metrics["critic/reward_clip_frac"] = float((reward.abs() > v.reward_clip).float().mean())
+            reward = reward.clamp(-v.reward_clip, v.reward_clip)
+        return reward
+
+    def make_experience(self, items: list[dict], step: int, more_items=None) -> tuple[Experience, dict]:
+        """Sample, score and compute the advantages of this rank's share of step `step`;
+        `more_items(k)`: round k's questions for vlm.dynamic_sampling_rounds."""
+        cfg, v = self.cfg, self.cfg.vlm
+        n = cfg.rollout.n
+        timing: dict = {}
+        batch, scores, sampling = self._sampled_share(items, step, more_items, timing)
+        shaped: dict = {}
         clock = time.perf_counter()
         mask = batch.response_mask
         if v.recompute_old_logp:
@@ -179,6 +241,13 @@ class VLMEngine:
         kl = T.kl_estimate(old_logp, ref_logp, mask, v.kl_estimator) if ref_logp is not None else None
         beta_in_reward = self.kl_ctl.value if (kl is not None and v.kl_in_reward) else 0.0
         score = scores["overall"]
+        if v.overlong_buffer:
+            penalty = overlong_penalty(mask.sum(1), v.max_new_tokens, v.overlong_buffer, v.overlong_penalty)
+            score = score + penalty
+            shaped["response/overlong_penalty"] = float(penalty.mean())
+            shaped["response/overlong_share"] = float((penalty < 0).float().mean())
+        if v.estimator not in SEQUENCE_ESTIMATORS:  # a token estimator: the reward itself is processed
+            score = self._processed_reward(score, shaped)
         values = returns = None
         if v.estimator == "gae":
             with torch.no_grad():
@@ -190,7 +259,7 @@ class VLMEngine:
             returns = T.discounted_returns(T.token_rewards(score, mask, kl, beta_in_reward), mask, v.gamma)
             adv = self._whiten(returns, mask)
         else:
-            seq = T.sequence_baseline_advantages(score, n, v.estimator)
+            seq = self._processed_reward(T.sequence_baseline_advantages(score, n, v.estimator), shaped)
             adv = seq.unsqueeze(1) * mask
             if beta_in_reward:  # the KL part is a per-token return, not group-normalised
                 adv = adv - T.discounted_returns(beta_in_reward * kl, mask, 1.0)
@@ -202,6 +271,8 @@ class VLMEngine:
         metrics = {"critic/rewards/mean" if k == "overall" else f"critic/rewards/{k}/mean": float(t.mean())
                    for k, t in scores.items()}
         metrics.update(timing)
+        metrics.update(sampling)
+        metrics.update(shaped)
         metrics["response/tokens"] = float(mask.sum())
         metrics["response/sequence_tokens"] = float(batch.attention_mask.sum())  # prompt + response
         metrics["response/length"] = float(mask.sum(1).mean())
@@ -342,6 +413,8 @@ class VLMEngine:
         state = {"actor_optimizer": optimizer_state(self.policy.model, self.actor_learner.optimizer),
                  "actor_scheduler": self.actor_learner.lr_scheduler.state_dict(),
                  "kl_ctl": self.kl_ctl.state_dict()}
+        if self.reward_moments is not None:
+            state["reward_moments"] = self.reward_moments.state_dict()
         if self.ema is not None:
             tensors["ema"] = {n: full_tensor(e) for n, e in zip(names, self.ema)}
         if self.critic is not None:
@@ -374,6 +447,12 @@ class VLMEngine:
         set_optimizer_state(self.policy.model, self.actor_learner.optimizer, state["actor_optimizer"])
         self.actor_learner.lr_scheduler.load_state_dict(state["actor_scheduler"])
         self.kl_ctl.load_state_dict(state["kl_ctl"])
+        if self.reward_moments is not None:
+            if "reward_moments" not in state:
+                raise CheckpointError(f"checkpoint `{folder}` was written without vlm.reward_running_norm, so it "
+                                      "holds no running reward moments: resume with the option as that run had it, "
+                                      "or set trainer.resume_mode=disable")
+            self.reward_moments.load_state_dict(state["reward_moments"])
         if self.ema is not None:
             ema = read_checkpoint_file(folder / "ema.safetensors", load_file)
             for n, e in zip(names, self.ema):

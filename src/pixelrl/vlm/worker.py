@@ -51,10 +51,12 @@ class VLMWorker(RankProcess):
         from pixelrl.engine.profiling import PHASE_PREFIX
 
         began = time.perf_counter()
-        size = self.cfg.data.train_batch_size
-        items = self._my_items("train", (step - 1) * size, size)
+        size, rounds = self.cfg.data.train_batch_size, self.cfg.vlm.dynamic_sampling_rounds
+        # with dynamic sampling each step owns `rounds` blocks of questions, round k the k-th: a
+        # pure function of the step, so a resumed run samples what an uninterrupted one did
+        block = lambda k: self._my_items("train", ((step - 1) * max(rounds, 1) + k) * size, size)  # noqa: E731
         with record_function(PHASE_PREFIX + "experience"):  # trainer.profile_step's phases
-            exp, metrics = self.engine.make_experience(items, step)
+            exp, metrics = self.engine.make_experience(block(0), step, more_items=block)
         metrics["timing_s/experience"] = time.perf_counter() - began
         mid = time.perf_counter()
         with record_function(PHASE_PREFIX + "update"):

@@ -58,6 +58,29 @@ class TokenBatch:
             extra={k: v[rows] for k, v in self.extra.items()})
 
 
+    @staticmethod
+    def concat(batches: list["TokenBatch"], pad_id: int) -> "TokenBatch":
+        """Sampled batches as one: prompts left-padded and responses right-padded to the longest
+        (padding masked out as generation pads), images in row order."""
+        prompt = max(b.prompt_length for b in batches)
+        response = max(b.input_ids.shape[1] - b.prompt_length for b in batches)
+
+        def pad(tensor: torch.Tensor, value, left: int, right: int) -> torch.Tensor:
+            return torch.nn.functional.pad(tensor, (left, right), value=value)
+
+        ids, attention, masks, extra = [], [], [], {k: [] for k in batches[0].extra}
+        for b in batches:
+            left, right = prompt - b.prompt_length, response - (b.input_ids.shape[1] - b.prompt_length)
+            ids.append(pad(b.input_ids, pad_id, left, right))
+            attention.append(pad(b.attention_mask, 0, left, right))
+            masks.append(pad(b.response_mask, 0.0, 0, right))
+            for k, v in b.extra.items():
+                extra[k].append(pad(v, 0.0, 0, right))
+        return TokenBatch(torch.cat(ids), torch.cat(attention), torch.cat([b.pixel_values for b in batches]),
+                          torch.cat([b.image_grid_thw for b in batches]), prompt, torch.cat(masks),
+                          {k: torch.cat(v) for k, v in extra.items()})
+
+
 def response_mask_from(responses: torch.Tensor, eos_id: int) -> torch.Tensor:
     """1 for every response token up to and including the first EOS, 0 after it (generation pads
     finished rows); a row without EOS (cut by max_new_tokens) is all ones."""
