@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pixelrl.config.sections import PixelRLConfig
 from pixelrl.core.errors import ConfigError
 
@@ -15,9 +13,7 @@ def check_sequence_parallel(cfg: PixelRLConfig) -> None:
     size = t.sequence_parallel_size
     if size == 1:
         return
-    from pixelrl.core.assets import resolve
-    from pixelrl.models.base import read_component_config
-    from pixelrl.models.loader import family_spec
+    from pixelrl.models.loader import family_spec, folder_transformer
 
     spec = family_spec(m.type)
     if not spec.splits_sequence:
@@ -26,9 +22,7 @@ def check_sequence_parallel(cfg: PixelRLConfig) -> None:
     if m.compile is True:
         raise ConfigError("trainer.sequence_parallel_size", size, "compiled blocks under a sequence split are not "
                           "supported yet: set model.compile=false (auto compiles nothing while the split is on)")
-    folder = Path(resolve(str(m.path))) if m.path else None
-    transformer = (read_component_config(folder, "transformer") if folder and folder.is_dir() else None) or \
-        (spec.release.transformer if spec.release else {})
+    transformer = folder_transformer(m.path)[1] or (spec.release.transformer if spec.release else {})
     heads = transformer.get("num_attention_heads")
     if heads is not None and heads % size:
         raise ConfigError("trainer.sequence_parallel_size", size, f"each rank of a sequence group attends with an "

@@ -115,15 +115,12 @@ def _safetensors_params(folder: Path) -> float:
 def model_shape(cfg: PixelRLConfig) -> Shape:
     """The configured model's shape: from its folder when it is here, else from the published
     release of its family; the costs from the family's own formula (its `FamilySpec`)."""
-    from pixelrl.core.assets import resolve
-    from pixelrl.models.base import read_component_config
     from pixelrl.models.family import RowInput
-    from pixelrl.models.loader import family_spec, latent_unit
+    from pixelrl.models.loader import family_spec, folder_transformer, latent_unit
 
     m, r = cfg.model, cfg.rollout
     spec = family_spec(m.type)
-    folder = Path(resolve(str(m.path))) if m.path else None
-    transformer = read_component_config(folder, "transformer") if folder and folder.is_dir() else None
+    folder, transformer = folder_transformer(m.path)
     if transformer is None and spec.release is None:
         raise ConfigError("model.path", m.path, f"planning needs the model folder (its transformer/config.json): "
                           f"the {m.type} family names no published release to plan from")

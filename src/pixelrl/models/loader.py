@@ -60,6 +60,15 @@ def load_configured_model(mcfg, path=None) -> DiffusionModel:
                       max_sequence_length=mcfg.max_sequence_length, num_frames=mcfg.num_frames)
 
 
+def folder_transformer(path) -> tuple[Path | None, dict | None]:
+    """`model.path` resolved, and its transformer/config.json where that folder is here."""
+    from pixelrl.core.assets import resolve
+    from pixelrl.models.base import read_component_config
+
+    folder = Path(resolve(str(path))) if path else None
+    return folder, read_component_config(folder, "transformer") if folder and folder.is_dir() else None
+
+
 def latent_unit(model_type: str, path) -> int | None:
     """The pixel multiple an image side must be for this model folder (VAE scale x patch size),
     read from its config files without loading weights; None when the folder is not there yet

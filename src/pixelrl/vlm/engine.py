@@ -183,17 +183,16 @@ class VLMEngine:
         batch, scores = self._sample_round(items, seed, timing)
         if not v.dynamic_sampling_rounds:
             return batch, scores, {}
-        picked, dropped, first_share = [], [], None
+        picked, dropped, first_share, short = [], [], None, groups
         for done in range(1, v.dynamic_sampling_rounds + 1):
             if batch is not None:
                 informative = informative_groups(scores["overall"], n)
                 first_share = float(informative.float().mean()) if first_share is None else first_share
-                kept = sum(len(r) for _, _, r in picked) // n
-                picked.append((batch, scores, group_rows(informative.nonzero().flatten()[:groups - kept], n)))
+                kept = informative.nonzero().flatten()[:short]
+                picked.append((batch, scores, group_rows(kept, n)))
                 dropped.append((batch, scores, group_rows((~informative).nonzero().flatten(), n)))
-            short = groups - sum(len(r) for _, _, r in picked) // n
-            anywhere = all_reduce_sum(torch.tensor([float(short)], dtype=torch.float64)) if self.mesh.distributed \
-                else torch.tensor([float(short)])
+                short -= len(kept)
+            anywhere = all_reduce_sum(torch.tensor([float(short)], dtype=torch.float64))  # no-op in one process
             if float(anywhere) == 0 or done == v.dynamic_sampling_rounds:
                 break
             batch = scores = None
@@ -215,7 +214,7 @@ class VLMEngine:
         """LightRFT's reward processing: the running normalisation, then the clip."""
         v = self.cfg.vlm
         if self.reward_moments is not None:
-            self.reward_moments.update(reward, all_reduce_sum if self.mesh.distributed else None)
+            self.reward_moments.update(reward, all_reduce_sum)  # every rank's rewards (a no-op in one process)
             reward = self.reward_moments.normalize(reward, v.reward_running_norm_minus_mean)
             metrics["critic/reward_running_std"] = self.reward_moments.std
         if v.reward_clip > 0:
