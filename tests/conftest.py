@@ -75,6 +75,15 @@ def tiny_wan_path(tmp_path_factory):
     return build_tiny_wan(tmp_path_factory.mktemp("tiny_wan") / "pipe")
 
 
+@pytest.fixture(scope="session")
+def tiny_wan22_path(tmp_path_factory):
+    """A tiny random Wan 2.2 A14B-layout pipeline: two experts switching at 0.875 (A14B T2V's ratio),
+    so a 4-step sample runs its first step on `transformer` and the other three on `transformer_2`."""
+    from pixelrl.models.wan import build_tiny_wan
+
+    return build_tiny_wan(tmp_path_factory.mktemp("tiny_wan22") / "pipe", boundary_ratio=0.875)
+
+
 @contextlib.contextmanager
 def gpu_node_memory():
     """This machine seen as a GPU node with 1 TB of memory and eight 80 GB GPUs: a paper recipe's

@@ -491,7 +491,8 @@ class PolicyEngine:
                     for ks in groups:  # a group's loss is the mean over its sample-steps
                         weight = len(micro) * len(ks) / len(mini) / num_substeps
                         loss, metrics = objective.substeps_loss(micro, ks, ctx)
-                        (loss * weight).backward()
+                        if loss.requires_grad:  # not: steps computed by a frozen expert alone (no gradient)
+                            (loss * weight).backward()
                         loss_total = loss_total + kept_on_device(loss) * weight
                         for name, value in metrics.items():
                             log(name, value, len(micro) * len(ks))

@@ -207,6 +207,23 @@ class DiffusionModel(ABC):
                                                transformer_lora_adapter_metadata=config)
 
     @classmethod
+    def fuse_lora_into_pipeline(cls, pipeline, folder: Path) -> None:
+        """Fuse an adapter folder `save_lora` wrote into the pipeline's weights (export)."""
+        pipeline.load_lora_weights(folder)
+        pipeline.fuse_lora()
+        pipeline.unload_lora_weights()
+
+    @classmethod
+    def denoiser_state_into_pipeline(cls, pipeline, state: dict[str, torch.Tensor]) -> list[str]:
+        """Load a full fine-tune's denoiser tensors into the pipeline; the names that fit nothing."""
+        return pipeline.transformer.load_state_dict(state, strict=False)[1]
+
+    @classmethod
+    def expert_names(cls, folder: Path) -> tuple[str, ...]:
+        """The pipeline components of a denoiser of several experts (Wan 2.2 A14B); none here."""
+        return ()
+
+    @classmethod
     def check_options(cls, max_sequence_length: int, num_frames: int = 1, folder: Path | None = None) -> None:
         """Refuse `model.*` options this family cannot use (config validation calls it, with the
         folder when it exists). Image families sample one frame."""
@@ -375,7 +392,17 @@ class DiffusionModel(ABC):
         with self.compute_precision():
             v = self._forward(torch.cat([x, x]), torch.cat([sig, sig]), both).float()
         v_uncond, v_cond = v.chunk(2)
-        return v_uncond + guidance_scale * (v_cond - v_uncond)
+        return v_uncond + self.guidance_weight(sig, guidance_scale) * (v_cond - v_uncond)
+
+    def guidance_weight(self, sigmas: torch.Tensor, guidance_scale: float):
+        """The CFG scale each row is guided with (a family whose denoiser changes with the
+        timestep, Wan 2.2's experts, may give each its own)."""
+        return guidance_scale
+
+    def denoiser_networks(self) -> list[nn.Module]:
+        """The diffusers transformers `self.transformer` runs (two for a two-expert family): what a
+        sequence split installs itself on."""
+        return [self.transformer]
 
     # --- images ---------------------------------------------------------------------------
     @abstractmethod

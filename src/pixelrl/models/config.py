@@ -34,6 +34,11 @@ class ModelConfig(ModelFolderConfig):
     # compiled per block structure, adapter state and grad mode on the first steps, then reused.
     # auto: on a CUDA device only (see `compiles`)
     compile: bool | str = False
+    # a denoiser of two experts (a Wan 2.2 A14B folder): the low-noise expert's CFG scale, the
+    # pipeline's guidance_scale_2 (None = the high-noise expert's, rollout.guidance_scale), and which
+    # experts train (`transformer` high noise, `transformer_2` low noise; None = both)
+    guidance_scale_2: float | None = None
+    trained_experts: list[str] | None = None
 
     def check(self) -> None:
         """The fields on their own (the folder is checked last by `check_folder`: a config copied
@@ -68,6 +73,22 @@ class ModelConfig(ModelFolderConfig):
             return torch.device(self.device).type == "cuda"
         return bool(self.compile)
 
+    def _check_experts(self, folder) -> None:
+        from pixelrl.models.loader import model_family
+
+        experts = model_family(self.type).expert_names(folder)
+        for field in ("guidance_scale_2", "trained_experts"):
+            if getattr(self, field) is not None and not experts:
+                raise ConfigError(f"model.{field}", getattr(self, field), "this model folder has one denoiser (no "
+                                  "second expert and boundary_ratio in its model_index.json): leave it unset")
+        if self.guidance_scale_2 is not None:
+            check_number("model.guidance_scale_2", self.guidance_scale_2)
+        if self.trained_experts is not None:
+            chosen = list(self.trained_experts)
+            if not chosen or len(set(chosen)) != len(chosen) or not set(chosen) <= set(experts):
+                raise ConfigError("model.trained_experts", chosen, f"name one or both of {list(experts)} (the "
+                                  "high-noise and the low-noise expert), each once; unset trains both")
+
     def check_folder(self) -> None:
         """The pipeline folder exists, holds this family, and agrees with the options it was
         trained with (its pixelrl_model.json)."""
@@ -82,6 +103,7 @@ class ModelConfig(ModelFolderConfig):
                               "(the one holding model_index.json; or builtin:shapes; `pixelrl build-tiny DIR` makes a "
                               "tiny random one)")
         check_model_type(self.type, self.path)
+        self._check_experts(Path(resolve(str(self.path))))
         for option, value in declared_options(self.path).items():
             if getattr(self, option) != value:
                 raise ConfigError(f"model.{option}", getattr(self, option), f"the model folder was trained with "

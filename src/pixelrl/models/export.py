@@ -49,7 +49,12 @@ def diffusers_example(family, folder: str | Path, sampler: dict, resolution: int
     if base is None:
         lines.append(f"pipe = {cls}.from_pretrained({str(folder)!r}{absent})")
     else:
-        lines += [f"pipe = {cls}.from_pretrained({str(base)!r}{absent})", f"pipe.load_lora_weights({str(folder)!r})"]
+        lines.append(f"pipe = {cls}.from_pretrained({str(base)!r}{absent})")
+        # a denoiser of experts: one adapter folder per trained expert, each loaded into its own
+        experts = [e for e in family.expert_names(Path(base)) if (Path(folder) / e).is_dir()]
+        lines += [f"pipe.load_lora_weights({str(Path(folder) / e)!r}" + (f", load_into_{e}=True)" if i else ")")
+                  for i, e in enumerate(family.expert_names(Path(base))) if e in experts] \
+            or [f"pipe.load_lora_weights({str(folder)!r})"]
     if custom:
         options = ", ".join(f"{k}={v!r}" for k, v in sampler["diffusers"]["scheduler"].items())
         lines.append(f"pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(pipe.scheduler.config, {options})")
@@ -103,7 +108,7 @@ def read_sampler(folder: str | Path) -> dict | None:
 
 def _check_weights_read(folder: Path) -> None:
     """Every safetensors file of `folder` reads whole: its header parses and every tensor loads."""
-    files = sorted(folder.glob("*.safetensors"))
+    files = sorted(folder.rglob("*.safetensors"))  # a two-expert adapter: one folder per expert
     if not files:
         raise ModelFolderError(f"`{folder}` holds no .safetensors weights: the checkpoint is incomplete")
     for path in files:
@@ -138,15 +143,13 @@ def export_checkpoint(actor_dir: str | Path, base_model: str | Path, out: str | 
     family = model_family(model_type)
     pipe = family.load_pipeline(base_model)
     if adapter.is_dir():
-        pipe.load_lora_weights(adapter)
-        pipe.fuse_lora()
-        pipe.unload_lora_weights()
+        family.fuse_lora_into_pipeline(pipe, adapter)
     else:
         if not state_file.is_file():
             raise ModelFolderError(f"`{actor_dir}` holds no {state_file.name}"
                                    + (": the run kept no EMA (actor.ema_decay 0)" if weights == "ema" else ""))
         state = load_file(str(state_file))
-        missing, unexpected = pipe.transformer.load_state_dict(state, strict=False)
+        unexpected = family.denoiser_state_into_pipeline(pipe, state)
         if unexpected:
             raise ModelFolderError(f"`{actor_dir}` weights do not match the base transformer: {unexpected[:3]}")
     family.save_pipeline(pipe, out)

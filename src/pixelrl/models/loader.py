@@ -56,8 +56,11 @@ def load_model(model_type: str, path, **kwargs) -> DiffusionModel:
 
 def load_configured_model(mcfg, path=None) -> DiffusionModel:
     """The model a run's `model.*` section describes (`path` overrides model.path)."""
+    # the options of a denoiser of experts, passed where set (config validation refused them elsewhere)
+    experts = {name: getattr(mcfg, name) for name in ("guidance_scale_2", "trained_experts")
+               if getattr(mcfg, name, None) is not None}
     return load_model(mcfg.type, path or mcfg.path, device=mcfg.device, dtype=mcfg.dtype,
-                      max_sequence_length=mcfg.max_sequence_length, num_frames=mcfg.num_frames)
+                      max_sequence_length=mcfg.max_sequence_length, num_frames=mcfg.num_frames, **experts)
 
 
 def folder_transformer(path) -> tuple[Path | None, dict | None]:

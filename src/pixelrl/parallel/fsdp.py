@@ -79,7 +79,12 @@ def parallelize_denoiser(model, mesh) -> None:
     if mesh.sequence_size > 1:
         from pixelrl.parallel.sequence import split_sequence
 
-        split_sequence(model.transformer, mesh, torch.device(model.device), model.sequence_tokens,
-                       "rollout.resolution or model.num_frames")
+        for network in model.denoiser_networks():  # each expert of a denoiser of experts
+            split_sequence(network, mesh, torch.device(model.device), model.sequence_tokens,
+                           "rollout.resolution or model.num_frames")
     if mesh.strategy == "fsdp2":
         apply_fsdp2(model)
+        # a denoiser that routes rows between experts must agree with the other ranks on which
+        # experts run: each one's blocks all-gather and reduce-scatter across every rank
+        if hasattr(model.transformer, "routes_in_lockstep"):
+            model.transformer.routes_in_lockstep = True

@@ -1,4 +1,4 @@
-"""Wan 2.1 text-to-video family adapter (`WanPipeline`) over diffusers components.
+"""Wan 2.1 / 2.2 text-to-video family adapter (`WanPipeline`) over diffusers components.
 
 Video through the same RL code as images: a sample's latent is 5-D `[C, T', h, w]` (the SDE
 step, log-probs and losses are elementwise or mean over all latent dimensions, so nothing else
@@ -12,6 +12,11 @@ changes), `decode` returns uint8 frames `[B, T, H, W, 3]`, and rewards receive t
   (static shift). A folder shipping Wan's UniPC scheduler is sampled with the flow-matching
   Euler/SDE steps at its `flow_shift`, as the RL references sample Wan.
 - `model.num_frames` frames per video, 4k + 1 for Wan's VAE (1 frame + 4 per latent frame).
+- Wan 2.2 A14B folders (`transformer_2` and a `boundary_ratio` in model_index.json): the two
+  experts as one module (`pixelrl.models.wan.experts`), routed per row by timestep as the pipeline
+  routes per step; the low-noise expert guides with `model.guidance_scale_2` (the pipeline's
+  `guidance_scale_2`; unset, the same scale as the high-noise one), and `model.trained_experts`
+  says which experts train (LoRA or full), the others staying frozen.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import torch
 from pixelrl.core.errors import ConfigError
 from pixelrl.models.base import (DiffusionModel, PromptEmbeds, check_resolution, from_uint8_images, load_part,
                                  read_component_config, to_uint8_images)
+from pixelrl.models.wan.experts import EXPERTS, TimestepExperts, expert_state
 
 # Flow-GRPO's Wan targets: the attention projections of self- and cross-attention (suffixes, so
 # attn1 and attn2 both match; the add_* projections exist in image-to-video models only).
@@ -35,6 +41,11 @@ def _vae_scales(folder: Path) -> tuple[int, int] | None:
     if vae is None:
         return None
     return int(vae.get("scale_factor_temporal") or 4), int(vae.get("scale_factor_spatial") or 8)
+
+
+def _pipeline_index(folder: Path) -> dict:
+    path = folder / "model_index.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 class WanModel(DiffusionModel):
@@ -50,6 +61,19 @@ class WanModel(DiffusionModel):
         if num_frames < 1 or (num_frames - 1) % temporal:
             raise ConfigError("model.num_frames", num_frames, f"this VAE packs {temporal} frames per latent frame after "
                               f"the first: use {temporal}k + 1 frames, e.g. {((max(num_frames, 1) - 1) // temporal) * temporal + 1}")
+        if folder is not None and _pipeline_index(folder).get("expand_timesteps"):
+            raise ConfigError("model.path", str(folder), "is a Wan 2.2 TI2V folder (expand_timesteps: first-frame "
+                              "conditioning, per-token timesteps), which pixelrl does not train yet: use a Wan 2.1 "
+                              "or Wan 2.2 A14B text-to-video folder")
+
+    @classmethod
+    def expert_names(cls, folder: Path) -> tuple[str, ...]:
+        """The folder's experts: both pipeline components for a Wan 2.2 A14B folder (a second
+        transformer and a boundary), none for one transformer (WanPipeline then ignores a
+        `transformer_2` without a boundary, and so does pixelrl)."""
+        index = _pipeline_index(Path(folder))
+        two = index.get("boundary_ratio") is not None and (index.get("transformer_2") or [None])[0] is not None
+        return EXPERTS if two else ()
 
     @classmethod
     def latent_unit(cls, folder: Path) -> int | None:
@@ -70,7 +94,8 @@ class WanModel(DiffusionModel):
                                                shift=float(config.get("flow_shift") or 1.0))
 
     def __init__(self, path: str | Path, *, device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32",
-                 max_sequence_length: int = 512, num_frames: int = 33, prompt_cache_size: int = 4096):
+                 max_sequence_length: int = 512, num_frames: int = 33, prompt_cache_size: int = 4096,
+                 guidance_scale_2: float | None = None, trained_experts: list[str] | None = None):
         super().__init__(prompt_cache_size)
         from diffusers import AutoencoderKLWan, WanPipeline, WanTransformer3DModel
         from transformers import AutoTokenizer, UMT5EncoderModel
@@ -80,12 +105,21 @@ class WanModel(DiffusionModel):
         self.num_frames = int(num_frames)
         self.transformer = self._load_module(folder, "transformer", WanTransformer3DModel, frozen=False)
         self.scheduler = self._load_scheduler(folder)
+        self.guidance_scale_2 = guidance_scale_2
+        experts = {}
+        if self.expert_names(folder):
+            experts = dict(transformer_2=self._load_module(folder, "transformer_2", WanTransformer3DModel, frozen=False),
+                           boundary_ratio=float(_pipeline_index(folder)["boundary_ratio"]))
         self.vae = self._load_module(folder, "vae", AutoencoderKLWan)
         encoder = self._load_module(folder, "text_encoder", UMT5EncoderModel)
         tokenizer = load_part(folder, "tokenizer/", lambda: AutoTokenizer.from_pretrained(folder / "tokenizer"))
         # The diffusers pipeline over the same modules: its encode_prompt is the prompt encoding.
         self.pipeline = WanPipeline(tokenizer=tokenizer, text_encoder=encoder, vae=self.vae, scheduler=self.scheduler,
-                                    transformer=self.transformer)
+                                    transformer=self.transformer, **experts)
+        if experts:
+            boundary = experts["boundary_ratio"] * self.scheduler.config.num_train_timesteps
+            self.transformer = TimestepExperts(self.transformer, experts["transformer_2"], boundary,
+                                               tuple(trained_experts or EXPERTS))
         self.temporal_scale = self.pipeline.vae_scale_factor_temporal
         self.spatial_scale = self.pipeline.vae_scale_factor_spatial
         self.patch = tuple(self.transformer.config.patch_size)
@@ -110,10 +144,64 @@ class WanModel(DiffusionModel):
         frames, h, w = latents.shape[2:]
         return frames // self.patch[0] * (h // self.patch[1]) * (w // self.patch[2])
 
+    def _timestep(self, sigmas: torch.Tensor) -> torch.Tensor:
+        """The scheduler's timestep of each sigma (what the pipeline passes and routes experts by)."""
+        return sigmas.float() * self.scheduler.config.num_train_timesteps
+
+    def guidance_weight(self, sigmas: torch.Tensor, guidance_scale: float):
+        """Each row's expert's scale: the low-noise expert's is `guidance_scale_2` where set."""
+        if not isinstance(self.transformer, TimestepExperts) or self.guidance_scale_2 is None:
+            return guidance_scale
+        high = self.transformer.high_noise(self._timestep(sigmas))
+        weight = torch.where(high, torch.tensor(float(guidance_scale)), torch.tensor(float(self.guidance_scale_2)))
+        return weight.view(-1, 1, 1, 1, 1)
+
+    def denoiser_networks(self) -> list[torch.nn.Module]:
+        if isinstance(self.transformer, TimestepExperts):
+            return self.transformer.experts()
+        return [self.transformer]
+
+    @classmethod
+    def save_lora(cls, folder: Path, lora: dict[str, torch.Tensor], config: dict) -> None:
+        """Two experts: one diffusers LoRA folder per trained expert, `folder/transformer` and
+        `folder/transformer_2` (the pipeline loads the second with `load_into_transformer_2=True`)."""
+        if not any(name.startswith(tuple(f"{e}." for e in EXPERTS)) for name in lora):
+            return super().save_lora(folder, lora, config)
+        for expert in EXPERTS:
+            own = expert_state(lora, expert)
+            if own:
+                super().save_lora(Path(folder) / expert, own, config)
+
+    @classmethod
+    def load_lora_into_pipeline(cls, pipeline, folder: Path) -> None:
+        """A `save_lora` folder into WanPipeline as diffusers loads it: one `load_lora_weights`
+        call per expert's folder (a one-transformer adapter: the folder itself)."""
+        experts = [expert for expert in EXPERTS if (Path(folder) / expert).is_dir()]
+        if not experts:
+            pipeline.load_lora_weights(folder)
+        for expert in experts:
+            pipeline.load_lora_weights(Path(folder) / expert, load_into_transformer_2=expert == EXPERTS[1])
+
+    @classmethod
+    def fuse_lora_into_pipeline(cls, pipeline, folder: Path) -> None:
+        cls.load_lora_into_pipeline(pipeline, folder)
+        # WanPipeline fuses `transformer` only unless told: the low-noise expert's adapter would be dropped
+        pipeline.fuse_lora(components=[c for c in EXPERTS if getattr(pipeline, c, None) is not None])
+        pipeline.unload_lora_weights()
+
+    @classmethod
+    def denoiser_state_into_pipeline(cls, pipeline, state: dict[str, torch.Tensor]) -> list[str]:
+        if getattr(pipeline, "transformer_2", None) is None:
+            return super().denoiser_state_into_pipeline(pipeline, state)
+        unexpected = [n for n in state if not n.startswith(tuple(f"{e}." for e in EXPERTS))]
+        for expert in EXPERTS:
+            unexpected += getattr(pipeline, expert).load_state_dict(expert_state(state, expert), strict=False)[1]
+        return unexpected
+
     def _forward(self, latents, sigmas, text: PromptEmbeds):
         return self.transformer(
             hidden_states=latents,
-            timestep=sigmas.float() * 1000,  # Wan's transformer takes the 0..1000 timestep
+            timestep=self._timestep(sigmas),  # Wan's transformer takes the 0..1000 timestep
             encoder_hidden_states=text.embeds.to(self.device, self.dtype),
             return_dict=False,
         )[0]

@@ -12,13 +12,15 @@ from pixelrl.models.tiny import DEFAULT_WORDS, build_t5_tokenizer
 
 def build_tiny_wan(path: str | Path, *, words: Iterable[str] | None = None, text_dim: int = 32,
                    text_max_length: int = 32, num_layers: int = 2, heads: int = 2, head_dim: int = 16,
-                   seed: int = 0) -> Path:
+                   seed: int = 0, boundary_ratio: float | None = None) -> Path:
     """Write a tiny random Wan 2.1 folder (diffusers layout) that `WanPipeline.from_pretrained(path)`
     loads with no extra arguments; returns the path.
 
     Wan's own classes, small: a UMT5 encoder, AutoencoderKLWan (here 2x spatial and 2x temporal:
     4k + 1 frames... with k latent frames after the first; 4 channels) and WanTransformer3DModel
-    with (1, 2, 2) patches; a flow-matching scheduler with shift 3.
+    with (1, 2, 2) patches; a flow-matching scheduler with shift 3. With `boundary_ratio`, a Wan 2.2
+    A14B layout: a second, differently initialised transformer (`transformer_2`, the low-noise
+    expert) taking the timesteps below `boundary_ratio x 1000`.
     """
     from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
@@ -39,7 +41,11 @@ def build_tiny_wan(path: str | Path, *, words: Iterable[str] | None = None, text
     transformer = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=head_dim,
                                         in_channels=z_dim, out_channels=z_dim, text_dim=text_dim, freq_dim=32,
                                         ffn_dim=2 * heads * head_dim, num_layers=num_layers, rope_max_seq_len=64)
+    experts = {}
+    if boundary_ratio is not None:
+        torch.manual_seed(seed + 3)
+        experts = dict(boundary_ratio=boundary_ratio, transformer_2=WanTransformer3DModel(**transformer.config))
     scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0)
-    WanPipeline(tokenizer=tokenizer, text_encoder=encoder, vae=vae, scheduler=scheduler,
-                transformer=transformer).save_pretrained(path, safe_serialization=True)
+    WanPipeline(tokenizer=tokenizer, text_encoder=encoder, vae=vae, scheduler=scheduler, transformer=transformer,
+                **experts).save_pretrained(path, safe_serialization=True)
     return path
