@@ -541,6 +541,10 @@ CATALOGUE: list[tuple[str, list[str], str]] = [
                                                    "rollout.output_aspect=source"], "DMD2 student samples"),
     ("an NFT strata end without strata", ["train", "--config-name", "shapes_nft", "diffusion_loss.params.min_sigma=0.3"],
      "diffusion_loss.params.min_sigma"),
+    ("a second expert's guidance for a one-denoiser model", ["train", "--config-name", "shapes_flow_grpo",
+                                                             "model.guidance_scale_2=3"], "model.guidance_scale_2"),
+    ("trained experts of a one-denoiser model", ["train", "--config-name", "shapes_flow_grpo",
+                                                 "model.trained_experts=[transformer_2]"], "model.trained_experts"),
 ]
 
 

@@ -151,6 +151,14 @@ def test_expert_options_are_refused_where_the_folder_has_one_denoiser(tiny_wan_p
                                            "model.trained_experts=[transformer_3]"])
     with pytest.raises(ConfigError, match="model.guidance_scale_2.*positive"):
         load_config("flow_grpo_wan_tiny", [f"model.path={tiny_wan22_path}", *base, "model.guidance_scale_2=-1"])
+    # the tiny folder's 4 steps: sigma 1.0 on the high-noise expert, 0.86, 0.60 (and the last) on the low-noise one
+    window = [*base, f"model.path={tiny_wan22_path}", "rollout.num_steps=4", "rollout.sde_window_size=2",
+              "rollout.sde_window_range=[1,3]"]
+    with pytest.raises(ConfigError, match=r"rollout.sde_window_range.*frozen expert.*within \[0, 1\]"):
+        load_config("flow_grpo_wan_tiny", [*window, "model.trained_experts=[transformer]"])
+    load_config("flow_grpo_wan_tiny", [*window, "model.trained_experts=[transformer_2]"])
+    load_config("flow_grpo_wan_tiny", [*window[:-1], "rollout.sde_window_range=[0,2]",
+                                       "model.trained_experts=[transformer]"])
     ti2v = tmp_path / "ti2v"
     shutil.copytree(tiny_wan_path, ti2v)
     index = json.loads((ti2v / "model_index.json").read_text())

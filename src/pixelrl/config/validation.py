@@ -17,6 +17,7 @@ from pixelrl.core.errors import AUTO, ConfigError, check_choice
 from pixelrl.core.plugins import import_plugins
 from pixelrl.engine.config import images_per_step, mini_batches_per_epoch
 from pixelrl.sampling.sde import sde_rule
+from pixelrl.sampling.windows import window_span
 
 
 def compose_config(config_name: str | None = None, overrides: list[str] | tuple = ()) -> PixelRLConfig:
@@ -379,6 +380,9 @@ def _check_model_against_run(cfg: PixelRLConfig) -> None:
         check_image_side(family, folder, r.condition_resolution, "rollout.condition_resolution",
                          "this model's condition images")
     m.check_folder()
+    if method_of(cfg).rescores_transitions:  # its trained steps lie in the window range
+        family.check_trained_steps(folder, m.trained_experts, r.num_steps,
+                                   window_span(r.num_steps, r.sde_window_size, r.sde_window_range, r.sde_window_schedule))
     from pixelrl.config.step_size import check_step_size
 
     check_step_size(cfg)

@@ -224,6 +224,12 @@ class DiffusionModel(ABC):
         return ()
 
     @classmethod
+    def check_trained_steps(cls, folder: Path, trained_experts: list[str] | None, num_steps: int,
+                            steps: range) -> None:
+        """Refuse a range of trained denoising steps that only frozen experts compute (it would
+        train nothing); one denoiser computes every step."""
+
+    @classmethod
     def check_options(cls, max_sequence_length: int, num_frames: int = 1, folder: Path | None = None) -> None:
         """Refuse `model.*` options this family cannot use (config validation calls it, with the
         folder when it exists). Image families sample one frame."""

@@ -122,6 +122,15 @@ def choose_window(num_steps: int, window_size: int, window_range, seed: int, *, 
                           **dataclasses.asdict(bound))
 
 
+def window_span(num_steps: int, window_size: int, window_range, schedule: str = "random") -> range:
+    """Every step that some window of this configuration may hold."""
+    if window_size <= 0:
+        return range(0, num_steps - 1)
+    if schedule == "random":
+        return range(*check_window_args(num_steps, window_size, window_range))
+    return range(0, num_steps - 2)  # MixGRPO's [0, M)
+
+
 def mixgrpo_window(num_steps: int, window_size: int, global_step: int, *, schedule: str = "progressive",
                    seed: int = 0, stride: int = 1, iters_per_group: int = 25, rollback: bool = False) -> Window:
     """MixGRPO: one window shared by every sample of a training step, moved by a schedule.

@@ -28,7 +28,7 @@ import torch
 
 from pixelrl.core.errors import ConfigError
 from pixelrl.models.base import (DiffusionModel, PromptEmbeds, check_resolution, from_uint8_images, load_part,
-                                 read_component_config, to_uint8_images)
+                                 read_component_config, sigmas_from_scheduler, to_uint8_images)
 from pixelrl.models.wan.experts import EXPERTS, TimestepExperts, expert_state
 
 # Flow-GRPO's Wan targets: the attention projections of self- and cross-attention (suffixes, so
@@ -74,6 +74,31 @@ class WanModel(DiffusionModel):
         index = _pipeline_index(Path(folder))
         two = index.get("boundary_ratio") is not None and (index.get("transformer_2") or [None])[0] is not None
         return EXPERTS if two else ()
+
+    @classmethod
+    def check_trained_steps(cls, folder: Path, trained_experts: list[str] | None, num_steps: int,
+                            steps: range) -> None:
+        experts = cls.expert_names(folder)
+        if not experts or not trained_experts or set(trained_experts) == set(experts):
+            return
+        ratio = float(_pipeline_index(folder)["boundary_ratio"])
+        scheduler = cls._load_scheduler(folder)
+        timesteps = sigmas_from_scheduler(scheduler, num_steps)[:-1].float() * scheduler.config.num_train_timesteps
+        # each step's expert, as TimestepExperts routes it
+        expert_of = [experts[0] if high else experts[1]
+                     for high in (timesteps >= ratio * scheduler.config.num_train_timesteps).tolist()]
+        if any(expert_of[step] in trained_experts for step in steps):
+            return
+        trained = [step for step, expert in enumerate(expert_of[:-1]) if expert in trained_experts]  # never the last
+        if not trained:
+            where = f"no stochastic step of {num_steps} reaches {trained_experts}"
+        else:
+            span = f"step {trained[0]}" if len(trained) == 1 else f"steps {trained[0]}-{trained[-1]}"
+            where = (f"{span} computed by {trained_experts}: set rollout.sde_window_range within "
+                     f"[{trained[0]}, {trained[-1] + 1}]")
+        raise ConfigError("rollout.sde_window_range", [steps.start, steps.stop],
+                          f"every trained step in it is computed by a frozen expert (model.trained_experts = "
+                          f"{trained_experts}, boundary_ratio {ratio}): {where}, or train both experts")
 
     @classmethod
     def latent_unit(cls, folder: Path) -> int | None:
