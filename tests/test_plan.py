@@ -575,3 +575,38 @@ def test_a_sequence_group_halves_each_gpus_activations_and_work_and_adds_its_all
     assert "each row on 2 GPUs" in describe(split, plan_for(split, 2, 80), "dance_grpo_wan")
     with pytest.raises(ConfigError, match="in sequence groups of 2"):
         plan_for(split, 3, 80)
+
+
+def test_a_two_expert_folder_holds_both_experts_and_trains_the_named_ones(tiny_wan22_path):
+    """A Wan 2.2 A14B-layout folder: both experts' stored parameters are held; a full fine-tune of
+    one expert keeps its float32 state and leaves the other in the compute dtype, LoRA puts
+    adapters on the trained experts only, and FSDP2 gathers one expert per forward."""
+    from safetensors.torch import load_file
+
+    from pixelrl.config.plan import (DTYPE_BYTES, TRAINABLE_STATE_BYTES, communication_bytes, lora_parameters,
+                                     resident_bytes)
+
+    def stored(expert):
+        return sum(t.numel() for f in (tiny_wan22_path / expert).glob("*.safetensors") for t in load_file(f).values())
+
+    def config(*overrides):
+        cfg = paper_config("dance_grpo_wan", f"model.path={tiny_wan22_path}", "model.max_sequence_length=16",
+                           "model.num_frames=5", "rollout.resolution=64", *overrides)
+        return cfg, model_shape(cfg)
+
+    cfg, both = config("model.lora_rank=0", "actor.ema_decay=0")
+    one_cfg, one = config("model.lora_rank=0", "actor.ema_decay=0", "model.trained_experts=[transformer_2]")
+    assert both.denoiser_params == one.denoiser_params == stored("transformer") + stored("transformer_2")
+    assert (both.experts, both.trained_experts, one.trained_experts) == (2, 2, 1)
+    width = DTYPE_BYTES[cfg.model.dtype]
+    # one expert's weights move from trained state to frozen compute-dtype weights
+    saved = resident_bytes(cfg, both, 1) - resident_bytes(one_cfg, one, 1)
+    assert saved == pytest.approx(one.expert_params * (TRAINABLE_STATE_BYTES - width))
+    lora_cfg, lora_both = config("model.lora_rank=8")
+    _, lora_one = config("model.lora_rank=8", "model.trained_experts=[transformer]")
+    assert lora_parameters(lora_cfg, lora_both) == 2 * lora_parameters(lora_cfg, lora_one) > 0
+    fsdp = dataclasses.replace(lora_cfg, trainer=dataclasses.replace(lora_cfg.trainer, strategy="fsdp2"))
+    work = step_work(fsdp, 2)
+    gathered = communication_bytes(fsdp, lora_both, work, 2, 1, 0)  # one forward, no backward
+    assert gathered == pytest.approx(0.5 * lora_both.expert_params * width)
+    assert "(2 experts, 1 trained)" in describe(one_cfg, plan_for(one_cfg, 8, 80.0), "dance_grpo_wan")

@@ -90,7 +90,7 @@ LORA_PROJECTIONS_PER_LAYER = 8  # the attention projections of both streams the 
 class Shape:
     """What the estimate needs to know about one model at one resolution."""
     name: str
-    denoiser_params: float
+    denoiser_params: float  # every expert's (Wan 2.2 A14B holds two; a forward runs one)
     encoder_params: float
     vae_params: float
     layers: int
@@ -100,6 +100,18 @@ class Shape:
     forward_flops: float  # one row's denoiser forward
     frames: int  # decoded frames per sample (1 for images)
     pixels: int  # decoded pixels per frame
+    experts: int = 1  # denoisers of equal shape, one per step (model_index.json's transformer_2)
+    trained_experts: int = 1  # of them, those model.trained_experts trains
+
+    @property
+    def expert_params(self) -> float:
+        """One expert's parameters: what a forward passes through (and FSDP2 gathers)."""
+        return self.denoiser_params / self.experts
+
+    @property
+    def trained_params(self) -> float:
+        """The fully fine-tuned parameters: the trained experts'."""
+        return self.expert_params * self.trained_experts
 
 
 def _safetensors_params(folder: Path) -> float:
@@ -116,7 +128,7 @@ def model_shape(cfg: PixelRLConfig) -> Shape:
     """The configured model's shape: from its folder when it is here, else from the published
     release of its family; the costs from the family's own formula (its `FamilySpec`)."""
     from pixelrl.models.family import RowInput
-    from pixelrl.models.loader import family_spec, folder_transformer, latent_unit
+    from pixelrl.models.loader import family_spec, folder_transformer, latent_unit, model_family
 
     m, r = cfg.model, cfg.rollout
     spec = family_spec(m.type)
@@ -128,12 +140,14 @@ def model_shape(cfg: PixelRLConfig) -> Shape:
     if transformer is not None:
         name = str(folder)
         parts = {p.name: _safetensors_params(p) for p in folder.iterdir() if p.is_dir()}
-        denoiser = parts.get("transformer", 0.0)
+        experts = model_family(m.type).expert_names(folder) or ("transformer",)
+        denoiser = sum(parts.get(expert, 0.0) for expert in experts)
         encoders = sum(v for k, v in parts.items() if k.startswith("text_encoder") and loaded(k))
         vae, unit = parts.get("vae", 0.0), latent_unit(m.type, folder) or 16
     else:
         release = spec.release
         transformer, name, denoiser = release.transformer, release.name + " (published shape)", release.denoiser_params
+        experts = ("transformer",)
         encoders = sum(v for k, v in release.encoder_params.items() if loaded(k))
         vae, unit = release.vae_params, 16
     pictures = pictures_per_row(cfg, spec.model_class.condition_images)
@@ -142,8 +156,9 @@ def model_shape(cfg: PixelRLConfig) -> Shape:
     row = RowInput(r.resolution, r.resolution, max(1, m.num_frames), spec.text_tokens(m.max_sequence_length), unit,
                    pictures, r.condition_resolution)
     cost = spec.cost(transformer, row)
+    trained = len(m.trained_experts) if m.trained_experts else len(experts)
     return Shape(name, denoiser, encoders, vae, cost.layers, cost.hidden, cost.tokens, cost.latent_values,
-                 cost.forward_flops, row.frames, r.resolution ** 2)
+                 cost.forward_flops, row.frames, r.resolution ** 2, len(experts), trained)
 
 
 def pictures_per_row(cfg: PixelRLConfig, family_default: int) -> int:
@@ -313,9 +328,11 @@ def resident_bytes(cfg: PixelRLConfig, shape: Shape, gpus: int) -> float:
         frozen = shape.denoiser_params * width / shards
     else:
         loss = LOSSES.get(cfg.diffusion_loss.name)
-        trainable = shape.denoiser_params / shards
+        trainable = shape.trained_params / shards
         keeps_reference = loss.reads_reference(loss.bind(cfg.diffusion_loss)) or None in teachers.values()
-        frozen = shape.denoiser_params * width if keeps_reference else 0.0
+        # the experts left frozen stay in the compute dtype; the reference copies the whole denoiser
+        frozen = (shape.denoiser_params - shape.trained_params) * width / shards
+        frozen += shape.denoiser_params * width if keeps_reference else 0.0
     # a whole fine-tuned distillation teacher is a frozen copy of the denoiser, replicated as the reference
     frozen += whole_teachers * shape.denoiser_params * width
     ema = 4 * trainable if cfg.actor.ema_decay > 0 else 0.0
@@ -373,9 +390,9 @@ def communication_bytes(cfg: PixelRLConfig, shape: Shape, work: Work, gpus: int,
     if gpus == 1:
         return 0.0
     m, ring = cfg.model, (gpus - 1) / gpus
-    trained = lora_parameters(cfg, shape) if m.lora_rank else shape.denoiser_params
+    trained = lora_parameters(cfg, shape) if m.lora_rank else shape.trained_params
     if cfg.trainer.strategy == "fsdp2":
-        weights = shape.denoiser_params * DTYPE_BYTES.get(m.dtype, 4)
+        weights = shape.expert_params * DTYPE_BYTES.get(m.dtype, 4)  # a forward gathers its step's expert
         return ring * ((forward_calls + 2 * backward_calls) * weights + backward_calls * trained * 4)
     return ring * 2 * trained * 4 * work.optimizer_steps
 
@@ -397,8 +414,9 @@ def sequence_bytes(cfg: PixelRLConfig, shape: Shape, row_passes: float) -> float
 
 
 def lora_parameters(cfg: PixelRLConfig, shape: Shape) -> float:
-    """The adapters on each layer's attention projections of both streams: rank x (in + out) each."""
-    return cfg.model.lora_rank * 2 * shape.hidden * LORA_PROJECTIONS_PER_LAYER * shape.layers
+    """The adapters on each layer's attention projections of both streams: rank x (in + out) each,
+    on each trained expert."""
+    return cfg.model.lora_rank * 2 * shape.hidden * LORA_PROJECTIONS_PER_LAYER * shape.layers * shape.trained_experts
 
 
 # errors about things on the user's machine (folders, files) rather than the recipe: a plan made
@@ -651,7 +669,9 @@ def describe(cfg: PixelRLConfig, plan: Plan, config_name: str | None = None) -> 
     lines = [f"plan: {config_name or 'config'} on {plan.gpus} GPU(s) of {plan.gpu_memory_gb:g} GB, "
              f"{plan.peak_tflops:g} TFLOP/s dense bf16 peak each",
              *filter(None, [evidence_line(config_name)]),  # what stands behind a shipped recipe
-             f"model: {s.name}: denoiser {s.denoiser_params / 1e9:.2f}B, text encoders {s.encoder_params / 1e9:.2f}B, "
+             f"model: {s.name}: denoiser {s.denoiser_params / 1e9:.2f}B"
+             + (f" ({s.experts} experts, {s.trained_experts} trained)" if s.experts > 1 else "")
+             + f", text encoders {s.encoder_params / 1e9:.2f}B, "
              f"{s.seq_tokens} tokens per row, {s.forward_flops / 1e12:.2f} TFLOP per row forward",
              "kept (defines the algorithm): " + _schedule_kept(cfg),
              f"reward: {reward_names(cfg)}" + (" (scores validation only: DMD2 trains on none)"
