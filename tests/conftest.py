@@ -84,6 +84,15 @@ def tiny_wan22_path(tmp_path_factory):
     return build_tiny_wan(tmp_path_factory.mktemp("tiny_wan22") / "pipe", boundary_ratio=0.875)
 
 
+@pytest.fixture(scope="session")
+def tiny_wan_ti2v_path(tmp_path_factory):
+    """A tiny random Wan 2.2 TI2V-5B-layout pipeline: `expand_timesteps` and the residual Wan 2.2
+    VAE (2 x 2 pixels folded into 12 channels, 4x spatial in all), 5-frame videos."""
+    from pixelrl.models.wan import build_tiny_wan
+
+    return build_tiny_wan(tmp_path_factory.mktemp("tiny_wan_ti2v") / "pipe", ti2v=True)
+
+
 @contextlib.contextmanager
 def gpu_node_memory():
     """This machine seen as a GPU node with 1 TB of memory and eight 80 GB GPUs: a paper recipe's

@@ -17,6 +17,11 @@ changes), `decode` returns uint8 frames `[B, T, H, W, 3]`, and rewards receive t
   routes per step; the low-noise expert guides with `model.guidance_scale_2` (the pipeline's
   `guidance_scale_2`; unset, the same scale as the high-noise one), and `model.trained_experts`
   says which experts train (LoRA or full), the others staying frozen.
+- Wan 2.2 TI2V-5B folders (`expand_timesteps` in model_index.json), text-to-video, with their
+  residual VAE (16x spatial). WanPipeline hands these folders' transformer one timestep per video
+  token, all equal without a first-frame image; pixelrl passes the one scalar per row, the same
+  arithmetic (equal samples to float noise) without the per-token modulation tensor, six
+  hidden-state sizes per row (about 1 GB in bf16 at 121 frames of 704 x 1280).
 """
 
 from __future__ import annotations
@@ -61,10 +66,6 @@ class WanModel(DiffusionModel):
         if num_frames < 1 or (num_frames - 1) % temporal:
             raise ConfigError("model.num_frames", num_frames, f"this VAE packs {temporal} frames per latent frame after "
                               f"the first: use {temporal}k + 1 frames, e.g. {((max(num_frames, 1) - 1) // temporal) * temporal + 1}")
-        if folder is not None and _pipeline_index(folder).get("expand_timesteps"):
-            raise ConfigError("model.path", str(folder), "is a Wan 2.2 TI2V folder (expand_timesteps: first-frame "
-                              "conditioning, per-token timesteps), which pixelrl does not train yet: use a Wan 2.1 "
-                              "or Wan 2.2 A14B text-to-video folder")
 
     @classmethod
     def expert_names(cls, folder: Path) -> tuple[str, ...]:

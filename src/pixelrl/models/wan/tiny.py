@@ -12,7 +12,7 @@ from pixelrl.models.tiny import DEFAULT_WORDS, build_t5_tokenizer
 
 def build_tiny_wan(path: str | Path, *, words: Iterable[str] | None = None, text_dim: int = 32,
                    text_max_length: int = 32, num_layers: int = 2, heads: int = 2, head_dim: int = 16,
-                   seed: int = 0, boundary_ratio: float | None = None) -> Path:
+                   seed: int = 0, boundary_ratio: float | None = None, ti2v: bool = False) -> Path:
     """Write a tiny random Wan 2.1 folder (diffusers layout) that `WanPipeline.from_pretrained(path)`
     loads with no extra arguments; returns the path.
 
@@ -34,18 +34,21 @@ def build_tiny_wan(path: str | Path, *, words: Iterable[str] | None = None, text
                                           eos_token_id=tokenizer.eos_token_id))
     torch.manual_seed(seed + 2)
     z_dim = 4
-    vae = AutoencoderKLWan(base_dim=8, z_dim=z_dim, dim_mult=[1, 2], num_res_blocks=1, attn_scales=[],
-                           temperal_downsample=[True], latents_mean=[0.1, -0.2, 0.05, 0.0],
-                           latents_std=[1.5, 2.0, 1.2, 1.8], scale_factor_temporal=2, scale_factor_spatial=2)
+    # the Wan 2.2 VAE's residual blocks need its last two widths equal (as its [1, 2, 4, 4])
+    layout = dict(dim_mult=[1, 1], is_residual=True, in_channels=12, out_channels=12, patch_size=2,
+                  scale_factor_spatial=4) if ti2v else dict(dim_mult=[1, 2], scale_factor_spatial=2)
+    vae = AutoencoderKLWan(base_dim=8, z_dim=z_dim, num_res_blocks=1, attn_scales=[], temperal_downsample=[True],
+                           latents_mean=[0.1, -0.2, 0.05, 0.0], latents_std=[1.5, 2.0, 1.2, 1.8],
+                           scale_factor_temporal=2, **layout)
     torch.manual_seed(seed)
     transformer = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=head_dim,
                                         in_channels=z_dim, out_channels=z_dim, text_dim=text_dim, freq_dim=32,
                                         ffn_dim=2 * heads * head_dim, num_layers=num_layers, rope_max_seq_len=64)
-    experts = {}
+    pipeline_options = dict(expand_timesteps=True) if ti2v else {}
     if boundary_ratio is not None:
         torch.manual_seed(seed + 3)
-        experts = dict(boundary_ratio=boundary_ratio, transformer_2=WanTransformer3DModel(**transformer.config))
+        pipeline_options.update(boundary_ratio=boundary_ratio, transformer_2=WanTransformer3DModel(**transformer.config))
     scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0)
     WanPipeline(tokenizer=tokenizer, text_encoder=encoder, vae=vae, scheduler=scheduler, transformer=transformer,
-                **experts).save_pretrained(path, safe_serialization=True)
+                **pipeline_options).save_pretrained(path, safe_serialization=True)
     return path
